@@ -1,0 +1,228 @@
+# Jackdaw: the only build system. Plain GNU make.
+#
+#   make                 build build/jackdawd and the plugins
+#   make run             install missing packages, build, start on 127.0.0.1:8080
+#   make test            install missing packages, build, run every test; last line "N passed, N failed"
+#   make tsan            concurrency tests under ThreadSanitizer
+#   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make bench-sched | bench-store | bench-compare | bench-e2e
+#   make crash | fuzz | docker-smoke | format | clean
+#
+# SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
+
+SANITIZER ?=
+ifeq ($(SANITIZER),)
+BUILD ?= build
+else
+BUILD ?= build/$(SANITIZER)
+endif
+
+CC ?= cc
+PKGS := libmicrohttpd libcjson sqlite3 libcurl
+DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev pkg-config
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) cmocka 2>/dev/null)
+OPT ?= -O2
+CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+          -fno-omit-frame-pointer -MMD -MP -I. $(PKG_CFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS := $(EXTRA_LDFLAGS)
+LIBS_SYS := -lpthread -ldl -lm
+
+ifeq ($(SANITIZER),address)
+CFLAGS += -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+ifeq ($(SANITIZER),undefined)
+CFLAGS += -fsanitize=undefined -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=undefined
+endif
+ifeq ($(SANITIZER),thread)
+CFLAGS += -fsanitize=thread -DJD_TSAN=1
+LDFLAGS += -fsanitize=thread
+endif
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# ---- layers: each is a static archive; dependencies point one way ----
+LAYERS := common scheduler storage plugins server api
+common_SRC := $(wildcard common/*.c)
+scheduler_SRC := $(wildcard scheduler/*.c)
+storage_SRC := $(wildcard storage/*.c)
+plugins_SRC := $(wildcard plugins/*.c)
+server_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
+api_SRC := $(wildcard api/*.c)
+
+# What a unit test in tests/unit/<layer>/ links against, top layer first.
+common_DEPS := common
+scheduler_DEPS := scheduler common
+storage_DEPS := storage common
+plugins_DEPS := plugins common
+server_DEPS := server plugins storage scheduler common
+api_DEPS := api server plugins storage scheduler common
+
+common_LIBS :=
+scheduler_LIBS :=
+storage_LIBS := -lsqlite3
+plugins_LIBS :=
+server_LIBS := $(shell pkg-config --libs libcjson sqlite3 2>/dev/null)
+api_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+lib = $(BUILD)/lib/libjd_$(1).a
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+deplibs = $(foreach l,$($(1)_DEPS),$(call lib,$(l)))
+
+ALL_OBJ :=
+define LAYER_RULES
+$(call lib,$(1)): $(call obj,$($(1)_SRC))
+	@mkdir -p $$(dir $$@)
+	$(Q)rm -f $$@ && ar rcs $$@ $$^
+ALL_OBJ += $(call obj,$($(1)_SRC))
+endef
+$(foreach l,$(LAYERS),$(eval $(call LAYER_RULES,$(l))))
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC(pic) $<")
+	$(Q)$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
+# ---- the server binary ----
+JACKDAWD := $(BUILD)/jackdawd
+$(JACKDAWD): $(call obj,server/main.c) $(call deplibs,api)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(api_LIBS) $(LIBS_SYS)
+
+# ---- plugins: plugins/<name>/*.c -> $(BUILD)/plugins/<name>.so ----
+PLUGIN_DIRS := $(patsubst %/,%,$(dir $(wildcard plugins/*/*.c)))
+PLUGIN_NAMES := $(sort $(notdir $(PLUGIN_DIRS)))
+PLUGIN_SOS := $(patsubst %,$(BUILD)/plugins/%.so,$(PLUGIN_NAMES))
+http_PLUGIN_LIBS := $(shell pkg-config --libs libcurl 2>/dev/null)
+define PLUGIN_RULE
+$(BUILD)/plugins/$(1).so: $(patsubst %.c,$(BUILD)/pic/%.o,$(wildcard plugins/$(1)/*.c))
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  SO      $$@")
+	$$(Q)$$(CC) $$(LDFLAGS) -shared -o $$@ $$^ $$($(1)_PLUGIN_LIBS) $(LIBS_SYS)
+endef
+$(foreach p,$(PLUGIN_NAMES),$(eval $(call PLUGIN_RULE,$(p))))
+
+# Test-only plugins: tests/plugins/<name>/*.c -> $(BUILD)/tests/plugins/<name>.so
+TPLUGIN_NAMES := $(sort $(notdir $(patsubst %/,%,$(dir $(wildcard tests/plugins/*/*.c)))))
+TPLUGIN_SOS := $(patsubst %,$(BUILD)/tests/plugins/%.so,$(TPLUGIN_NAMES))
+define TPLUGIN_RULE
+$(BUILD)/tests/plugins/$(1).so: $(patsubst %.c,$(BUILD)/pic/%.o,$(wildcard tests/plugins/$(1)/*.c))
+	@mkdir -p $$(dir $$@)
+	$$(Q)$$(CC) $$(LDFLAGS) -shared -o $$@ $$^ $(LIBS_SYS)
+endef
+$(foreach p,$(TPLUGIN_NAMES),$(eval $(call TPLUGIN_RULE,$(p))))
+
+# ---- unit tests: tests/unit/<layer>/test_*.c -> $(BUILD)/tests/test_*  ----
+UNIT_TESTS :=
+define UNIT_RULES
+$(1)_TESTS := $(patsubst tests/unit/$(1)/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/$(1)/test_*.c))
+$(BUILD)/tests/%: tests/unit/$(1)/%.c $(call deplibs,$(1))
+	@mkdir -p $$(dir $$@)
+	@$$(if $$(Q),echo "  TEST    $$@")
+	$$(Q)$$(CC) $$(CFLAGS) $$(LDFLAGS) -o $$@ $$< $(call deplibs,$(1)) $$($(1)_LIBS) -lcmocka $(LIBS_SYS)
+UNIT_TESTS += $$($(1)_TESTS)
+test-unit-$(1): $$($(1)_TESTS) $(PLUGIN_SOS) $(TPLUGIN_SOS)
+	$(Q)JD_BUILD=$(BUILD) tests/run.sh $$($(1)_TESTS)
+.PHONY: test-unit-$(1)
+endef
+$(foreach l,$(LAYERS),$(eval $(call UNIT_RULES,$(l))))
+
+# ---- stress tests (meant for TSan): tests/stress/test_*.c link everything ----
+STRESS_TESTS := $(patsubst tests/stress/%.c,$(BUILD)/stress/%,$(wildcard tests/stress/test_*.c))
+$(BUILD)/stress/%: tests/stress/%.c $(call deplibs,api)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  STRESS  $@")
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(call deplibs,api) $(api_LIBS) -lcmocka $(LIBS_SYS)
+
+# ---- benchmarks: bench/<name>.c -> $(BUILD)/bench/<name> ----
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+$(BUILD)/bench/%: bench/%.c $(call deplibs,api)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  BENCH   $@")
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(call deplibs,api) $(api_LIBS) $(LIBS_SYS)
+
+# ---- targets ----
+.DEFAULT_GOAL := all
+all: $(JACKDAWD) $(PLUGIN_SOS)
+
+deps:
+	@tools/deps.sh $(DEB_PKGS)
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
+	@mkdir -p data
+	$(BUILD)/jackdawd --listen 127.0.0.1:8080 --db data/jackdaw.db --plugin-dir $(BUILD)/plugins
+
+# Everything a fresh Debian 12 machine needs, then every test, then one summary line.
+# Order: unit tests, the concurrency tests under TSan, integration and crash
+# tests against the real server, a short fuzz run when clang is present.
+TSAN_TESTS = $(STRESS_TESTS) $(scheduler_TESTS) $(plugins_TESTS) $(storage_TESTS)
+TEST_SCRIPTS = $(sort $(wildcard tests/integration/test_*.sh tests/crash/test_*.sh tests/fuzz/test_*.sh))
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all unit-build
+	$(Q)$(MAKE) --no-print-directory SANITIZER=thread tsan-build
+	$(Q)JD_BUILD=$(BUILD) tests/run.sh $(UNIT_TESTS) \
+	    $$(ls build/thread/stress/test_* build/thread/tests/test_* 2>/dev/null | grep -v '\.d$$') \
+	    $(TEST_SCRIPTS)
+
+tsan-build: $(TSAN_TESTS) $(PLUGIN_SOS) $(TPLUGIN_SOS)
+
+# The long concurrency run (millions of items) under ThreadSanitizer.
+tsan: deps
+	$(Q)$(MAKE) --no-print-directory SANITIZER=thread tsan-build
+	$(Q)JD_BUILD=build/thread JD_STRESS=long tests/run.sh \
+	    $$(ls build/thread/stress/test_* build/thread/tests/test_* 2>/dev/null | grep -v '\.d$$')
+
+# The whole suite (unit + integration) under AddressSanitizer + UBSan.
+sanitize: deps
+	$(Q)$(MAKE) --no-print-directory SANITIZER=address all unit-build
+	$(Q)JD_BUILD=build/address ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    tests/run.sh $$(ls build/address/tests/test_* | grep -v '\.d$$') $(wildcard tests/integration/test_*.sh)
+
+unit-build: $(UNIT_TESTS) $(TPLUGIN_SOS) $(PLUGIN_SOS)
+
+bench-sched: $(BUILD)/bench/sched
+	$(BUILD)/bench/sched $(if $(W),--workers $(W)) $(if $(ITERS),--iters $(ITERS))
+
+bench-store: $(BUILD)/bench/store
+	$(BUILD)/bench/store
+
+bench-compare: $(BUILD)/bench/sched
+	JD_BUILD=$(BUILD) bench/compare.sh
+
+bench-e2e: all $(BUILD)/bench/loadgen
+	JD_BUILD=$(BUILD) bench/e2e/run.sh
+
+crash: all
+	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
+
+fuzz:
+	JD_BUILD=$(BUILD) tests/fuzz/run.sh $${FUZZ_SECONDS:-60}
+
+docker-smoke:
+	docker/smoke.sh
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build
+
+.PHONY: all deps run test tsan tsan-build sanitize unit-build bench-sched bench-store \
+        bench-compare bench-e2e crash fuzz docker-smoke format clean
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,168 @@
+/*
+ * The job layer: turns JSON job definitions into processes on the scheduler,
+ * records every change through storage, replays non-terminal jobs on
+ * start-up, and tells waiters when a job changes. It knows no HTTP: the API
+ * layer calls these functions and renders their results.
+ *
+ * JSON in and out is text (the layer uses cJSON inside). Rendered jobs look
+ * like:
+ *   {"id":"42","state":"succeeded","queue":"default","priority":0,
+ *    "version":7,"attempts":1,"output":{...},"error":null,
+ *    "labels":{...},"created_at":"...","updated_at":"...","started_at":"...",
+ *    "finished_at":"...","run_at":"...","definition":{...}}
+ *
+ * Threading: every function is safe from any thread and never blocks on the
+ * database writer; operations that must be durable before the caller answers
+ * take a done callback that fires after the commit (on the writer thread;
+ * it must not block).
+ */
+#ifndef JD_SERVER_JOBS_H
+#define JD_SERVER_JOBS_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct jd_jobs;
+struct jd_store;
+struct jd_sched;
+struct jd_registry;
+
+/* Limits on job definitions (each violation has its own clear error). */
+struct jd_job_limits {
+    size_t max_definition_bytes; /* default 1 MiB */
+    unsigned max_depth;          /* JSON nesting; default 32 */
+    unsigned max_steps;          /* default 256 (parallel branches count) */
+    size_t max_string;           /* any string value; default 64 KiB */
+    unsigned max_batch;          /* jobs per batch request; default 1000 */
+};
+
+struct jd_jobs_config {
+    struct jd_store *store;       /* borrowed; outlives the job layer */
+    struct jd_sched *sched;       /* borrowed */
+    struct jd_registry *registry; /* borrowed, frozen */
+    struct jd_job_limits limits;  /* zeros: defaults */
+    int64_t cancel_grace_ms;      /* cancel event -> forced termination; 0: 5000 */
+    unsigned max_running;         /* jobs running at once; 0: 10000 */
+};
+
+/* Create the layer and resume every non-terminal job found in storage
+ * (replaying recorded completions). *out freed with jd_jobs_destroy. */
+int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struct jd_error *err);
+/* Stop admitting (JD_ESHUTDOWN), wait up to grace_ms for running steps and
+ * pending writes; jobs still running stay non-terminal in storage and resume
+ * on the next start. */
+int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms);
+void jd_jobs_destroy(struct jd_jobs *j);
+
+/* ---- submitting ---- */
+
+/* What a submit produced; borrowed for the callback. */
+struct jd_submit_result {
+    int rc;               /* 0, or a JD_E* code (storage failure) */
+    struct jd_error err;  /* detail when rc != 0 */
+    int64_t job_id;       /* single submit */
+    const char *json;     /* single: the job rendered; batch: {"jobs":[...]} */
+    bool existing;        /* idempotency key matched an earlier job (same body) */
+};
+typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res);
+
+/*
+ * Validate and submit one job definition (JSON text, len bytes, not
+ * necessarily NUL-terminated). Validation failures return at once with
+ * err filled (JD_EPARSE for malformed JSON, JD_EINVAL with a pointer for an
+ * invalid job, JD_ETOOBIG for limits) and done is NOT called. Otherwise
+ * returns 0 and done fires once the job is durable (or storage failed).
+ * idempotency_key (may be NULL): the same key with the same body answers with
+ * the original job (existing = true); with a different body: JD_EINVAL
+ * (message says so); while the first is still being committed: JD_ECONFLICT.
+ */
+int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
+                   jd_submit_done_fn done, void *arg, struct jd_error *err);
+
+/* {"jobs":[def, def, ...]}: all valid or none accepted (the error pointer
+ * says which, e.g. "/jobs/3/handler"); one commit. */
+int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_submit_done_fn done,
+                         void *arg, struct jd_error *err);
+
+/* Validation alone (tests, fuzzing): 0 or the error submit would give. */
+int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err);
+
+/* ---- reading (rendered JSON; caller frees with free()) ---- */
+
+int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *version,
+                     bool *terminal);
+
+struct jd_jobs_list_query {
+    const char *state; /* or NULL; unknown state: JD_EINVAL */
+    const char *queue; /* or NULL */
+    unsigned limit;    /* 0: 50; max 1000 */
+    const char *cursor;/* opaque, from a previous page's next_cursor; or NULL */
+};
+/* {"jobs":[...],"next_cursor":"..."|null} */
+int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, char **json,
+                      struct jd_error *err);
+
+/* {"events":[{"seq":1,"time":"...","kind":"state","tag":0,"data":{...}}, ...]}
+ * for seq > after_seq. JD_ENOENT if no such job. */
+int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                        char **json);
+/* One event per element for SSE: fn(arg, seq, kind, event_json) for seq >
+ * after_seq, ascending; returns the number delivered or a JD_E* code. */
+int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
+                        void (*fn)(void *arg, int64_t seq, const char *kind,
+                                   const char *event_json),
+                        void *arg);
+
+/* {"plugins":[{"name":..,"version":..,"commands":[{"name":..,"blocking":..}],
+ *   "process_types":[{"name":..,"methods":[..]}]}]} */
+int jd_jobs_handlers_json(struct jd_jobs *j, char **json);
+/* {"queues":[{"name":..,"paused":..,"counts":{"queued":n,...}}]} */
+int jd_jobs_queues_json(struct jd_jobs *j, char **json);
+
+/* ---- acting on a job (done fires after the commit; rc 0 or JD_E*) ---- */
+
+typedef void (*jd_action_done_fn)(void *arg, int rc, const char *json);
+
+/* Cancel: JD_ENOENT, JD_ECONFLICT (already terminal) at once; else 0 and
+ * done fires when the cancel request is recorded (json: the job). */
+int jd_jobs_cancel(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg);
+/* Message {"topic":"...","data":...}: JD_ENOENT, JD_ECONFLICT (terminal),
+ * JD_EINVAL (bad body, err says where). done after it is recorded. */
+int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
+                    jd_action_done_fn done, void *arg, struct jd_error *err);
+/* Re-queue a failed or cancelled job as a new attempt (history kept):
+ * JD_ENOENT, JD_ECONFLICT (not failed/cancelled). */
+int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg);
+/* Pause/resume a queue (running jobs go on; queued ones wait). */
+int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_action_done_fn done,
+                        void *arg);
+
+/* ---- change notification ---- */
+
+/* fn fires once (any thread, must not block) when job id's committed
+ * version exceeds since_version (terminal_only: when it is terminal), or at
+ * once (on this thread, before watch returns) if it already does; with rc
+ * JD_ESHUTDOWN when the layer drains. JD_ENOENT if no such job (fn not
+ * called). *watch_id (may be NULL) names the watch for unwatch. */
+int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                  void (*fn)(void *arg, int rc, int64_t version), void *arg,
+                  uint64_t *watch_id);
+/* Withdraw a watch (e.g. on long-poll timeout). When it returns, fn is not
+ * running and never will. Returns true if fn never ran, false if it already
+ * fired. Unknown or already fired ids are fine. */
+bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id);
+
+struct jd_jobs_stats {
+    uint64_t submitted, succeeded, failed, cancelled, running, waiting, queued_mem;
+    uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */
+    uint64_t duration_ms_sum;
+};
+void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
+
+/* Parse a job id as shown to users ("42"): 0 and *id, or JD_ENOENT. */
+int jd_jobs_parse_id(const char *s, int64_t *id);
+
+#endif

@@ -1,0 +1,238 @@
+/*
+ * Durable storage behind one interface (SQLite today; PostgreSQL later).
+ *
+ * Writes: one writer thread owns the write connection. Producers on any
+ * thread enqueue struct jd_write records (lock-free MPSC); the writer drains
+ * whatever is queued into one BEGIN IMMEDIATE ... COMMIT (group commit), then
+ * fires each record's done() in enqueue order. done() is called only after
+ * the commit is durable (as --sync says) or with an error: nothing is
+ * reported durable that is not.
+ *
+ * Reads: on read-only connections (one per calling thread, opened lazily),
+ * safe from any thread, never blocked by the writer (WAL).
+ *
+ * Ids: job ids are positive 64-bit integers handed out by jd_store_next_id
+ * (monotonic, seeded from the database at open), so callers know a job's id
+ * before its insert commits. Shown to users as decimal strings.
+ *
+ * Versions: every record that touches a job increments jobs.version and
+ * appends one history event whose seq equals the new version; an insert
+ * creates version 1 with a "state" event. So a job's history is seq 1..version.
+ */
+#ifndef JD_STORAGE_STORE_H
+#define JD_STORAGE_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct jd_error;
+struct jd_store;
+
+enum jd_job_state {
+    JD_JOB_QUEUED = 0, /* accepted, waiting to run (incl. scheduled for later) */
+    JD_JOB_RUNNING = 1,
+    JD_JOB_WAITING = 2, /* idle, waiting for a message */
+    JD_JOB_SUCCEEDED = 3,
+    JD_JOB_FAILED = 4,
+    JD_JOB_CANCELLED = 5,
+};
+#define JD_JOB_NSTATES 6
+
+const char *jd_job_state_name(enum jd_job_state s); /* "queued", ... */
+int jd_job_state_parse(const char *name);           /* state, or -1 */
+static inline bool jd_job_state_terminal(enum jd_job_state s)
+{
+    return s >= JD_JOB_SUCCEEDED;
+}
+
+enum jd_event_kind {
+    JD_EVK_STATE = 0,    /* data: {"state":"running",...} */
+    JD_EVK_DISPATCH = 1, /* tag, data: {"command":..,"attempt":n,"args":..} */
+    JD_EVK_COMPLETE = 2, /* tag, data: {"result":..} or {"error":{..}} */
+    JD_EVK_MESSAGE = 3,  /* data: {"topic":..,"data":..} */
+    JD_EVK_CANCEL = 4,   /* data: {"reason":..} */
+};
+const char *jd_event_kind_name(enum jd_event_kind k); /* "state", "dispatch", ... */
+
+/* One row of the jobs table. Strings are malloc'd when returned by a read
+ * (free with jd_job_clear); borrowed when passed to a write. */
+struct jd_job {
+    int64_t id;
+    char *queue;
+    int64_t priority;
+    enum jd_job_state state;
+    char *definition; /* the job definition, JSON text */
+    int64_t run_at_ms; /* wall ms; when it may start */
+    uint32_t attempts; /* job-level attempts started (0 before the first run) */
+    int64_t version;
+    char *output; /* JSON text or NULL */
+    char *error;  /* JSON text or NULL */
+    int64_t created_ms, updated_ms, started_ms, finished_ms; /* 0: unset */
+    char *idempotency_key; /* or NULL */
+};
+void jd_job_clear(struct jd_job *j); /* frees the strings, zeroes the struct */
+
+struct jd_job_event {
+    int64_t job_id;
+    int64_t seq;
+    int64_t time_ms;
+    enum jd_event_kind kind;
+    uint32_t tag;
+    char *data; /* JSON text or NULL; malloc'd by reads */
+};
+void jd_job_events_free(struct jd_job_event *ev, size_t n);
+
+/* ---- opening ---- */
+
+struct jd_store_config {
+    const char *path;       /* database file; its directory must exist */
+    bool sync_full;         /* true: synchronous=FULL (fsync per commit); false: NORMAL */
+    int64_t retention_ms;   /* delete terminal jobs finished longer ago; 0: keep forever */
+    unsigned max_batch;     /* records per transaction at most; 0: 1024 */
+};
+
+/* Open (create, migrate) the database and start the writer. Clear errors
+ * (JD_EIO / JD_ECORRUPT / JD_EBUSY with detail naming the file) for a
+ * missing or read-only directory, a corrupt or foreign file, a newer schema,
+ * or a database another running Jackdaw holds. */
+int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, struct jd_error *err);
+/* Drain the queue (every done() fires), stop the writer, close. */
+void jd_store_close(struct jd_store *s);
+
+/* The schema version this binary migrates to. */
+int jd_store_schema_version(void);
+
+/* A fresh job id (thread-safe). */
+int64_t jd_store_next_id(struct jd_store *s);
+
+/* ---- writes ---- */
+
+enum jd_write_op {
+    JD_W_JOB_INSERT = 0, /* insert `job` (+ idempotency key/fingerprint); event: state queued */
+    JD_W_JOB_CHANGE = 1, /* update the fields in `set` and/or append one event */
+    JD_W_QUEUE = 2,      /* upsert queue `queue` with `paused` */
+};
+
+enum {
+    JD_SET_STATE = 1u << 0,
+    JD_SET_OUTPUT = 1u << 1,
+    JD_SET_ERROR = 1u << 2,
+    JD_SET_RUN_AT = 1u << 3,
+    JD_SET_ATTEMPTS = 1u << 4,
+    JD_SET_STARTED = 1u << 5,
+    JD_SET_FINISHED = 1u << 6,
+};
+
+/*
+ * One record. The caller owns it and everything it points to, which must
+ * stay valid until done() is called (done may free it). Fields not used by
+ * the op are ignored.
+ */
+struct jd_write {
+    enum jd_write_op op;
+    int64_t job_id;
+
+    /* JD_W_JOB_INSERT */
+    const struct jd_job *job;     /* id, queue, priority, state, definition, run_at_ms,
+                                     created_ms, idempotency_key */
+    const char *idem_fingerprint; /* stored with the idempotency key, or NULL */
+
+    /* JD_W_JOB_CHANGE: fields to update (JD_SET_*), then one event appended */
+    unsigned set;
+    enum jd_job_state state;
+    const char *output, *error; /* JSON text or NULL */
+    int64_t run_at_ms, started_ms, finished_ms;
+    uint32_t attempts;
+    /* the event (JD_W_JOB_CHANGE; for an insert the store writes
+     * {"state":"queued"} itself) */
+    enum jd_event_kind kind;
+    uint32_t tag;
+    const char *data; /* JSON text or NULL */
+
+    /* JD_W_QUEUE */
+    const char *queue;
+    bool paused;
+
+    /* Called on the writer thread after the commit (rc 0) or failure (rc <
+     * 0): JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
+     * the existing job), JD_ENOENT for a change to a missing job, JD_EIO when
+     * the transaction failed. Must not block; may enqueue more writes. */
+    void (*done)(void *arg, struct jd_write *w, int rc);
+    void *arg;
+
+    /* Set by the writer before done(): the job's version after this record
+     * (== the seq of the event it appended). */
+    int64_t version;
+
+    struct jd_write *next_; /* writer-owned link */
+};
+
+/* Enqueue one record; it is applied inside its own savepoint (its failure
+ * does not fail others in the same commit). 0, or JD_ESHUTDOWN after close
+ * began (done is not called then). */
+int jd_store_submit(struct jd_store *s, struct jd_write *w);
+/* Enqueue n records that commit together or not at all (all done() get the
+ * same failure rc if one fails), e.g. a batch of job inserts. */
+int jd_store_submit_many(struct jd_store *s, struct jd_write **ws, size_t n);
+/* Block until everything enqueued so far is committed (tests, shutdown). */
+int jd_store_sync(struct jd_store *s);
+
+/* ---- reads (any thread) ---- */
+
+/* JD_ENOENT if no such job. out is filled; free with jd_job_clear. */
+int jd_store_job_get(struct jd_store *s, int64_t id, struct jd_job *out);
+
+struct jd_job_filter {
+    int state;             /* enum jd_job_state, or -1 for any */
+    const char *queue;     /* or NULL for any */
+    int64_t before_id;     /* keyset cursor: only ids < before_id; 0: from the newest */
+    unsigned limit;        /* 1..1000 */
+};
+/* Newest first. *rows freed with jd_jobs_free. *next_cursor is the id to
+ * pass as before_id for the next page, or 0 when there is none. */
+int jd_store_job_list(struct jd_store *s, const struct jd_job_filter *f, struct jd_job **rows,
+                      size_t *n, int64_t *next_cursor);
+void jd_jobs_free(struct jd_job *rows, size_t n);
+
+/* Events with seq > after_seq, ascending, at most limit (1..10000). */
+int jd_store_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsigned limit,
+                    struct jd_job_event **events, size_t *n);
+
+struct jd_queue_counts {
+    char *queue;
+    bool paused;
+    int64_t counts[JD_JOB_NSTATES]; /* indexed by enum jd_job_state */
+};
+/* Every queue that has jobs or a row in the queues table. Free with
+ * jd_queue_counts_free. */
+int jd_store_queue_counts(struct jd_store *s, struct jd_queue_counts **rows, size_t *n);
+void jd_queue_counts_free(struct jd_queue_counts *rows, size_t n);
+
+/* 0 and *job_id (+ *fingerprint, caller frees, may be NULL) if key is
+ * known; JD_ENOENT otherwise. */
+int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id,
+                         char **fingerprint);
+
+/* Recovery: for every non-terminal job (ascending id), call fn with the job
+ * and its events of kind dispatch, complete, message and cancel, ascending
+ * seq. Borrowed for the call. Stops early if fn returns non-zero. */
+int jd_store_recover(struct jd_store *s,
+                     int (*fn)(void *arg, const struct jd_job *job,
+                               const struct jd_job_event *events, size_t n),
+                     void *arg);
+
+/* Paused queues (names). Free with jd_strings_free. */
+int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n);
+void jd_strings_free(char **v, size_t n);
+
+struct jd_store_stats {
+    uint64_t commits, records, failed_commits, retention_deleted;
+    uint64_t queue_depth;          /* records waiting for the writer */
+    uint64_t batch_hist[8];        /* batch sizes: <=1,<=4,<=16,<=64,<=256,<=1024,<=4096,more */
+    uint64_t commit_us_hist[10];   /* commit latency: <=100us,250,500,1ms,2.5,5,10,25,100ms,more */
+    uint64_t commit_us_sum;
+};
+void jd_store_stats(struct jd_store *s, struct jd_store_stats *out);
+
+#endif

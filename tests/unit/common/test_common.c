@@ -1,0 +1,105 @@
+/*
+ * Unit tests for common/: error table, time parsing/formatting, durations.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void test_error_codes_map_to_http(void **state)
+{
+    (void)state;
+    assert_int_equal(jd_error_http_status(JD_EINVAL), 422);
+    assert_int_equal(jd_error_http_status(JD_EPARSE), 400);
+    assert_int_equal(jd_error_http_status(JD_ENOENT), 404);
+    assert_int_equal(jd_error_http_status(JD_ECONFLICT), 409);
+    assert_int_equal(jd_error_http_status(JD_ETOOBIG), 413);
+    assert_int_equal(jd_error_http_status(JD_EFULL), 429);
+    assert_int_equal(jd_error_http_status(JD_ESHUTDOWN), 503);
+    assert_int_equal(jd_error_http_status(-999), 500);
+    assert_string_equal(jd_strerror(JD_ENOENT), "not found");
+}
+
+static void test_error_set_keeps_pointer_and_message(void **state)
+{
+    (void)state;
+    struct jd_error e;
+    int rc = jd_error_set(&e, JD_EINVAL, "/steps/2/call", "unknown handler \"%s\"", "htp");
+    assert_int_equal(rc, JD_EINVAL);
+    assert_string_equal(e.pointer, "/steps/2/call");
+    assert_string_equal(e.message, "unknown handler \"htp\"");
+    jd_error_clear(&e);
+    assert_int_equal(e.code, 0);
+    assert_string_equal(e.message, "");
+    assert_int_equal(jd_error_set(NULL, JD_EIO, NULL, "x"), JD_EIO);
+}
+
+static void test_time_roundtrip(void **state)
+{
+    (void)state;
+    int64_t ms;
+    assert_int_equal(jd_time_parse("2026-11-21T23:27:37.123Z", &ms), 0);
+    char buf[40];
+    jd_time_format(ms, buf, sizeof buf);
+    assert_string_equal(buf, "2026-11-21T23:27:37.123Z");
+    int64_t ms2;
+    assert_int_equal(jd_time_parse("2026-11-22T00:27:37.123+01:00", &ms2), 0);
+    assert_true(ms == ms2);
+    assert_int_equal(jd_time_parse("1970-01-01T00:00:00Z", &ms), 0);
+    assert_true(ms == 0);
+}
+
+static void test_time_rejects_garbage(void **state)
+{
+    (void)state;
+    int64_t ms;
+    const char *bad[] = {"", "tomorrow", "2026-13-01T00:00:00Z", "2026-11-21", "2026-11-21T10:00:00",
+                         "2026-11-21T10:00:00Zjunk", "2026-11-21T25:00:00Z"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(jd_time_parse(bad[i], &ms), JD_EINVAL);
+}
+
+static void test_durations(void **state)
+{
+    (void)state;
+    int64_t ms;
+    assert_int_equal(jd_duration_parse("30s", &ms), 0);
+    assert_true(ms == 30000);
+    assert_int_equal(jd_duration_parse("250ms", &ms), 0);
+    assert_true(ms == 250);
+    assert_int_equal(jd_duration_parse("7d", &ms), 0);
+    assert_true(ms == 7LL * 86400000);
+    assert_int_equal(jd_duration_parse("2", &ms), 0);
+    assert_true(ms == 2000);
+    assert_int_equal(jd_duration_parse("-1s", &ms), JD_EINVAL);
+    assert_int_equal(jd_duration_parse("5 parsecs", &ms), JD_EINVAL);
+}
+
+static void test_asprintf(void **state)
+{
+    (void)state;
+    char *s = jd_xasprintf("%s:%d", "job", 42);
+    assert_string_equal(s, "job:42");
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_codes_map_to_http),
+        cmocka_unit_test(test_error_set_keeps_pointer_and_message),
+        cmocka_unit_test(test_time_roundtrip),
+        cmocka_unit_test(test_time_rejects_garbage),
+        cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_asprintf),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
