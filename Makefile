@@ -60,7 +60,7 @@ api_SRC := $(wildcard api/*.c)
 common_DEPS := common
 scheduler_DEPS := scheduler common
 storage_DEPS := storage common
-plugins_DEPS := plugins common
+plugins_DEPS := plugins scheduler common
 server_DEPS := server plugins storage scheduler common
 api_DEPS := api server plugins storage scheduler common
 
