@@ -40,22 +40,39 @@ struct jd_job_limits {
 };
 
 struct jd_jobs_config {
-    struct jd_store *store;       /* borrowed; outlives the job layer */
-    struct jd_sched *sched;       /* borrowed */
-    struct jd_registry *registry; /* borrowed, frozen */
-    struct jd_job_limits limits;  /* zeros: defaults */
-    int64_t cancel_grace_ms;      /* cancel event -> forced termination; 0: 5000 */
-    unsigned max_running;         /* jobs running at once; 0: 10000 */
+    struct jd_store *store;  /* borrowed, open; outlives the job layer */
+    /* The layer creates and owns the scheduler and the plugin registry. */
+    unsigned workers;          /* scheduler workers; 0: one per core */
+    unsigned blocking_threads; /* blocking pool bound; 0: scheduler default */
+    const char *plugin_dir;    /* load every .so in it; NULL: none */
+    const char *exec_allow;    /* plugin config "exec_allow" (NULL: exec unusable) */
+    const char *http_allow;    /* plugin config "http_allow" (NULL: any host) */
+    size_t output_cap;         /* plugin config "output_cap"; 0: 64 KiB */
+    /* Called after plugin_dir is loaded and before the registry is frozen,
+     * e.g. for tests to add in-process plugins with jd_registry_add. May be NULL. */
+    int (*register_plugins)(void *arg, struct jd_registry *r);
+    void *register_arg;
+    struct jd_job_limits limits; /* zeros: defaults */
+    int64_t cancel_grace_ms;     /* cancel event -> forced termination; 0: 5000 */
+    unsigned max_running;        /* jobs running at once; 0: 10000 */
 };
 
-/* Create the layer and resume every non-terminal job found in storage
- * (replaying recorded completions). *out freed with jd_jobs_destroy. */
+/* Create the scheduler and registry, load plugins, and resume every
+ * non-terminal job found in storage (replaying recorded completions). *out
+ * freed with jd_jobs_destroy. Plugin load failures are logged and fail
+ * creation with err naming the file. */
 int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struct jd_error *err);
 /* Stop admitting (JD_ESHUTDOWN), wait up to grace_ms for running steps and
  * pending writes; jobs still running stay non-terminal in storage and resume
- * on the next start. */
+ * on the next start. Pending watches fire with JD_ESHUTDOWN. */
 int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms);
+/* Drain (grace 0) if not yet, then free the scheduler, registry and layer.
+ * The store is left open for the caller to close. */
 void jd_jobs_destroy(struct jd_jobs *j);
+
+/* For metrics and GET /v1/handlers: borrowed, valid until destroy. */
+struct jd_sched *jd_jobs_sched(struct jd_jobs *j);
+struct jd_registry *jd_jobs_registry(struct jd_jobs *j);
 
 /* ---- submitting ---- */
 
