@@ -171,27 +171,30 @@ run: deps
 TSAN_TESTS = $(STRESS_TESTS) $(scheduler_TESTS) $(plugins_TESTS) $(storage_TESTS)
 TEST_SCRIPTS = $(sort $(wildcard tests/integration/test_*.sh tests/crash/test_*.sh tests/fuzz/test_*.sh))
 
+TSAN_BUILD ?= build/thread
+ASAN_BUILD ?= build/address
+
 test: deps
 	$(Q)$(MAKE) --no-print-directory all unit-build
-	$(Q)$(MAKE) --no-print-directory SANITIZER=thread tsan-build
+	$(Q)$(MAKE) --no-print-directory SANITIZER=thread BUILD=$(TSAN_BUILD) tsan-build
 	$(Q)JD_BUILD=$(BUILD) tests/run.sh $(UNIT_TESTS) \
-	    $$(ls build/thread/stress/test_* build/thread/tests/test_* 2>/dev/null | grep -v '\.d$$') \
+	    $$(ls $(TSAN_BUILD)/stress/test_* $(TSAN_BUILD)/tests/test_* 2>/dev/null | grep -v '\.d$$') \
 	    $(TEST_SCRIPTS)
 
 tsan-build: $(TSAN_TESTS) $(PLUGIN_SOS) $(TPLUGIN_SOS)
 
 # The long concurrency run (millions of items) under ThreadSanitizer.
 tsan: deps
-	$(Q)$(MAKE) --no-print-directory SANITIZER=thread tsan-build
-	$(Q)JD_BUILD=build/thread JD_STRESS=long tests/run.sh \
-	    $$(ls build/thread/stress/test_* build/thread/tests/test_* 2>/dev/null | grep -v '\.d$$')
+	$(Q)$(MAKE) --no-print-directory SANITIZER=thread BUILD=$(TSAN_BUILD) tsan-build
+	$(Q)JD_BUILD=$(TSAN_BUILD) JD_STRESS=long tests/run.sh \
+	    $$(ls $(TSAN_BUILD)/stress/test_* $(TSAN_BUILD)/tests/test_* 2>/dev/null | grep -v '\.d$$')
 
 # The whole suite (unit + integration) under AddressSanitizer + UBSan.
 sanitize: deps
-	$(Q)$(MAKE) --no-print-directory SANITIZER=address all unit-build
-	$(Q)JD_BUILD=build/address ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	$(Q)$(MAKE) --no-print-directory SANITIZER=address BUILD=$(ASAN_BUILD) all unit-build
+	$(Q)JD_BUILD=$(ASAN_BUILD) ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    tests/run.sh $$(ls build/address/tests/test_* | grep -v '\.d$$') $(wildcard tests/integration/test_*.sh)
+	    tests/run.sh $$(ls $(ASAN_BUILD)/tests/test_* | grep -v '\.d$$') $(wildcard tests/integration/test_*.sh)
 
 unit-build: $(UNIT_TESTS) $(TPLUGIN_SOS) $(PLUGIN_SOS)
 
