@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# docker/smoke.sh (`make docker-smoke`): build the image and prove it works as
+# users deploy it. Builds docker/Dockerfile, runs it with a named volume,
+# submits a job with curl, waits for it to succeed, stops the container with
+# SIGTERM (it must exit 0), starts a new container on the same volume and
+# finds the job and its history there. Prints TAP lines.
+#
+# Engine: docker when a daemon answers, otherwise podman with the runc
+# runtime (installed with apt when missing). When the Debian base image
+# cannot be pulled (no registry access here), a local base is made offline
+# from Debian's packages: `debootstrap --variant=minbase bookworm` into a
+# cache folder, imported as localhost/jackdaw-base:bookworm.
+#
+# Environment: JD_SMOKE_PORT (host port, default: a free one),
+# JD_ROOTFS_CACHE (debootstrap cache, default /var/tmp/jackdaw-rootfs),
+# JD_DEBIAN_MIRROR (default http://deb.debian.org/debian), JD_KEEP=1 keeps
+# the image and volume afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+IMAGE=localhost/jackdaw:smoke
+LOCAL_BASE=localhost/jackdaw-base:bookworm
+NAME="jackdaw-smoke-$$"
+VOLUME="jackdaw-smoke-vol-$$"
+CACHE=${JD_ROOTFS_CACHE:-/var/tmp/jackdaw-rootfs}
+MIRROR=${JD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+n=0
+failures=0
+
+ok() {
+    n=$((n + 1))
+    echo "ok $n - $1"
+}
+not_ok() {
+    n=$((n + 1))
+    failures=$((failures + 1))
+    echo "not ok $n - $1"
+}
+log() { echo "# $*"; }
+die() {
+    not_ok "$1"
+    exit 1
+}
+
+# ---- pick an engine ----
+ENGINE=()
+RUN_OPTS=()
+BUILD_OPTS=()
+if command -v docker >/dev/null 2>&1 && timeout 10 docker info >/dev/null 2>&1; then
+    ENGINE=(docker)
+else
+    tools/deps.sh podman runc debootstrap uidmap
+    ENGINE=(podman --runtime runc)
+    BUILD_OPTS=(--format docker)
+    RUN_OPTS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+fi
+log "engine: ${ENGINE[*]}"
+E() { "${ENGINE[@]}" "$@"; }
+
+cleanup() {
+    E rm -f "$NAME" >/dev/null 2>&1 || true
+    if [ "${JD_KEEP:-0}" != 1 ]; then
+        E volume rm -f "$VOLUME" >/dev/null 2>&1 || true
+    fi
+}
+trap cleanup EXIT
+
+# ---- the base image ----
+BASE=debian:bookworm-slim
+if ! E image inspect "$BASE" >/dev/null 2>&1 && ! timeout 60 "${ENGINE[@]}" pull -q "$BASE" >/dev/null 2>&1; then
+    BASE=$LOCAL_BASE
+    if ! E image inspect "$BASE" >/dev/null 2>&1; then
+        rootfs="$CACHE/bookworm"
+        if [ ! -x "$rootfs/usr/bin/apt-get" ]; then
+            log "making a minbase bookworm root with debootstrap in $rootfs (a few minutes)"
+            rm -rf "$rootfs"
+            mkdir -p "$CACHE"
+            debootstrap --variant=minbase bookworm "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||
+                die "debootstrap bookworm (log: $CACHE/debootstrap.log)"
+        fi
+        # apt inside the image must fetch from the same mirror.
+        echo "deb $MIRROR bookworm main" >"$rootfs/etc/apt/sources.list"
+        rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+        tar -C "$rootfs" -c . | E import - "$BASE" >/dev/null || die "import the local base image"
+    fi
+fi
+ok "base image $BASE"
+
+# ---- build ----
+start=$(date +%s)
+if E build "${BUILD_OPTS[@]}" --network host --build-arg "BASE=$BASE" \
+    -f docker/Dockerfile -t "$IMAGE" . >"${TMPDIR:-/tmp}/jackdaw-smoke-build.log" 2>&1; then
+    ok "image builds ($(($(date +%s) - start)) s)"
+else
+    tail -n 30 "${TMPDIR:-/tmp}/jackdaw-smoke-build.log" | sed 's/^/#   /'
+    die "image builds (log: ${TMPDIR:-/tmp}/jackdaw-smoke-build.log)"
+fi
+
+user=$(E image inspect --format '{{.Config.User}}' "$IMAGE")
+health=$(E image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE")
+stopsig=$(E image inspect --format '{{.Config.StopSignal}}' "$IMAGE")
+if [ "$user" = jackdaw ] && [[ "$health" == *livez* ]] && [ "$stopsig" = SIGTERM ]; then
+    ok "image runs as jackdaw, health-checks /livez, stops with SIGTERM"
+else
+    not_ok "image config (user='$user' stopsignal='$stopsig' healthcheck=$health)"
+fi
+size=$(E image inspect --format '{{.Size}}' "$IMAGE")
+log "image size: $((size / 1024 / 1024)) MiB"
+
+# ---- run ----
+PORT=${JD_SMOKE_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 18080)}
+BASE_URL="http://127.0.0.1:$PORT"
+E volume create "$VOLUME" >/dev/null
+
+start_container() {
+    E run -d --name "$NAME" "${RUN_OPTS[@]}" -p "127.0.0.1:$PORT:8080" \
+        -v "$VOLUME:/var/lib/jackdaw" "$IMAGE" --workers 2 >/dev/null
+    for _ in $(seq 1 100); do
+        if curl -fsS -o /dev/null "$BASE_URL/livez" 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    E logs "$NAME" 2>&1 | tail -n 20 | sed 's/^/#   /'
+    return 1
+}
+
+start_container && ok "container answers /livez on $BASE_URL" || die "container answers /livez"
+
+uid=$(E exec "$NAME" id -u)
+[ "$uid" != 0 ] && ok "server runs as uid $uid, not root" || not_ok "server runs as root"
+
+resp=$(curl -sS -o /dev/stdout -w '\n%{http_code}' -XPOST "$BASE_URL/v1/jobs" \
+    -H 'content-type: application/json' -d '{"handler":"echo","args":{"smoke":"hello"}}')
+code=${resp##*$'\n'}
+body=${resp%$'\n'*}
+id=$(echo "$body" | sed -n 's/.*"id" *: *"\([0-9][0-9]*\)".*/\1/p' | head -n1)
+if [ "$code" = 201 ] && [ -n "$id" ]; then
+    ok "POST /v1/jobs -> 201 (job $id)"
+else
+    die "POST /v1/jobs -> 201 (got $code: $body)"
+fi
+
+job=$(curl -sS "$BASE_URL/v1/jobs/$id?wait=10s")
+if echo "$job" | grep -q '"state" *: *"succeeded"'; then
+    ok "job $id succeeded"
+else
+    not_ok "job $id succeeded (got: $job)"
+fi
+
+# SIGTERM: the server drains and exits 0; tini passes the status on.
+E stop -t 30 "$NAME" >/dev/null
+code=$(E inspect --format '{{.State.ExitCode}}' "$NAME")
+[ "$code" = 0 ] && ok "SIGTERM stops the container with exit 0" || not_ok "SIGTERM exit code is $code, not 0"
+E rm -f "$NAME" >/dev/null
+
+start_container && ok "a new container starts on the same volume" || die "restart on the same volume"
+job=$(curl -sS "$BASE_URL/v1/jobs/$id")
+if echo "$job" | grep -q '"state" *: *"succeeded"'; then
+    ok "job $id is still there and succeeded after the restart"
+else
+    not_ok "job $id after restart (got: $job)"
+fi
+events=$(curl -sS "$BASE_URL/v1/jobs/$id/events")
+nev=$(echo "$events" | grep -o '"seq"' | wc -l)
+[ "$nev" -ge 2 ] && ok "its history survived ($nev events)" || not_ok "history after restart (got: $events)"
+
+E stop -t 30 "$NAME" >/dev/null
+if [ "${JD_KEEP:-0}" != 1 ]; then
+    E rmi -f "$IMAGE" >/dev/null 2>&1 || true
+fi
+echo "1..$n"
+[ "$failures" -eq 0 ]
