@@ -90,21 +90,23 @@ uint64_t jd_retry_delay_ms(const struct jd_retry_policy *p, uint32_t attempt, ui
 /* How a call ended. Strings borrowed for the callback. */
 struct jd_call_result {
     bool ok;
-    const char *result_json;   /* ok: the handler's result (may be "null") */
-    const char *error_json;    /* !ok: {"kind":..,"message":..,"retryable":..,"attempt":..[,"details":..]} */
-    const char *error_kind;    /* !ok: "timeout", "cancelled", "unknown_command", or the handler's kind */
-    bool retryable;            /* !ok */
-    uint32_t attempt;          /* the attempt that produced this result */
+    const char *result_json; /* ok: the handler's result (may be "null") */
+    const char
+        *error_json; /* !ok: {"kind":..,"message":..,"retryable":..,"attempt":..[,"details":..]} */
+    const char
+        *error_kind;  /* !ok: "timeout", "cancelled", "unknown_command", or the handler's kind */
+    bool retryable;   /* !ok */
+    uint32_t attempt; /* the attempt that produced this result */
 };
 
 struct jd_call_request {
-    const char *command;         /* copied */
-    const char *args_json;       /* copied; NULL means {} */
-    const char *idempotency_key; /* copied; e.g. "42:3" */
-    uint32_t first_attempt;      /* attempt number of the first try (recorded attempts + 1) */
-    int64_t timeout_ms;          /* per attempt; 0: the command's default; <0: none */
-    struct jd_retry_policy retry;/* max_attempts counts from attempt 1, so a restart
-                                    with first_attempt 3 and max 3 gets one try */
+    const char *command;          /* copied */
+    const char *args_json;        /* copied; NULL means {} */
+    const char *idempotency_key;  /* copied; e.g. "42:3" */
+    uint32_t first_attempt;       /* attempt number of the first try (recorded attempts + 1) */
+    int64_t timeout_ms;           /* per attempt; 0: the command's default; <0: none */
+    struct jd_retry_policy retry; /* max_attempts counts from attempt 1, so a restart
+                                     with first_attempt 3 and max 3 gets one try */
     /* Before each attempt starts (may be NULL): lets the caller record the
      * dispatch with its attempt number. Runs on the dispatching thread or
      * the timer thread; must not block. */
@@ -129,6 +131,19 @@ int jd_registry_call(struct jd_registry *r, const struct jd_call_request *req,
 void jd_registry_call_cancel(struct jd_registry *r, struct jd_call_handle *h);
 /* Drop the caller's reference from jd_registry_call(..., &h). */
 void jd_registry_call_release(struct jd_call_handle *h);
+
+/* ---- plugin process types (additive) ---- */
+
+struct jd_process_ops;
+/* Wrap plugin process type `type` as a scheduler process, after freeze.
+ * *ops (borrowed, lives as long as r) and *self go to jd_sched_spawn, which
+ * takes ownership of self (ops->close frees it). ops->init checks the method
+ * against the type's list (JD_EINVAL, pointer "/method") and calls create
+ * (refusal: JD_EINVAL, pointer "/input"); ops->step translates events and
+ * applies the ABI's rule for a step that sets no status. JD_ENOENT if no
+ * such type (or not frozen yet). */
+int jd_registry_process_new(const struct jd_registry *r, const char *type,
+                            const struct jd_process_ops **ops, void **self);
 
 struct jd_registry_stats {
     uint64_t calls, ok, failed, timeouts, cancelled, retries, late_dropped, unknown_command;
