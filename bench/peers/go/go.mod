@@ -1,0 +1,3 @@
+module jackdaw/bench/peers/go
+
+go 1.19
