@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# bench/e2e/run.sh (`make bench-e2e`): the same no-op jobs through Jackdaw,
+# beanstalkd and BullMQ on redis-server, on this machine, in one run,
+# interleaved (A B C A B C ...) so drift hits every system alike. Each run
+# starts its server on a fresh data directory on loopback and stops it after.
+#
+# Durability levels compared:
+#   strict   jackdawd --sync full | beanstalkd -b DIR -f 0 | redis appendfsync always
+#   relaxed  jackdawd --sync normal | beanstalkd -b DIR -f 50 | redis appendfsync everysec
+# Closed loop at each concurrency in CONCS (jobs in flight = connections for
+# Jackdaw, producers for beanstalkd, worker concurrency for BullMQ), REPS
+# times; then an open-loop run of each system at half its own peak for the
+# latency target. Prints one table of medians and the ratios.
+#
+# Environment: JD_BUILD (build dir), JOBS (per run, default 30000),
+# CONCS (default "16 64 256"), REPS (default 3), DURABILITY (default
+# "strict relaxed"), SYSTEMS (default "jackdaw beanstalkd bullmq"),
+# JD_WORKERS (jackdawd --workers, default: one per core), OUT (results dir).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD=${JD_BUILD:-build}
+JOBS=${JOBS:-30000}
+CONCS=${CONCS:-16 64 256}
+REPS=${REPS:-3}
+DURABILITY=${DURABILITY:-strict relaxed}
+SYSTEMS=${SYSTEMS:-jackdaw beanstalkd bullmq}
+OUT=${OUT:-$BUILD/bench-e2e}
+LOADGEN=$BUILD/bench/loadgen
+JACKDAWD=$BUILD/jackdawd
+
+mkdir -p "$OUT"
+RESULTS=$OUT/results.jsonl
+: >"$RESULTS"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/jackdaw-e2e.XXXXXX")
+SERVER_PID=
+cleanup() {
+    [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# ---- what the peers need: Debian's beanstalkd and redis-server, npm's bullmq ----
+tools/deps.sh beanstalkd redis-server
+command -v node >/dev/null && command -v npm >/dev/null || tools/deps.sh nodejs npm
+if [ ! -d bench/e2e/node_modules/bullmq ]; then
+    echo "bench-e2e: installing bullmq with npm into bench/e2e/node_modules" >&2
+    (cd bench/e2e && npm install --no-audit --no-fund --no-package-lock --loglevel=error >&2)
+fi
+[ -x "$LOADGEN" ] && [ -x "$JACKDAWD" ] || {
+    echo "bench-e2e: build first: make BUILD=$BUILD all $LOADGEN" >&2
+    exit 1
+}
+
+free_port() {
+    node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+}
+
+peak_rss_kb() {
+    awk '/^VmHWM:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0
+}
+
+wait_port() { # port: wait until something accepts on it
+    for _ in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
+
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 1 100); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=
+    fi
+}
+
+# start_<system> DURABILITY DIR: starts the server, sets SERVER_PID and PORT.
+start_jackdaw() {
+    local sync=full
+    [ "$1" = relaxed ] && sync=normal
+    PORT=$(free_port)
+    "$JACKDAWD" --listen "127.0.0.1:$PORT" --db "$2/jackdaw.db" --plugin-dir "$BUILD/plugins" \
+        --sync "$sync" ${JD_WORKERS:+--workers "$JD_WORKERS"} --max-parked 4096 \
+        --max-connections 4096 --log-level warn 2>"$2/server.log" &
+    SERVER_PID=$!
+    wait_port "$PORT"
+}
+start_beanstalkd() {
+    local f=0
+    [ "$1" = relaxed ] && f=50
+    PORT=$(free_port)
+    beanstalkd -l 127.0.0.1 -p "$PORT" -b "$2" -f "$f" 2>"$2/server.log" &
+    SERVER_PID=$!
+    wait_port "$PORT"
+}
+start_bullmq() {
+    local fsync=always
+    [ "$1" = relaxed ] && fsync=everysec
+    PORT=$(free_port)
+    redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly yes \
+        --appendfsync "$fsync" --dir "$2" --daemonize no --maxmemory-policy noeviction \
+        >"$2/server.log" 2>&1 &
+    SERVER_PID=$!
+    wait_port "$PORT"
+}
+
+# run_one SYSTEM DURABILITY CONC RATE: one measured run; appends a JSON line.
+run_one() {
+    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss
+    echo "[$dur c=$conc rate=$rate] $sys" >&2
+    dir=$(mktemp -d "$WORK/$sys.XXXX")
+    "start_$sys" "$dur" "$dir" || {
+        echo "bench-e2e: $sys did not start; log:" >&2
+        cat "$dir/server.log" >&2
+        exit 1
+    }
+    local common=(--jobs "$JOBS" --conns "$conc" --rate "$rate" --label "$sys")
+    case $sys in
+    jackdaw) line=$("$LOADGEN" --target jackdaw --addr "127.0.0.1:$PORT" "${common[@]}" --threads 1) || true ;;
+    beanstalkd) line=$("$LOADGEN" --target beanstalkd --addr "127.0.0.1:$PORT" "${common[@]}" --workers "$((conc > 64 ? 64 : conc))") || true ;;
+    bullmq) line=$(node bench/e2e/bullmq.mjs --port "$PORT" "${common[@]}") || true ;;
+    esac
+    rss=$(peak_rss_kb "$SERVER_PID")
+    stop_server
+    if [ -z "$line" ]; then
+        echo "bench-e2e: $sys $dur c=$conc produced no result; server log:" >&2
+        tail -n 20 "$dir/server.log" >&2
+        line='{"completed":0,"jobs_per_s":0}'
+    fi
+    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"server_rss_kb\":$rss,${line#\{}"
+    echo "$line" >>"$RESULTS"
+    echo "  $line" >&2
+    rm -rf "$dir"
+}
+
+echo "bench-e2e: $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); $JOBS jobs a run," \
+    "concurrency {$CONCS}, $REPS reps, interleaved" >&2
+for dur in $DURABILITY; do
+    for conc in $CONCS; do
+        for rep in $(seq 1 "$REPS"); do
+            for sys in $SYSTEMS; do
+                run_one "$sys" "$dur" "$conc" 0
+            done
+        done
+    done
+done
+
+# Half of each system's peak (median over reps of its best concurrency), open loop.
+for dur in $DURABILITY; do
+    for sys in $SYSTEMS; do
+        read -r peak conc < <(node bench/e2e/table.mjs --peak "$sys" "$dur" <"$RESULTS")
+        [ "${peak:-0}" -gt 0 ] || continue
+        rate=$((peak / 2))
+        # At least 5 s of load; twice the peak's concurrency leaves room for queueing.
+        JOBS=$((rate * 5 > JOBS ? rate * 5 : JOBS)) run_one "$sys" "$dur" $((conc * 2)) "$rate"
+    done
+done
+
+node bench/e2e/table.mjs <"$RESULTS" | tee "$OUT/table.md"
+echo "raw results: $RESULTS" >&2

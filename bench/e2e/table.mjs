@@ -1,0 +1,115 @@
+// Summarises bench/e2e/run.sh's results (JSON lines on stdin, one per run).
+//   node table.mjs                 prints the Markdown table and the ratios
+//   node table.mjs --peak SYS DUR  prints SYS's peak jobs/s at DUR (the best
+//                                  concurrency's median over the closed-loop
+//                                  runs) and that concurrency
+// Medians over repetitions; the jobs/s cell also shows min-max.
+import { readFileSync } from 'node:fs';
+
+const rows = readFileSync(0, 'utf8')
+  .split('\n')
+  .filter((l) => l.trim())
+  .map((l) => JSON.parse(l));
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  if (!s.length) return 0;
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+const groupBy = (xs, key) => {
+  const m = new Map();
+  for (const x of xs) {
+    const k = key(x);
+    if (!m.has(k)) m.set(k, []);
+    m.get(k).push(x);
+  }
+  return m;
+};
+
+const closed = rows.filter((r) => !r.rate);
+const peakOf = (sys, dur) => {
+  let best = { jps: 0, conc: 0 };
+  const g = groupBy(
+    closed.filter((r) => r.system === sys && r.durability === dur),
+    (r) => r.conns,
+  );
+  for (const [conc, rs] of g) {
+    const jps = median(rs.map((r) => r.jobs_per_s));
+    if (jps > best.jps) best = { jps, conc };
+  }
+  return best;
+};
+
+if (process.argv[2] === '--peak') {
+  const p = peakOf(process.argv[3], process.argv[4]);
+  console.log(`${Math.round(p.jps)} ${p.conc}`);
+  process.exit(0);
+}
+
+const mb = (kb) => (kb / 1024).toFixed(1);
+const fmt = (x) => Math.round(x).toLocaleString('en-US');
+const durNames = {
+  strict: 'strict (fsync every commit)',
+  relaxed: 'relaxed',
+};
+const durDetail = {
+  jackdaw: { strict: '--sync full', relaxed: '--sync normal' },
+  beanstalkd: { strict: '-f 0', relaxed: '-f 50' },
+  bullmq: { strict: 'appendfsync always', relaxed: 'appendfsync everysec' },
+};
+const out = [];
+out.push(
+  '| system | durability | in flight | jobs/s (median, min-max) | p50 ms | p99 ms | peak RSS server (client) | failed |',
+);
+out.push('|---|---|---|---|---|---|---|---|');
+const systems = [...new Set(rows.map((r) => r.system))];
+const durs = [...new Set(rows.map((r) => r.durability))];
+for (const dur of durs) {
+  for (const sys of systems) {
+    const g = groupBy(
+      closed.filter((r) => r.system === sys && r.durability === dur),
+      (r) => r.conns,
+    );
+    for (const [conc, rs] of [...g].sort((a, b) => a[0] - b[0])) {
+      const j = rs.map((r) => r.jobs_per_s);
+      const client = rs.some((r) => r.client_rss_kb)
+        ? ` (+${mb(Math.max(...rs.map((r) => r.client_rss_kb || 0)))} node)`
+        : '';
+      out.push(
+        `| ${sys} | ${dur}: ${durDetail[sys]?.[dur] ?? ''} | ${conc} | ` +
+          `${fmt(median(j))} (${fmt(Math.min(...j))}-${fmt(Math.max(...j))}) | ` +
+          `${median(rs.map((r) => r.p50_ms)).toFixed(2)} | ${median(rs.map((r) => r.p99_ms)).toFixed(2)} | ` +
+          `${mb(Math.max(...rs.map((r) => r.server_rss_kb)))} MB${client} | ` +
+          `${rs.reduce((s, r) => s + (r.failed || 0) + (r.jobs - r.completed || 0), 0)} |`,
+      );
+    }
+  }
+}
+out.push('');
+out.push('Open loop at half of each system\'s own peak (latency from the due time):');
+out.push('');
+out.push('| system | durability | offered jobs/s | achieved jobs/s | p50 ms | p99 ms | p99 < 10 ms |');
+out.push('|---|---|---|---|---|---|---|');
+for (const r of rows.filter((x) => x.rate)) {
+  out.push(
+    `| ${r.system} | ${r.durability} | ${fmt(r.rate)} | ${fmt(r.jobs_per_s)} | ` +
+      `${r.p50_ms.toFixed(2)} | ${r.p99_ms.toFixed(2)} | ${r.p99_ms < 10 ? 'yes' : 'no'} |`,
+  );
+}
+out.push('');
+for (const dur of durs) {
+  const jd = peakOf('jackdaw', dur);
+  let best = { sys: '', jps: 0, conc: 0 };
+  for (const sys of systems.filter((s) => s !== 'jackdaw')) {
+    const p = peakOf(sys, dur);
+    if (p.jps > best.jps) best = { sys, ...p };
+  }
+  if (!jd.jps || !best.jps) continue;
+  out.push(
+    `${durNames[dur] ?? dur}: Jackdaw peak ${fmt(jd.jps)} jobs/s (${jd.conc} in flight), ` +
+      `best peer ${best.sys} ${fmt(best.jps)} jobs/s (${best.conc} in flight): ` +
+      `ratio ${(jd.jps / best.jps).toFixed(2)}x`,
+  );
+}
+console.log(out.join('\n'));
