@@ -1,0 +1,33 @@
+/*
+ * echo: a command that returns its args as its result. The smallest useful
+ * handler, and the one tests and workflows use to move data around.
+ *
+ * Threading: handle() completes on the calling thread before returning; no
+ * state.
+ */
+#include "plugins/jackdaw_plugin.h"
+
+static const struct jd_host *host;
+
+static void echo_handle(const struct jd_call_info *info)
+{
+    host->complete(info->call, info->args_json);
+}
+
+static const struct jd_command commands[] = {
+    {.name = "echo", .flags = 0, .default_timeout_ms = 0, .handle = echo_handle},
+};
+
+static const struct jd_plugin plugin = {
+    .abi_version = JD_PLUGIN_ABI_VERSION,
+    .name = "echo",
+    .version = "1.0.0",
+    .commands = commands,
+    .ncommands = 1,
+};
+
+const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
+{
+    host = h;
+    return &plugin;
+}
