@@ -62,14 +62,14 @@ struct jd_job {
     char *queue;
     int64_t priority;
     enum jd_job_state state;
-    char *definition; /* the job definition, JSON text */
+    char *definition;  /* the job definition, JSON text */
     int64_t run_at_ms; /* wall ms; when it may start */
     uint32_t attempts; /* job-level attempts started (0 before the first run) */
     int64_t version;
-    char *output; /* JSON text or NULL */
-    char *error;  /* JSON text or NULL */
+    char *output;                                            /* JSON text or NULL */
+    char *error;                                             /* JSON text or NULL */
     int64_t created_ms, updated_ms, started_ms, finished_ms; /* 0: unset */
-    char *idempotency_key; /* or NULL */
+    char *idempotency_key;                                   /* or NULL */
 };
 void jd_job_clear(struct jd_job *j); /* frees the strings, zeroes the struct */
 
@@ -86,10 +86,12 @@ void jd_job_events_free(struct jd_job_event *ev, size_t n);
 /* ---- opening ---- */
 
 struct jd_store_config {
-    const char *path;       /* database file; its directory must exist */
-    bool sync_full;         /* true: synchronous=FULL (fsync per commit); false: NORMAL */
-    int64_t retention_ms;   /* delete terminal jobs finished longer ago; 0: keep forever */
-    unsigned max_batch;     /* records per transaction at most; 0: 1024 */
+    const char *path;     /* database file; its directory must exist */
+    bool sync_full;       /* true: synchronous=FULL (fsync per commit); false: NORMAL */
+    int64_t retention_ms; /* delete terminal jobs finished longer ago; 0: keep forever */
+    unsigned max_batch;   /* records per transaction at most; 0: 1024 */
+    uint64_t max_bytes;   /* refuse to grow the database past this many bytes (commits
+                             then fail with JD_EIO, as on a full disk); 0: no limit */
 };
 
 /* Open (create, migrate) the database and start the writer. Clear errors
@@ -166,6 +168,7 @@ struct jd_write {
     int64_t version;
 
     struct jd_write *next_; /* writer-owned link */
+    size_t group_;          /* writer-owned: size of the all-or-nothing group it starts */
 };
 
 /* Enqueue one record; it is applied inside its own savepoint (its failure
@@ -184,10 +187,10 @@ int jd_store_sync(struct jd_store *s);
 int jd_store_job_get(struct jd_store *s, int64_t id, struct jd_job *out);
 
 struct jd_job_filter {
-    int state;             /* enum jd_job_state, or -1 for any */
-    const char *queue;     /* or NULL for any */
-    int64_t before_id;     /* keyset cursor: only ids < before_id; 0: from the newest */
-    unsigned limit;        /* 1..1000 */
+    int state;         /* enum jd_job_state, or -1 for any */
+    const char *queue; /* or NULL for any */
+    int64_t before_id; /* keyset cursor: only ids < before_id; 0: from the newest */
+    unsigned limit;    /* 1..1000 */
 };
 /* Newest first. *rows freed with jd_jobs_free. *next_cursor is the id to
  * pass as before_id for the next page, or 0 when there is none. */
@@ -211,12 +214,12 @@ void jd_queue_counts_free(struct jd_queue_counts *rows, size_t n);
 
 /* 0 and *job_id (+ *fingerprint, caller frees, may be NULL) if key is
  * known; JD_ENOENT otherwise. */
-int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id,
-                         char **fingerprint);
+int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, char **fingerprint);
 
 /* Recovery: for every non-terminal job (ascending id), call fn with the job
  * and its events of kind dispatch, complete, message and cancel, ascending
- * seq. Borrowed for the call. Stops early if fn returns non-zero. */
+ * seq. Borrowed for the call. Stops early if fn returns non-zero
+ * (returning that value if it is negative, else 0). */
 int jd_store_recover(struct jd_store *s,
                      int (*fn)(void *arg, const struct jd_job *job,
                                const struct jd_job_event *events, size_t n),
@@ -228,9 +231,9 @@ void jd_strings_free(char **v, size_t n);
 
 struct jd_store_stats {
     uint64_t commits, records, failed_commits, retention_deleted;
-    uint64_t queue_depth;          /* records waiting for the writer */
-    uint64_t batch_hist[8];        /* batch sizes: <=1,<=4,<=16,<=64,<=256,<=1024,<=4096,more */
-    uint64_t commit_us_hist[10];   /* commit latency: <=100us,250,500,1ms,2.5,5,10,25,100ms,more */
+    uint64_t queue_depth;        /* records waiting for the writer */
+    uint64_t batch_hist[8];      /* batch sizes: <=1,<=4,<=16,<=64,<=256,<=1024,<=4096,more */
+    uint64_t commit_us_hist[10]; /* commit latency: <=100us,250,500,1ms,2.5,5,10,25,100ms,more */
     uint64_t commit_us_sum;
 };
 void jd_store_stats(struct jd_store *s, struct jd_store_stats *out);

@@ -1,0 +1,176 @@
+/*
+ * The schema: numbered migrations compiled into the binary. PRAGMA
+ * user_version holds how many have been applied; each runs in its own
+ * transaction together with the user_version bump, so a crash mid-migration
+ * leaves the previous version intact. PRAGMA application_id marks the file as
+ * Jackdaw's, so a foreign SQLite database is refused instead of written to.
+ *
+ * Migrations are append-only: never edit one that has shipped; add the next.
+ *
+ * Threading: called once by jd_store_open on the opening thread, before the
+ * writer starts.
+ */
+#include "storage/store_impl.h"
+
+#include "common/error.h"
+
+#include <stdio.h>
+
+static const char *const migrations[] = {
+    /* 1: jobs, their history, queues, idempotency keys. */
+    "CREATE TABLE jobs ("
+    "  id INTEGER PRIMARY KEY,"
+    "  queue TEXT NOT NULL,"
+    "  priority INTEGER NOT NULL DEFAULT 0,"
+    "  state INTEGER NOT NULL CHECK (state BETWEEN 0 AND 5),"
+    "  definition TEXT NOT NULL,"
+    "  run_at_ms INTEGER NOT NULL DEFAULT 0,"
+    "  attempts INTEGER NOT NULL DEFAULT 0,"
+    "  version INTEGER NOT NULL DEFAULT 1,"
+    "  output TEXT,"
+    "  error TEXT,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL,"
+    "  started_ms INTEGER NOT NULL DEFAULT 0,"
+    "  finished_ms INTEGER NOT NULL DEFAULT 0,"
+    "  idempotency_key TEXT"
+    ") STRICT;"
+    /* list by state, newest first (rowid order within one state) */
+    "CREATE INDEX jobs_state ON jobs(state);"
+    /* list by queue and state, newest first */
+    "CREATE INDEX jobs_queue_state ON jobs(queue, state);"
+    /* retention: terminal jobs by finish time */
+    "CREATE INDEX jobs_finished ON jobs(finished_ms) WHERE state >= 3;"
+    "CREATE UNIQUE INDEX jobs_idem ON jobs(idempotency_key) WHERE idempotency_key IS NOT NULL;"
+    /* history: (job_id, seq) clusters a job's events and serves "after seq" */
+    "CREATE TABLE events ("
+    "  job_id INTEGER NOT NULL,"
+    "  seq INTEGER NOT NULL,"
+    "  time_ms INTEGER NOT NULL,"
+    "  kind INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 4),"
+    "  tag INTEGER NOT NULL DEFAULT 0,"
+    "  data TEXT,"
+    "  PRIMARY KEY (job_id, seq)"
+    ") STRICT, WITHOUT ROWID;"
+    "CREATE TABLE queues ("
+    "  name TEXT PRIMARY KEY,"
+    "  paused INTEGER NOT NULL DEFAULT 0"
+    ") STRICT, WITHOUT ROWID;"
+    "CREATE TABLE idempotency ("
+    "  key TEXT PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL,"
+    "  fingerprint TEXT,"
+    "  created_ms INTEGER NOT NULL"
+    ") STRICT, WITHOUT ROWID;",
+
+    /* 2: counts per queue and state kept by triggers (so /v1/queues and
+     * /metrics never scan jobs), list by queue alone, the recovery index,
+     * and a high-water mark of deleted ids (so retention never lets an id
+     * be handed out twice). */
+    "CREATE INDEX jobs_queue ON jobs(queue);"
+    "CREATE INDEX jobs_active ON jobs(id) WHERE state < 3;"
+    "CREATE TABLE queue_counts ("
+    "  queue TEXT NOT NULL,"
+    "  state INTEGER NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  PRIMARY KEY (queue, state)"
+    ") STRICT, WITHOUT ROWID;"
+    "INSERT INTO queue_counts(queue, state, n)"
+    "  SELECT queue, state, count(*) FROM jobs GROUP BY queue, state;"
+    "CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs BEGIN"
+    "  INSERT INTO queue_counts(queue, state, n) VALUES (new.queue, new.state, 1)"
+    "    ON CONFLICT(queue, state) DO UPDATE SET n = n + 1;"
+    "END;"
+    "CREATE TRIGGER jobs_count_update AFTER UPDATE OF state ON jobs"
+    "  WHEN old.state <> new.state BEGIN"
+    "  UPDATE queue_counts SET n = n - 1 WHERE queue = old.queue AND state = old.state;"
+    "  INSERT INTO queue_counts(queue, state, n) VALUES (new.queue, new.state, 1)"
+    "    ON CONFLICT(queue, state) DO UPDATE SET n = n + 1;"
+    "END;"
+    "CREATE TRIGGER jobs_count_delete AFTER DELETE ON jobs BEGIN"
+    "  UPDATE queue_counts SET n = n - 1 WHERE queue = old.queue AND state = old.state;"
+    "END;"
+    "CREATE TABLE meta ("
+    "  key TEXT PRIMARY KEY,"
+    "  value INTEGER NOT NULL"
+    ") STRICT, WITHOUT ROWID;",
+};
+
+#define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
+
+int jd_store_schema_version(void)
+{
+    return N_MIGRATIONS;
+}
+
+/* One integer from a one-row query; SQLite rc. */
+static int query_int(sqlite3 *db, const char *sql, int64_t *out)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return rc;
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        *out = sqlite3_column_int64(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int fail_sqlite(sqlite3 *db, int rc, const char *path, const char *what,
+                       struct jd_error *err)
+{
+    int code = jd_store_sqlite_rc(rc);
+    if (rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT)
+        return jd_error_set(err, code, NULL, "database %s is corrupt or not a database (%s: %s)",
+                            path, what, sqlite3_errmsg(db));
+    return jd_error_set(err, code, NULL, "database %s: %s failed: %s", path, what,
+                        sqlite3_errmsg(db));
+}
+
+int jd_schema_migrate(sqlite3 *db, const char *path, struct jd_error *err)
+{
+    int64_t version = 0, app_id = 0, objects = 0;
+    int rc = query_int(db, "PRAGMA user_version", &version);
+    if (rc == SQLITE_OK)
+        rc = query_int(db, "PRAGMA application_id", &app_id);
+    if (rc == SQLITE_OK)
+        rc = query_int(db, "SELECT count(*) FROM sqlite_schema", &objects);
+    if (rc != SQLITE_OK)
+        return fail_sqlite(db, rc, path, "reading the schema", err);
+
+    if (app_id != JD_SCHEMA_APP_ID && (objects > 0 || version != 0 || app_id != 0))
+        return jd_error_set(err, JD_ECORRUPT, NULL,
+                            "database %s is not a Jackdaw database (application_id %lld, "
+                            "%lld schema objects); refusing to use it",
+                            path, (long long)app_id, (long long)objects);
+    if (version > N_MIGRATIONS)
+        return jd_error_set(err, JD_ECORRUPT, NULL,
+                            "database %s has schema version %lld, newer than this Jackdaw "
+                            "understands (%d); upgrade Jackdaw or use another file",
+                            path, (long long)version, N_MIGRATIONS);
+
+    for (int v = (int)version; v < N_MIGRATIONS; v++) {
+        char bump[96];
+        snprintf(bump, sizeof bump, "PRAGMA user_version = %d; PRAGMA application_id = %d;", v + 1,
+                 JD_SCHEMA_APP_ID);
+        rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_exec(db, migrations[v], NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_exec(db, bump, NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "migration to schema version %d", v + 1);
+            int code = fail_sqlite(db, rc, path, what, err);
+            if (!sqlite3_get_autocommit(db))
+                sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+            return code;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,792 @@
+/*
+ * Opening and closing the store, and every read.
+ *
+ * Open: check the directory, take the exclusive advisory lock
+ * "<db>.lock" (flock, so a second Jackdaw on the same file is refused with
+ * the holder's pid), check the file header, open the write connection in WAL
+ * mode, migrate, seed the id counter, start the writer (writer.c).
+ *
+ * Reads run on read-only connections from a small pool: a reading thread
+ * takes an idle connection (or opens one), runs its prepared statements and
+ * gives it back. A connection is used by one thread at a time; WAL lets
+ * readers run while the writer commits.
+ *
+ * Threading: jd_store_open/close on one thread (close after every reader and
+ * producer is done; never from a done() callback). Reads, jd_store_next_id
+ * and jd_store_stats from any thread.
+ */
+#include "storage/store_impl.h"
+
+#include "common/alloc.h"
+#include "common/error.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#define JD_WRITER_CACHE_KIB 32768 /* 32 MiB page cache: the hot end of jobs and events */
+#define JD_BUSY_TIMEOUT_MS 5000   /* readers may briefly wait on a WAL restart */
+
+/* ---- names ---- */
+
+static const char *const state_names[JD_JOB_NSTATES] = {
+    "queued", "running", "waiting", "succeeded", "failed", "cancelled",
+};
+
+const char *jd_job_state_name(enum jd_job_state s)
+{
+    return (unsigned)s < JD_JOB_NSTATES ? state_names[s] : "unknown";
+}
+
+int jd_job_state_parse(const char *name)
+{
+    for (int i = 0; name && i < JD_JOB_NSTATES; i++)
+        if (strcmp(name, state_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *jd_event_kind_name(enum jd_event_kind k)
+{
+    static const char *const names[] = {"state", "dispatch", "complete", "message", "cancel"};
+    return (unsigned)k <= JD_EVK_CANCEL ? names[k] : "unknown";
+}
+
+void jd_job_clear(struct jd_job *j)
+{
+    if (!j)
+        return;
+    free(j->queue);
+    free(j->definition);
+    free(j->output);
+    free(j->error);
+    free(j->idempotency_key);
+    memset(j, 0, sizeof *j);
+}
+
+void jd_jobs_free(struct jd_job *rows, size_t n)
+{
+    for (size_t i = 0; rows && i < n; i++)
+        jd_job_clear(&rows[i]);
+    free(rows);
+}
+
+void jd_job_events_free(struct jd_job_event *ev, size_t n)
+{
+    for (size_t i = 0; ev && i < n; i++)
+        free(ev[i].data);
+    free(ev);
+}
+
+void jd_queue_counts_free(struct jd_queue_counts *rows, size_t n)
+{
+    for (size_t i = 0; rows && i < n; i++)
+        free(rows[i].queue);
+    free(rows);
+}
+
+void jd_strings_free(char **v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+int jd_store_sqlite_rc(int rc)
+{
+    switch (rc & 0xff) {
+    case SQLITE_OK:
+    case SQLITE_DONE:
+    case SQLITE_ROW:
+        return 0;
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB:
+        return JD_ECORRUPT;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        return JD_EBUSY;
+    case SQLITE_NOMEM:
+        return JD_ENOMEM;
+    case SQLITE_CONSTRAINT:
+        return JD_EEXIST;
+    default:
+        return JD_EIO;
+    }
+}
+
+/* ---- open / close ---- */
+
+static int check_directory(const char *path, struct jd_error *err)
+{
+    char *copy = jd_xstrdup(path);
+    const char *dir = dirname(copy);
+    struct stat st;
+    struct statvfs vfs;
+    int rc = 0;
+    if (stat(dir, &st) != 0)
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot open database %s: directory %s: %s", path, dir,
+                          strerror(errno));
+    else if (!S_ISDIR(st.st_mode))
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot open database %s: %s is not a directory", path,
+                          dir);
+    else if (access(dir, W_OK) != 0)
+        rc = jd_error_set(err, JD_EIO, NULL,
+                          "cannot open database %s: directory %s is not writable (%s)", path, dir,
+                          strerror(errno));
+    else if (statvfs(dir, &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
+        rc = jd_error_set(err, JD_EIO, NULL,
+                          "cannot open database %s: directory %s is on a read-only file system",
+                          path, dir);
+    free(copy);
+    return rc;
+}
+
+static int take_lock(struct jd_store *s, struct jd_error *err)
+{
+    s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->lock_fd < 0)
+        return jd_error_set(err, JD_EIO, NULL, "cannot open database lock %s: %s", s->lock_path,
+                            strerror(errno));
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char holder[32] = "";
+        ssize_t r = pread(s->lock_fd, holder, sizeof holder - 1, 0);
+        holder[r > 0 ? r : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        if (e == EWOULDBLOCK)
+            return jd_error_set(err, JD_EBUSY, NULL,
+                                "database %s is in use by another running Jackdaw (pid %s, "
+                                "lock %s); refusing to open it twice",
+                                s->path, holder[0] ? holder : "unknown", s->lock_path);
+        return jd_error_set(err, JD_EIO, NULL, "cannot lock %s: %s", s->lock_path, strerror(e));
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)len, 0) != len) {
+        /* The lock is held; the pid is only a courtesy for the error above. */
+    }
+    return 0;
+}
+
+/* A non-empty file that does not start with SQLite's magic is foreign. */
+static int check_header(const char *path, struct jd_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0
+                               : jd_error_set(err, JD_EIO, NULL, "cannot open database %s: %s",
+                                              path, strerror(errno));
+    struct stat st;
+    char magic[16];
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot open database %s: not a regular file", path);
+    else if (st.st_size > 0 && (read(fd, magic, sizeof magic) != (ssize_t)sizeof magic ||
+                                memcmp(magic, "SQLite format 3", 16) != 0))
+        rc = jd_error_set(err, JD_ECORRUPT, NULL,
+                          "database %s is not a SQLite database (corrupt or foreign file); "
+                          "refusing to use it",
+                          path);
+    close(fd);
+    return rc;
+}
+
+static int wexec(struct jd_store *s, const char *sql, struct jd_error *err)
+{
+    int rc = sqlite3_exec(s->wdb, sql, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        return 0;
+    int code = jd_store_sqlite_rc(rc);
+    if (code == JD_ECORRUPT)
+        return jd_error_set(err, code, NULL, "database %s is corrupt or not a database (%s)",
+                            s->path, sqlite3_errmsg(s->wdb));
+    return jd_error_set(err, code ? code : JD_EIO, NULL, "database %s: %s: %s", s->path, sql,
+                        sqlite3_errmsg(s->wdb));
+}
+
+static int configure_writer(struct jd_store *s, const struct jd_store_config *cfg,
+                            struct jd_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->wdb, "PRAGMA journal_mode = WAL", -1, &st, NULL);
+    const char *mode = NULL;
+    if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        mode = (const char *)sqlite3_column_text(st, 0);
+    bool wal = mode && strcmp(mode, "wal") == 0;
+    if (!wal) {
+        int code = jd_store_sqlite_rc(rc ? rc : sqlite3_errcode(s->wdb));
+        rc = jd_error_set(err, code ? code : JD_EIO, NULL,
+                          "database %s: cannot switch to WAL mode: %s", s->path,
+                          sqlite3_errmsg(s->wdb));
+        if (code == JD_ECORRUPT)
+            rc = jd_error_set(err, JD_ECORRUPT, NULL,
+                              "database %s is corrupt or not a database (%s)", s->path,
+                              sqlite3_errmsg(s->wdb));
+    } else {
+        rc = 0;
+    }
+    sqlite3_finalize(st);
+    if (rc)
+        return rc;
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "PRAGMA synchronous = %s; PRAGMA temp_store = MEMORY; PRAGMA cache_size = -%d;"
+             " PRAGMA foreign_keys = OFF;",
+             cfg->sync_full ? "FULL" : "NORMAL", JD_WRITER_CACHE_KIB);
+    if ((rc = wexec(s, sql, err)) != 0)
+        return rc;
+    if (cfg->max_bytes) {
+        int page = 4096;
+        sqlite3_stmt *ps = NULL;
+        if (sqlite3_prepare_v2(s->wdb, "PRAGMA page_size", -1, &ps, NULL) == SQLITE_OK &&
+            sqlite3_step(ps) == SQLITE_ROW)
+            page = sqlite3_column_int(ps, 0);
+        sqlite3_finalize(ps);
+        unsigned long long pages = cfg->max_bytes / (unsigned)(page > 0 ? page : 4096);
+        snprintf(sql, sizeof sql, "PRAGMA max_page_count = %llu", pages ? pages : 1);
+        if ((rc = wexec(s, sql, err)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int seed_next_id(struct jd_store *s, struct jd_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc =
+        sqlite3_prepare_v2(s->wdb,
+                           "SELECT max(coalesce((SELECT max(id) FROM jobs), 0),"
+                           " coalesce((SELECT value FROM meta WHERE key = 'max_deleted_id'), 0))",
+                           -1, &st, NULL);
+    int64_t max = 0;
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        max = sqlite3_column_int64(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK)
+        return jd_error_set(err, jd_store_sqlite_rc(rc), NULL, "database %s: reading ids: %s",
+                            s->path, sqlite3_errmsg(s->wdb));
+    atomic_init(&s->next_id, max + 1);
+    return 0;
+}
+
+static void store_free(struct jd_store *s);
+
+int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, struct jd_error *err)
+{
+    *out = NULL;
+    if (!cfg || !cfg->path || !cfg->path[0])
+        return jd_error_set(err, JD_EINVAL, NULL, "no database path given");
+    struct jd_store *s = jd_xcalloc(1, sizeof *s);
+    s->path = jd_xstrdup(cfg->path);
+    s->lock_path = jd_xasprintf("%s.lock", cfg->path);
+    s->lock_fd = -1;
+    s->sync_full = cfg->sync_full;
+    s->retention_ms = cfg->retention_ms;
+    s->max_batch = cfg->max_batch ? cfg->max_batch : 1024;
+    atomic_init(&s->head, NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->pool_mu, NULL);
+
+    int rc = check_directory(s->path, err);
+    if (rc == 0)
+        rc = take_lock(s, err);
+    if (rc == 0)
+        rc = check_header(s->path, err);
+    if (rc)
+        goto fail;
+
+    int src = sqlite3_open_v2(
+        s->path, &s->wdb, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    if (src != SQLITE_OK) {
+        rc = jd_error_set(err, jd_store_sqlite_rc(src) ? jd_store_sqlite_rc(src) : JD_EIO, NULL,
+                          "cannot open database %s: %s", s->path,
+                          s->wdb ? sqlite3_errmsg(s->wdb) : sqlite3_errstr(src));
+        goto fail;
+    }
+    sqlite3_extended_result_codes(s->wdb, 1);
+    sqlite3_busy_timeout(s->wdb, JD_BUSY_TIMEOUT_MS);
+    if ((rc = configure_writer(s, cfg, err)) != 0)
+        goto fail;
+    if ((rc = jd_schema_migrate(s->wdb, s->path, err)) != 0)
+        goto fail;
+    if ((rc = seed_next_id(s, err)) != 0)
+        goto fail;
+    if ((rc = jd_writer_start(s, err)) != 0)
+        goto fail;
+    *out = s;
+    return 0;
+
+fail:
+    store_free(s);
+    return rc;
+}
+
+struct jd_rconn {
+    sqlite3 *db;
+    sqlite3_stmt *st[16];
+    struct jd_rconn *next;
+};
+
+static void store_free(struct jd_store *s)
+{
+    jd_writer_stop(s);
+    while (s->pool) {
+        struct jd_rconn *c = s->pool;
+        s->pool = c->next;
+        for (size_t i = 0; i < sizeof c->st / sizeof c->st[0]; i++)
+            sqlite3_finalize(c->st[i]);
+        sqlite3_close(c->db);
+        free(c);
+    }
+    if (s->wdb)
+        sqlite3_close(s->wdb);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd); /* releases the flock; the file stays (unlinking would race) */
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->pool_mu);
+    free(s->path);
+    free(s->lock_path);
+    free(s);
+}
+
+void jd_store_close(struct jd_store *s)
+{
+    if (s)
+        store_free(s);
+}
+
+int64_t jd_store_next_id(struct jd_store *s)
+{
+    /* relaxed: only uniqueness matters, which the RMW gives. */
+    return atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
+}
+
+void jd_store_stats(struct jd_store *s, struct jd_store_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    /* relaxed: independent counters; a scrape may see them mid-update. */
+    out->commits = atomic_load_explicit(&s->st_commits, memory_order_relaxed);
+    out->records = atomic_load_explicit(&s->st_records, memory_order_relaxed);
+    out->failed_commits = atomic_load_explicit(&s->st_failed_commits, memory_order_relaxed);
+    out->retention_deleted = atomic_load_explicit(&s->st_retention_deleted, memory_order_relaxed);
+    uint64_t enq = atomic_load_explicit(&s->st_enqueued, memory_order_relaxed);
+    uint64_t fin = atomic_load_explicit(&s->st_finished, memory_order_relaxed);
+    out->queue_depth = enq > fin ? enq - fin : 0;
+    for (int i = 0; i < 8; i++)
+        out->batch_hist[i] = atomic_load_explicit(&s->st_batch_hist[i], memory_order_relaxed);
+    for (int i = 0; i < 10; i++)
+        out->commit_us_hist[i] =
+            atomic_load_explicit(&s->st_commit_us_hist[i], memory_order_relaxed);
+    out->commit_us_sum = atomic_load_explicit(&s->st_commit_us_sum, memory_order_relaxed);
+}
+
+/* ---- reads ---- */
+
+#define JOB_COLS                                                                                   \
+    "id, queue, priority, state, definition, run_at_ms, attempts, version, output, error,"         \
+    " created_ms, updated_ms, started_ms, finished_ms, idempotency_key"
+#define EVENT_COLS "job_id, seq, time_ms, kind, tag, data"
+
+enum {
+    RS_JOB_GET,
+    RS_LIST_ALL,
+    RS_LIST_STATE,
+    RS_LIST_QUEUE,
+    RS_LIST_QUEUE_STATE,
+    RS_EVENTS,
+    RS_COUNTS,
+    RS_QUEUES,
+    RS_IDEM,
+    RS_ACTIVE,
+    RS_RECOVER_EVENTS,
+    RS_PAUSED,
+    RS_BEGIN,
+    RS_COMMIT,
+    RS_N
+};
+
+/* Every read the store makes; tests check each plan with EXPLAIN QUERY PLAN. */
+static const char *const read_sql[RS_N] = {
+    [RS_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+    [RS_LIST_ALL] = "SELECT " JOB_COLS " FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
+    [RS_LIST_STATE] = "SELECT " JOB_COLS " FROM jobs WHERE state = ?3 AND id < ?1"
+                      " ORDER BY id DESC LIMIT ?2",
+    [RS_LIST_QUEUE] = "SELECT " JOB_COLS " FROM jobs INDEXED BY jobs_queue"
+                      " WHERE queue = ?4 AND id < ?1 ORDER BY id DESC LIMIT ?2",
+    [RS_LIST_QUEUE_STATE] = "SELECT " JOB_COLS " FROM jobs INDEXED BY jobs_queue_state"
+                            " WHERE queue = ?4 AND state = ?3 AND id < ?1"
+                            " ORDER BY id DESC LIMIT ?2",
+    [RS_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND seq > ?2"
+                  " ORDER BY seq LIMIT ?3",
+    [RS_COUNTS] = "SELECT queue, state, n FROM queue_counts WHERE n > 0 ORDER BY queue, state",
+    [RS_QUEUES] = "SELECT name, paused FROM queues ORDER BY name",
+    [RS_IDEM] = "SELECT job_id, fingerprint FROM idempotency WHERE key = ?1",
+    [RS_ACTIVE] = "SELECT " JOB_COLS " FROM jobs INDEXED BY jobs_active WHERE state < 3"
+                  " ORDER BY id",
+    [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
+                          " ORDER BY seq",
+    [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
+    [RS_BEGIN] = "BEGIN",
+    [RS_COMMIT] = "COMMIT",
+};
+
+static int rconn_get(struct jd_store *s, struct jd_rconn **out)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    struct jd_rconn *c = s->pool;
+    if (c)
+        s->pool = c->next;
+    pthread_mutex_unlock(&s->pool_mu);
+    if (c) {
+        *out = c;
+        return 0;
+    }
+    c = jd_xcalloc(1, sizeof *c);
+    int rc = sqlite3_open_v2(s->path, &c->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_extended_result_codes(c->db, 1);
+        sqlite3_busy_timeout(c->db, JD_BUSY_TIMEOUT_MS);
+    }
+    for (int i = 0; rc == SQLITE_OK && i < RS_N; i++)
+        rc = sqlite3_prepare_v3(c->db, read_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &c->st[i], NULL);
+    if (rc != SQLITE_OK) {
+        for (int i = 0; i < RS_N; i++)
+            sqlite3_finalize(c->st[i]);
+        sqlite3_close(c->db);
+        free(c);
+        return jd_store_sqlite_rc(rc) ? jd_store_sqlite_rc(rc) : JD_EIO;
+    }
+    *out = c;
+    return 0;
+}
+
+static void rconn_put(struct jd_store *s, struct jd_rconn *c)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    c->next = s->pool;
+    s->pool = c;
+    pthread_mutex_unlock(&s->pool_mu);
+}
+
+static char *col_text(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? jd_xstrdup((const char *)t) : NULL;
+}
+
+static void row_to_job(sqlite3_stmt *st, struct jd_job *j)
+{
+    j->id = sqlite3_column_int64(st, 0);
+    j->queue = col_text(st, 1);
+    j->priority = sqlite3_column_int64(st, 2);
+    j->state = (enum jd_job_state)sqlite3_column_int(st, 3);
+    j->definition = col_text(st, 4);
+    j->run_at_ms = sqlite3_column_int64(st, 5);
+    j->attempts = (uint32_t)sqlite3_column_int64(st, 6);
+    j->version = sqlite3_column_int64(st, 7);
+    j->output = col_text(st, 8);
+    j->error = col_text(st, 9);
+    j->created_ms = sqlite3_column_int64(st, 10);
+    j->updated_ms = sqlite3_column_int64(st, 11);
+    j->started_ms = sqlite3_column_int64(st, 12);
+    j->finished_ms = sqlite3_column_int64(st, 13);
+    j->idempotency_key = col_text(st, 14);
+}
+
+static void row_to_event(sqlite3_stmt *st, struct jd_job_event *e)
+{
+    e->job_id = sqlite3_column_int64(st, 0);
+    e->seq = sqlite3_column_int64(st, 1);
+    e->time_ms = sqlite3_column_int64(st, 2);
+    e->kind = (enum jd_event_kind)sqlite3_column_int(st, 3);
+    e->tag = (uint32_t)sqlite3_column_int64(st, 4);
+    e->data = col_text(st, 5);
+}
+
+/* Result of a finished step loop: SQLITE_DONE -> 0. */
+static int step_rc(int rc)
+{
+    return rc == SQLITE_DONE ? 0 : (jd_store_sqlite_rc(rc) ? jd_store_sqlite_rc(rc) : JD_EIO);
+}
+
+int jd_store_job_get(struct jd_store *s, int64_t id, struct jd_job *out)
+{
+    memset(out, 0, sizeof *out);
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_JOB_GET];
+    sqlite3_bind_int64(st, 1, id);
+    int src = sqlite3_step(st);
+    if (src == SQLITE_ROW)
+        row_to_job(st, out);
+    rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    return rc;
+}
+
+int jd_store_job_list(struct jd_store *s, const struct jd_job_filter *f, struct jd_job **rows,
+                      size_t *n, int64_t *next_cursor)
+{
+    *rows = NULL;
+    *n = 0;
+    *next_cursor = 0;
+    if (!f || f->limit < 1 || f->limit > 1000 || f->state < -1 || f->state >= JD_JOB_NSTATES ||
+        f->before_id < 0)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    int which = f->queue ? (f->state >= 0 ? RS_LIST_QUEUE_STATE : RS_LIST_QUEUE)
+                         : (f->state >= 0 ? RS_LIST_STATE : RS_LIST_ALL);
+    sqlite3_stmt *st = c->st[which];
+    sqlite3_bind_int64(st, 1, f->before_id > 0 ? f->before_id : INT64_MAX);
+    sqlite3_bind_int64(st, 2, (int64_t)f->limit + 1); /* one extra: is there a next page? */
+    if (f->state >= 0)
+        sqlite3_bind_int(st, 3, f->state);
+    if (f->queue)
+        sqlite3_bind_text(st, 4, f->queue, -1, SQLITE_STATIC);
+    struct jd_job *out = jd_xcalloc(f->limit + 1, sizeof *out);
+    size_t k = 0;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW)
+        row_to_job(st, &out[k++]);
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    rconn_put(s, c);
+    if (rc) {
+        jd_jobs_free(out, k);
+        return rc;
+    }
+    if (k > f->limit) {
+        jd_job_clear(&out[--k]);
+        *next_cursor = out[k - 1].id;
+    }
+    *rows = out;
+    *n = k;
+    return 0;
+}
+
+int jd_store_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsigned limit,
+                    struct jd_job_event **events, size_t *n)
+{
+    *events = NULL;
+    *n = 0;
+    if (limit < 1 || limit > 10000)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_EVENTS];
+    sqlite3_bind_int64(st, 1, job_id);
+    sqlite3_bind_int64(st, 2, after_seq);
+    sqlite3_bind_int64(st, 3, limit);
+    size_t cap = limit < 64 ? limit : 64, k = 0;
+    struct jd_job_event *out = jd_xcalloc(cap, sizeof *out);
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (k == cap) {
+            cap *= 2;
+            out = jd_xrealloc(out, cap * sizeof *out);
+        }
+        row_to_event(st, &out[k++]);
+    }
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    if (rc) {
+        jd_job_events_free(out, k);
+        return rc;
+    }
+    *events = out;
+    *n = k;
+    return 0;
+}
+
+int jd_store_queue_counts(struct jd_store *s, struct jd_queue_counts **rows, size_t *n)
+{
+    *rows = NULL;
+    *n = 0;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    /* Both queries in one read transaction: one consistent snapshot. */
+    size_t cap = 8, k = 0;
+    struct jd_queue_counts *out = jd_xcalloc(cap, sizeof *out);
+    int src = sqlite3_step(c->st[RS_BEGIN]);
+    sqlite3_reset(c->st[RS_BEGIN]);
+    if (src != SQLITE_DONE)
+        goto done;
+    /* Both result sets come sorted by name: merge them. */
+    sqlite3_stmt *qs = c->st[RS_QUEUES], *cs = c->st[RS_COUNTS];
+    int qrc = sqlite3_step(qs), crc = sqlite3_step(cs);
+    while (qrc == SQLITE_ROW || crc == SQLITE_ROW) {
+        const char *qn = qrc == SQLITE_ROW ? (const char *)sqlite3_column_text(qs, 0) : NULL;
+        const char *cn = crc == SQLITE_ROW ? (const char *)sqlite3_column_text(cs, 0) : NULL;
+        const char *name = !qn ? cn : !cn ? qn : strcmp(qn, cn) <= 0 ? qn : cn;
+        if (k == cap) {
+            cap *= 2;
+            out = jd_xrealloc(out, cap * sizeof *out);
+        }
+        struct jd_queue_counts *r = &out[k++];
+        memset(r, 0, sizeof *r);
+        r->queue = jd_xstrdup(name);
+        if (qn && strcmp(qn, r->queue) == 0) {
+            r->paused = sqlite3_column_int(qs, 1) != 0;
+            qrc = sqlite3_step(qs);
+        }
+        while (crc == SQLITE_ROW &&
+               strcmp((const char *)sqlite3_column_text(cs, 0), r->queue) == 0) {
+            int state = sqlite3_column_int(cs, 1);
+            if (state >= 0 && state < JD_JOB_NSTATES)
+                r->counts[state] = sqlite3_column_int64(cs, 2);
+            crc = sqlite3_step(cs);
+        }
+    }
+    src = qrc != SQLITE_DONE ? qrc : crc;
+    sqlite3_reset(qs);
+    sqlite3_reset(cs);
+    sqlite3_step(c->st[RS_COMMIT]);
+    sqlite3_reset(c->st[RS_COMMIT]);
+done:
+    rc = step_rc(src);
+    rconn_put(s, c);
+    if (rc) {
+        jd_queue_counts_free(out, k);
+        return rc;
+    }
+    *rows = out;
+    *n = k;
+    return 0;
+}
+
+int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, char **fingerprint)
+{
+    if (fingerprint)
+        *fingerprint = NULL;
+    if (!key)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_IDEM];
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    int src = sqlite3_step(st);
+    if (src == SQLITE_ROW) {
+        *job_id = sqlite3_column_int64(st, 0);
+        if (fingerprint)
+            *fingerprint = col_text(st, 1);
+    }
+    rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    rconn_put(s, c);
+    return rc;
+}
+
+int jd_store_recover(struct jd_store *s,
+                     int (*fn)(void *arg, const struct jd_job *job,
+                               const struct jd_job_event *events, size_t n),
+                     void *arg)
+{
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    /* One read transaction: jobs and their events from the same snapshot. */
+    int src = sqlite3_step(c->st[RS_BEGIN]);
+    sqlite3_reset(c->st[RS_BEGIN]);
+    if (src != SQLITE_DONE) {
+        rconn_put(s, c);
+        return step_rc(src);
+    }
+    sqlite3_stmt *js = c->st[RS_ACTIVE], *es = c->st[RS_RECOVER_EVENTS];
+    size_t cap = 16;
+    struct jd_job_event *ev = jd_xcalloc(cap, sizeof *ev);
+    bool stopped = false;
+    int stop_rc = 0;
+    while (!stopped && (src = sqlite3_step(js)) == SQLITE_ROW) {
+        struct jd_job job;
+        row_to_job(js, &job);
+        sqlite3_bind_int64(es, 1, job.id);
+        size_t k = 0;
+        int erc;
+        while ((erc = sqlite3_step(es)) == SQLITE_ROW) {
+            if (k == cap) {
+                cap *= 2;
+                ev = jd_xrealloc(ev, cap * sizeof *ev);
+            }
+            row_to_event(es, &ev[k++]);
+        }
+        sqlite3_reset(es);
+        if (erc != SQLITE_DONE) {
+            src = erc;
+        } else if ((stop_rc = fn(arg, &job, ev, k)) != 0) {
+            stopped = true;
+            src = SQLITE_DONE;
+        }
+        for (size_t i = 0; i < k; i++)
+            free(ev[i].data);
+        jd_job_clear(&job);
+        if (erc != SQLITE_DONE)
+            break;
+    }
+    free(ev);
+    rc = step_rc(src);
+    if (rc == 0 && stop_rc < 0)
+        rc = stop_rc; /* the callback's own error */
+    sqlite3_reset(js);
+    sqlite3_step(c->st[RS_COMMIT]);
+    sqlite3_reset(c->st[RS_COMMIT]);
+    rconn_put(s, c);
+    return rc;
+}
+
+int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
+{
+    *names = NULL;
+    *n = 0;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_PAUSED];
+    size_t cap = 4, k = 0;
+    char **out = jd_xcalloc(cap, sizeof *out);
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (k == cap) {
+            cap *= 2;
+            out = jd_xrealloc(out, cap * sizeof *out);
+        }
+        out[k++] = col_text(st, 0);
+    }
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    if (rc) {
+        jd_strings_free(out, k);
+        return rc;
+    }
+    *names = out;
+    *n = k;
+    return 0;
+}

@@ -1,0 +1,105 @@
+/*
+ * Storage internals shared by the storage modules (store.c: open, close,
+ * reads; writer.c: the writer thread; schema.c: migrations). Not a contract
+ * for other layers: they see storage/store.h only.
+ *
+ * Threading: the fields under "writer thread" belong to the writer thread
+ * once it runs (the opening thread sets them up before pthread_create, which
+ * orders those writes before the writer's first access). Atomics are shared
+ * between producers, readers and the writer; each use states its ordering.
+ */
+#ifndef JD_STORAGE_STORE_IMPL_H
+#define JD_STORAGE_STORE_IMPL_H
+
+#include "storage/store.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+
+struct jd_error;
+
+/* Writer statements, prepared once on the write connection. */
+enum {
+    JD_WS_BEGIN,
+    JD_WS_COMMIT,
+    JD_WS_ROLLBACK,
+    JD_WS_SAVEPOINT,
+    JD_WS_RELEASE,
+    JD_WS_ROLLBACK_TO,
+    JD_WS_IDEM_INSERT,
+    JD_WS_IDEM_GET,
+    JD_WS_JOB_INSERT,
+    JD_WS_JOB_UPDATE,
+    JD_WS_EVENT_INSERT,
+    JD_WS_QUEUE_UPSERT,
+    JD_WS_RET_SELECT,
+    JD_WS_RET_DEL_EVENTS,
+    JD_WS_RET_DEL_JOB,
+    JD_WS_RET_DEL_IDEM,
+    JD_WS_RET_MAX_ID,
+    JD_WS_N
+};
+
+struct jd_rconn; /* a pooled read-only connection (store.c) */
+
+struct jd_store {
+    char *path;      /* the database file */
+    char *lock_path; /* "<path>.lock", held with flock(LOCK_EX) while open */
+    int lock_fd;
+    bool sync_full;
+    int64_t retention_ms;
+    unsigned max_batch;
+
+    /* ---- writer thread ---- */
+    sqlite3 *wdb;
+    sqlite3_stmt *wst[JD_WS_N];
+    pthread_t writer;
+    bool writer_started;
+    int64_t retention_due_ms; /* wall ms of the next retention pass */
+
+    /* ---- producers -> writer ---- */
+    /* Treiber stack of submitted records, newest first; the writer takes it
+     * whole with one exchange and reverses it, so it is a lock-free MPSC
+     * queue without ABA (nobody pops single nodes). */
+    _Atomic(struct jd_write *) head;
+    atomic_int writer_sleeping; /* the writer is (about to be) waiting on cv */
+    atomic_int closing;         /* jd_store_close began: submits refused */
+    atomic_int submitters;      /* submits in progress (close waits for 0) */
+    pthread_mutex_t mu;         /* guards stop and the cv wait */
+    pthread_cond_t cv;
+    bool stop; /* under mu: drain and exit */
+
+    atomic_int_least64_t next_id;
+
+    /* ---- statistics (relaxed: independent counters read for /metrics) ---- */
+    atomic_uint_least64_t st_commits, st_records, st_failed_commits, st_retention_deleted;
+    atomic_uint_least64_t st_enqueued, st_finished;
+    atomic_uint_least64_t st_batch_hist[8];
+    atomic_uint_least64_t st_commit_us_hist[10];
+    atomic_uint_least64_t st_commit_us_sum;
+
+    /* ---- readers ---- */
+    pthread_mutex_t pool_mu;
+    struct jd_rconn *pool; /* idle read connections */
+};
+
+/* An internal record kind (not part of enum jd_write_op): a barrier whose
+ * done() fires once everything enqueued before it is committed. */
+#define JD_W_SYNC_ ((enum jd_write_op)1000)
+
+/* schema.c: bring the open write connection to the current schema, inside
+ * transactions. 0, or JD_ECORRUPT / JD_EIO with err naming path. */
+int jd_schema_migrate(sqlite3 *db, const char *path, struct jd_error *err);
+/* schema.c: the application_id stamped into every Jackdaw database. */
+#define JD_SCHEMA_APP_ID 0x4a44574b /* "JDWK" */
+
+/* writer.c: prepare the writer statements and start the thread. */
+int jd_writer_start(struct jd_store *s, struct jd_error *err);
+/* writer.c: drain the queue (every done() fires), stop the thread. */
+void jd_writer_stop(struct jd_store *s);
+
+/* Map a SQLite result code to a JD_E* code. */
+int jd_store_sqlite_rc(int rc);
+
+#endif

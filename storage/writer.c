@@ -1,0 +1,664 @@
+/*
+ * The writer thread: the only user of the write connection.
+ *
+ * Producers push struct jd_write records onto a lock-free stack (one CAS;
+ * jd_store_submit_many pushes its records as one chain, so a group is always
+ * contiguous). The writer takes the whole stack with one exchange, reverses
+ * it into submission order and commits up to max_batch records (whole groups)
+ * in one BEGIN IMMEDIATE ... COMMIT. Each record, or each group, runs inside
+ * its own SAVEPOINT, so a duplicate idempotency key or a change to a missing
+ * job fails alone. An error that is not the record's fault (disk full, I/O)
+ * rolls the whole transaction back and fails every record in it with JD_EIO.
+ * Only after COMMIT returns are the done() callbacks called, in order: nothing
+ * is reported durable that is not.
+ *
+ * Between commits, when due, the writer deletes one small batch of expired
+ * terminal jobs (retention), so writers wait at most one small transaction.
+ *
+ * Wake-up protocol (no lost wake-ups): a producer whose push found the stack
+ * empty reads writer_sleeping after its push; the writer sets
+ * writer_sleeping before re-checking the stack. Both sides use seq_cst, so at
+ * least one of them sees the other's write (Dekker); the signal is sent under
+ * mu, which the writer holds while it re-checks and waits.
+ */
+#include "storage/store_impl.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define JD_RETENTION_BATCH 128 /* jobs per retention transaction: a few ms of writer time */
+#define JD_RETENTION_MAX_INTERVAL_MS 1000 /* expired jobs go within a second of expiring */
+
+static const char *const writer_sql[JD_WS_N] = {
+    [JD_WS_BEGIN] = "BEGIN IMMEDIATE",
+    [JD_WS_COMMIT] = "COMMIT",
+    [JD_WS_ROLLBACK] = "ROLLBACK",
+    [JD_WS_SAVEPOINT] = "SAVEPOINT r",
+    [JD_WS_RELEASE] = "RELEASE r",
+    [JD_WS_ROLLBACK_TO] = "ROLLBACK TO r",
+    [JD_WS_IDEM_INSERT] = "INSERT INTO idempotency(key, job_id, fingerprint, created_ms)"
+                          " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(key) DO NOTHING",
+    [JD_WS_IDEM_GET] = "SELECT job_id FROM idempotency WHERE key = ?1",
+    [JD_WS_JOB_INSERT] = "INSERT INTO jobs(id, queue, priority, state, definition, run_at_ms,"
+                         " attempts, version, created_ms, updated_ms, started_ms, finished_ms,"
+                         " idempotency_key)"
+                         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 1, ?7, ?7, 0, ?8, ?9)",
+    /* One statement for every combination of JD_SET_* flags: each column
+     * keeps its value unless its flag parameter is true. A move to a
+     * terminal state without an explicit finish time stamps it now, so
+     * retention never sees a terminal job with finished_ms 0. */
+    [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = version + 1, updated_ms = ?2,"
+                         " state = iif(?3, ?4, state),"
+                         " output = iif(?5, ?6, output),"
+                         " error = iif(?7, ?8, error),"
+                         " run_at_ms = iif(?9, ?10, run_at_ms),"
+                         " attempts = iif(?11, ?12, attempts),"
+                         " started_ms = iif(?13, ?14, started_ms),"
+                         " finished_ms = CASE WHEN ?15 THEN ?16"
+                         "   WHEN ?3 AND ?4 >= 3 AND finished_ms = 0 THEN ?2"
+                         "   ELSE finished_ms END"
+                         " WHERE id = ?1 RETURNING version",
+    [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                           " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [JD_WS_QUEUE_UPSERT] = "INSERT INTO queues(name, paused) VALUES (?1, ?2)"
+                           " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
+    [JD_WS_RET_SELECT] = "SELECT id, idempotency_key FROM jobs"
+                         " WHERE state >= 3 AND finished_ms < ?1 ORDER BY finished_ms LIMIT ?2",
+    [JD_WS_RET_DEL_EVENTS] = "DELETE FROM events WHERE job_id = ?1",
+    [JD_WS_RET_DEL_JOB] = "DELETE FROM jobs WHERE id = ?1",
+    [JD_WS_RET_DEL_IDEM] = "DELETE FROM idempotency WHERE key = ?1 AND job_id = ?2",
+    [JD_WS_RET_MAX_ID] = "INSERT INTO meta(key, value) VALUES ('max_deleted_id', ?1)"
+                         " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
+};
+
+/* Step a statement to completion and reset it; the SQLite result. */
+static int run(sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? SQLITE_DONE : rc;
+}
+
+/* A statement error that is the record's own fault (its savepoint is rolled
+ * back, the rest of the batch commits) -> its JD_E* code; anything else ->
+ * JD_EIO, which aborts the transaction. */
+static int record_error(int rc)
+{
+    switch (rc) {
+    case SQLITE_CONSTRAINT_PRIMARYKEY:
+    case SQLITE_CONSTRAINT_UNIQUE:
+        return JD_EEXIST;
+    default:
+        break;
+    }
+    switch (rc & 0xff) {
+    case SQLITE_CONSTRAINT:
+    case SQLITE_MISMATCH:
+    case SQLITE_TOOBIG:
+        return JD_EINVAL;
+    default:
+        return JD_EIO;
+    }
+}
+
+static void bind_text(sqlite3_stmt *st, int i, const char *s)
+{
+    /* SQLITE_STATIC: the record's strings outlive the statement's use,
+     * which ends before done() is called. */
+    if (s)
+        sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(st, i);
+}
+
+static int append_event(struct jd_store *s, int64_t job_id, int64_t seq, int64_t now,
+                        enum jd_event_kind kind, uint32_t tag, const char *data)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_EVENT_INSERT];
+    sqlite3_bind_int64(st, 1, job_id);
+    sqlite3_bind_int64(st, 2, seq);
+    sqlite3_bind_int64(st, 3, now);
+    sqlite3_bind_int(st, 4, (int)kind);
+    sqlite3_bind_int64(st, 5, tag);
+    bind_text(st, 6, data);
+    int rc = run(st);
+    return rc == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
+}
+
+static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    const struct jd_job *j = w->job;
+    if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
+        return JD_EINVAL;
+    int64_t id = j->id ? j->id : w->job_id;
+    if (id <= 0)
+        return JD_EINVAL;
+    w->job_id = id;
+    int64_t created = j->created_ms ? j->created_ms : now;
+
+    if (j->idempotency_key) {
+        sqlite3_stmt *st = s->wst[JD_WS_IDEM_INSERT];
+        sqlite3_bind_text(st, 1, j->idempotency_key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, id);
+        bind_text(st, 3, w->idem_fingerprint);
+        sqlite3_bind_int64(st, 4, created);
+        if (run(st) != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+        if (sqlite3_changes(s->wdb) == 0) {
+            st = s->wst[JD_WS_IDEM_GET];
+            sqlite3_bind_text(st, 1, j->idempotency_key, -1, SQLITE_STATIC);
+            int rc = sqlite3_step(st);
+            if (rc == SQLITE_ROW)
+                w->job_id = sqlite3_column_int64(st, 0);
+            sqlite3_reset(st);
+            if (rc != SQLITE_ROW)
+                return JD_EIO;
+            return JD_EEXIST;
+        }
+    }
+
+    sqlite3_stmt *st = s->wst[JD_WS_JOB_INSERT];
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_text(st, 2, j->queue, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, j->priority);
+    sqlite3_bind_int(st, 4, (int)j->state);
+    sqlite3_bind_text(st, 5, j->definition, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, j->run_at_ms);
+    sqlite3_bind_int64(st, 7, created);
+    sqlite3_bind_int64(st, 8, jd_job_state_terminal(j->state) ? created : 0);
+    bind_text(st, 9, j->idempotency_key);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+
+    char data[48];
+    snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
+    int rc = append_event(s, id, 1, now, JD_EVK_STATE, 0, data);
+    if (rc == 0)
+        w->version = 1;
+    return rc;
+}
+
+static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    unsigned set = w->set;
+    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL ||
+        ((set & JD_SET_STATE) && (unsigned)w->state >= JD_JOB_NSTATES))
+        return JD_EINVAL;
+    sqlite3_stmt *st = s->wst[JD_WS_JOB_UPDATE];
+    sqlite3_bind_int64(st, 1, w->job_id);
+    sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_int(st, 3, !!(set & JD_SET_STATE));
+    sqlite3_bind_int(st, 4, (int)w->state);
+    sqlite3_bind_int(st, 5, !!(set & JD_SET_OUTPUT));
+    bind_text(st, 6, w->output);
+    sqlite3_bind_int(st, 7, !!(set & JD_SET_ERROR));
+    bind_text(st, 8, w->error);
+    sqlite3_bind_int(st, 9, !!(set & JD_SET_RUN_AT));
+    sqlite3_bind_int64(st, 10, w->run_at_ms);
+    sqlite3_bind_int(st, 11, !!(set & JD_SET_ATTEMPTS));
+    sqlite3_bind_int64(st, 12, w->attempts);
+    sqlite3_bind_int(st, 13, !!(set & JD_SET_STARTED));
+    sqlite3_bind_int64(st, 14, w->started_ms);
+    sqlite3_bind_int(st, 15, !!(set & JD_SET_FINISHED));
+    sqlite3_bind_int64(st, 16, w->finished_ms);
+    int64_t version = 0;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        version = sqlite3_column_int64(st, 0);
+        rc = sqlite3_step(st);
+    }
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (version == 0)
+        return JD_ENOENT;
+
+    const char *data = w->data;
+    char buf[48];
+    if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE)) {
+        snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
+        data = buf;
+    }
+    rc = append_event(s, w->job_id, version, now, w->kind, w->tag, data);
+    if (rc == 0)
+        w->version = version;
+    return rc;
+}
+
+static int apply_queue(struct jd_store *s, struct jd_write *w)
+{
+    if (!w->queue)
+        return JD_EINVAL;
+    sqlite3_stmt *st = s->wst[JD_WS_QUEUE_UPSERT];
+    sqlite3_bind_text(st, 1, w->queue, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, w->paused ? 1 : 0);
+    return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
+}
+
+static int apply(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    w->version = 0;
+    switch (w->op) {
+    case JD_W_JOB_INSERT:
+        return apply_insert(s, w, now);
+    case JD_W_JOB_CHANGE:
+        return apply_change(s, w, now);
+    case JD_W_QUEUE:
+        return apply_queue(s, w);
+    default:
+        return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
+    }
+}
+
+static unsigned bucket(uint64_t v, const uint64_t *bounds, unsigned n)
+{
+    unsigned i = 0;
+    while (i < n && v > bounds[i])
+        i++;
+    return i;
+}
+
+static void note_commit(struct jd_store *s, size_t records, uint64_t us, bool ok)
+{
+    static const uint64_t batch_bounds[7] = {1, 4, 16, 64, 256, 1024, 4096};
+    static const uint64_t us_bounds[9] = {100, 250, 500, 1000, 2500, 5000, 10000, 25000, 100000};
+    if (!ok) {
+        atomic_fetch_add_explicit(&s->st_failed_commits, 1, memory_order_relaxed);
+        return;
+    }
+    atomic_fetch_add_explicit(&s->st_commits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_records, records, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_batch_hist[bucket(records, batch_bounds, 7)], 1,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_commit_us_hist[bucket(us, us_bounds, 9)], 1,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_commit_us_sum, us, memory_order_relaxed);
+}
+
+static void abort_tx(struct jd_store *s)
+{
+    if (!sqlite3_get_autocommit(s->wdb))
+        run(s->wst[JD_WS_ROLLBACK]);
+}
+
+/* Log a failed transaction once per distinct message, not once per batch. */
+static void log_failure(struct jd_store *s, const char *what)
+{
+    static _Thread_local char last[256];
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s: %s", what, sqlite3_errmsg(s->wdb));
+    if (strcmp(msg, last) == 0)
+        return;
+    snprintf(last, sizeof last, "%s", msg);
+    jd_log(JD_LOG_ERROR, "storage commit failed", "db", s->path, "error", msg, NULL);
+}
+
+/* Apply and commit b[0..n), then fire every done() in order. */
+static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
+{
+    uint64_t t0 = jd_now_ns();
+    int64_t now = jd_wall_ms();
+    size_t records = 0;
+    bool ok = false;
+
+    if (run(s->wst[JD_WS_BEGIN]) != SQLITE_DONE) {
+        log_failure(s, "begin");
+        goto done;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t g = b[i]->group_ ? b[i]->group_ : 1;
+        if (g == 1 && b[i]->op == JD_W_SYNC_) {
+            rcs[i++] = 0;
+            continue;
+        }
+        if (run(s->wst[JD_WS_SAVEPOINT]) != SQLITE_DONE) {
+            log_failure(s, "savepoint");
+            goto done;
+        }
+        int rc = 0;
+        for (size_t k = 0; k < g && rc == 0; k++)
+            rc = apply(s, b[i + k], now);
+        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL) {
+            log_failure(s, "write");
+            goto done;
+        }
+        if (rc != 0 && run(s->wst[JD_WS_ROLLBACK_TO]) != SQLITE_DONE) {
+            log_failure(s, "rollback to savepoint");
+            goto done;
+        }
+        if (run(s->wst[JD_WS_RELEASE]) != SQLITE_DONE) {
+            log_failure(s, "release savepoint");
+            goto done;
+        }
+        for (size_t k = 0; k < g; k++) {
+            rcs[i + k] = rc;
+            if (rc != 0)
+                b[i + k]->version = 0;
+        }
+        records += g;
+        i += g;
+    }
+    if (run(s->wst[JD_WS_COMMIT]) != SQLITE_DONE) {
+        log_failure(s, "commit");
+        goto done;
+    }
+    ok = true;
+
+done:
+    if (!ok) {
+        abort_tx(s);
+        for (size_t i = 0; i < n; i++) {
+            rcs[i] = JD_EIO;
+            b[i]->version = 0;
+        }
+    }
+    note_commit(s, records, (jd_now_ns() - t0) / 1000, ok);
+    atomic_fetch_add_explicit(&s->st_finished, n, memory_order_relaxed);
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = b[i]; /* done() may free it */
+        if (w->done)
+            w->done(w->arg, w, rcs[i]);
+    }
+}
+
+/* Delete one batch of expired terminal jobs; true if the batch was full (so
+ * more may be waiting). */
+static bool retention_step(struct jd_store *s)
+{
+    int64_t now = jd_wall_ms();
+    int64_t ids[JD_RETENTION_BATCH];
+    char *keys[JD_RETENTION_BATCH];
+    int n = 0;
+    bool ok = false;
+
+    if (run(s->wst[JD_WS_BEGIN]) != SQLITE_DONE)
+        goto fail;
+    sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT];
+    sqlite3_bind_int64(sel, 1, now - s->retention_ms);
+    sqlite3_bind_int(sel, 2, JD_RETENTION_BATCH);
+    int rc;
+    while ((rc = sqlite3_step(sel)) == SQLITE_ROW && n < JD_RETENTION_BATCH) {
+        ids[n] = sqlite3_column_int64(sel, 0);
+        keys[n] = jd_xstrdup((const char *)sqlite3_column_text(sel, 1));
+        n++;
+    }
+    sqlite3_reset(sel);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        goto fail;
+    int64_t max_id = 0;
+    for (int i = 0; i < n; i++) {
+        sqlite3_stmt *st = s->wst[JD_WS_RET_DEL_EVENTS];
+        sqlite3_bind_int64(st, 1, ids[i]);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
+        if (keys[i]) {
+            st = s->wst[JD_WS_RET_DEL_IDEM];
+            sqlite3_bind_text(st, 1, keys[i], -1, SQLITE_STATIC);
+            sqlite3_bind_int64(st, 2, ids[i]);
+            if (run(st) != SQLITE_DONE)
+                goto fail;
+        }
+        st = s->wst[JD_WS_RET_DEL_JOB];
+        sqlite3_bind_int64(st, 1, ids[i]);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
+        if (ids[i] > max_id)
+            max_id = ids[i];
+    }
+    if (n > 0) {
+        sqlite3_stmt *st = s->wst[JD_WS_RET_MAX_ID];
+        sqlite3_bind_int64(st, 1, max_id);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
+    }
+    if (run(s->wst[JD_WS_COMMIT]) != SQLITE_DONE)
+        goto fail;
+    ok = true;
+    atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)n, memory_order_relaxed);
+
+fail:
+    if (!ok) {
+        log_failure(s, "retention");
+        abort_tx(s);
+    }
+    for (int i = 0; i < n; i++)
+        free(keys[i]);
+    return ok && n == JD_RETENTION_BATCH;
+}
+
+static void maybe_retention(struct jd_store *s)
+{
+    if (s->retention_ms <= 0)
+        return;
+    int64_t now = jd_wall_ms();
+    if (now < s->retention_due_ms)
+        return;
+    int64_t interval = s->retention_ms / 8;
+    if (interval < 10)
+        interval = 10;
+    if (interval > JD_RETENTION_MAX_INTERVAL_MS)
+        interval = JD_RETENTION_MAX_INTERVAL_MS;
+    /* A full batch means more expired jobs: go again after the next commit. */
+    s->retention_due_ms = retention_step(s) ? now : now + interval;
+}
+
+/* Wait until a record is pushed, stop is requested, or the retention pass is
+ * due. Returns true if stop was requested and nothing is queued. */
+static bool writer_wait(struct jd_store *s)
+{
+    bool stop = false;
+    /* seq_cst: pairs with the producer's push + load (see the file comment). */
+    atomic_store_explicit(&s->writer_sleeping, 1, memory_order_seq_cst);
+    pthread_mutex_lock(&s->mu);
+    while (atomic_load_explicit(&s->head, memory_order_seq_cst) == NULL) {
+        if (s->stop) {
+            stop = true;
+            break;
+        }
+        if (s->retention_ms > 0) {
+            int64_t wait_ms = s->retention_due_ms - jd_wall_ms();
+            if (wait_ms <= 0)
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += wait_ms / 1000;
+            ts.tv_nsec += (wait_ms % 1000) * 1000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        } else {
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    atomic_store_explicit(&s->writer_sleeping, 0, memory_order_relaxed);
+    return stop;
+}
+
+static void *writer_main(void *arg)
+{
+    struct jd_store *s = arg;
+    struct jd_write *pend = NULL, *pend_tail = NULL; /* taken, not yet committed, FIFO */
+    size_t cap = 0;
+    struct jd_write **b = NULL;
+    int *rcs = NULL;
+
+    for (;;) {
+        /* acquire: see the records' contents written before their push. */
+        struct jd_write *taken = atomic_exchange_explicit(&s->head, NULL, memory_order_acquire);
+        if (taken) {
+            struct jd_write *rev = NULL, *last = taken;
+            while (taken) {
+                struct jd_write *nx = taken->next_;
+                taken->next_ = rev;
+                rev = taken;
+                taken = nx;
+            }
+            if (pend_tail)
+                pend_tail->next_ = rev;
+            else
+                pend = rev;
+            pend_tail = last;
+        }
+        if (!pend) {
+            maybe_retention(s);
+            if (writer_wait(s))
+                break;
+            continue;
+        }
+
+        /* Cut one batch: whole groups, up to max_batch records (a group
+         * larger than max_batch goes alone). */
+        size_t n = 0;
+        while (pend && (n == 0 || n + (pend->group_ ? pend->group_ : 1) <= s->max_batch)) {
+            size_t g = pend->group_ ? pend->group_ : 1;
+            if (n + g > cap) {
+                cap = (n + g) * 2;
+                b = jd_xrealloc(b, cap * sizeof *b);
+                rcs = jd_xrealloc(rcs, cap * sizeof *rcs);
+            }
+            for (size_t k = 0; k < g; k++) {
+                b[n++] = pend;
+                pend = pend->next_;
+            }
+        }
+        if (!pend)
+            pend_tail = NULL;
+        commit_batch(s, b, rcs, n);
+        maybe_retention(s);
+    }
+    free(b);
+    free(rcs);
+    return NULL;
+}
+
+int jd_writer_start(struct jd_store *s, struct jd_error *err)
+{
+    for (int i = 0; i < JD_WS_N; i++) {
+        int rc = sqlite3_prepare_v3(s->wdb, writer_sql[i], -1, SQLITE_PREPARE_PERSISTENT,
+                                    &s->wst[i], NULL);
+        if (rc != SQLITE_OK)
+            return jd_error_set(err, jd_store_sqlite_rc(rc), NULL,
+                                "database %s: preparing a statement failed: %s", s->path,
+                                sqlite3_errmsg(s->wdb));
+    }
+    s->retention_due_ms = 0;
+    int rc = pthread_create(&s->writer, NULL, writer_main, s);
+    if (rc != 0)
+        return jd_error_set(err, JD_EIO, NULL, "database %s: cannot start the writer: %s", s->path,
+                            strerror(rc));
+    s->writer_started = true;
+    return 0;
+}
+
+void jd_writer_stop(struct jd_store *s)
+{
+    /* seq_cst: a submitter either sees closing, or we see it in submitters
+     * and wait until its push is done (so the writer drains it). */
+    atomic_store_explicit(&s->closing, 1, memory_order_seq_cst);
+    while (atomic_load_explicit(&s->submitters, memory_order_seq_cst) != 0)
+        sched_yield();
+    if (s->writer_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->writer, NULL);
+        s->writer_started = false;
+    }
+    for (int i = 0; i < JD_WS_N; i++) {
+        sqlite3_finalize(s->wst[i]);
+        s->wst[i] = NULL;
+    }
+}
+
+/* Push ws[0..n) as one contiguous chain. */
+static int push(struct jd_store *s, struct jd_write **ws, size_t n)
+{
+    /* seq_cst: pairs with jd_writer_stop (see there). */
+    atomic_fetch_add_explicit(&s->submitters, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&s->closing, memory_order_seq_cst)) {
+        atomic_fetch_sub_explicit(&s->submitters, 1, memory_order_release);
+        return JD_ESHUTDOWN;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ws[i]->group_ = i == 0 ? n : 0;
+        ws[i]->version = 0;
+        if (i > 0)
+            ws[i]->next_ = ws[i - 1];
+    }
+    atomic_fetch_add_explicit(&s->st_enqueued, n, memory_order_relaxed);
+    struct jd_write *old = atomic_load_explicit(&s->head, memory_order_relaxed);
+    do {
+        ws[0]->next_ = old;
+        /* seq_cst on success: publishes the records (release) and orders the
+         * push before our load of writer_sleeping (Dekker with the writer). */
+    } while (!atomic_compare_exchange_weak_explicit(&s->head, &old, ws[n - 1], memory_order_seq_cst,
+                                                    memory_order_relaxed));
+    if (old == NULL && atomic_load_explicit(&s->writer_sleeping, memory_order_seq_cst)) {
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    /* release: our push happens before close sees submitters drop to 0. */
+    atomic_fetch_sub_explicit(&s->submitters, 1, memory_order_release);
+    return 0;
+}
+
+int jd_store_submit(struct jd_store *s, struct jd_write *w)
+{
+    if (!s || !w)
+        return JD_EINVAL;
+    return push(s, &w, 1);
+}
+
+int jd_store_submit_many(struct jd_store *s, struct jd_write **ws, size_t n)
+{
+    if (!s || (!ws && n > 0))
+        return JD_EINVAL;
+    if (n == 0)
+        return 0;
+    return push(s, ws, n);
+}
+
+struct sync_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+};
+
+static void sync_done(void *arg, struct jd_write *w, int rc)
+{
+    struct sync_wait *sw = arg;
+    pthread_mutex_lock(&sw->mu);
+    sw->done = true;
+    pthread_cond_signal(&sw->cv);
+    pthread_mutex_unlock(&sw->mu);
+}
+
+int jd_store_sync(struct jd_store *s)
+{
+    struct sync_wait sw = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct jd_write w = {.op = JD_W_SYNC_, .done = sync_done, .arg = &sw};
+    int rc = jd_store_submit(s, &w);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&sw.mu);
+    while (!sw.done)
+        pthread_cond_wait(&sw.cv, &sw.mu);
+    pthread_mutex_unlock(&sw.mu);
+    pthread_mutex_destroy(&sw.mu);
+    pthread_cond_destroy(&sw.cv);
+    return 0;
+}

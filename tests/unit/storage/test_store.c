@@ -1,0 +1,784 @@
+/*
+ * Unit tests for storage/: every write and every query of storage/store.h,
+ * against a real SQLite file in a scratch directory. Group commit, savepoint
+ * isolation and all-or-nothing batches are checked by forcing records into
+ * one transaction (a done() callback holds the writer while the test queues
+ * the rest).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "storage/store.h"
+#include "store_test_util.h"
+
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+struct fx {
+    char *dir;
+    char *path;
+    struct jd_store *s;
+};
+
+static int fx_open(struct fx *f, bool sync_full, int64_t retention_ms)
+{
+    struct jd_store_config cfg = {
+        .path = f->path, .sync_full = sync_full, .retention_ms = retention_ms};
+    struct jd_error err;
+    int rc = jd_store_open(&cfg, &f->s, &err);
+    if (rc)
+        fprintf(stderr, "open: %s\n", err.message);
+    return rc;
+}
+
+static int setup(void **state)
+{
+    struct fx *f = calloc(1, sizeof *f);
+    f->dir = scratch_dir();
+    f->path = db_path(f->dir);
+    if (fx_open(f, true, 0) != 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    jd_store_close(f->s);
+    rm_tree(f->dir);
+    free(f->dir);
+    free(f->path);
+    free(f);
+    return 0;
+}
+
+/* ---- writes ---- */
+
+static void test_insert_then_get_returns_every_field(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "mail", "key-1");
+    j.priority = 7;
+    j.run_at_ms = 1700000000123;
+    j.created_ms = 1700000000000;
+    assert_int_equal(insert_wait(f->s, &j, "fp-1", &r), 0);
+    assert_int_equal(r.version, 1);
+    assert_int_equal(r.job_id, j.id);
+
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, j.id, &got), 0);
+    assert_int_equal(got.id, j.id);
+    assert_string_equal(got.queue, "mail");
+    assert_int_equal(got.priority, 7);
+    assert_int_equal(got.state, JD_JOB_QUEUED);
+    assert_string_equal(got.definition, j.definition);
+    assert_int_equal(got.run_at_ms, 1700000000123);
+    assert_int_equal(got.attempts, 0);
+    assert_int_equal(got.version, 1);
+    assert_null(got.output);
+    assert_null(got.error);
+    assert_int_equal(got.created_ms, 1700000000000);
+    assert_int_equal(got.updated_ms, 1700000000000);
+    assert_int_equal(got.started_ms, 0);
+    assert_int_equal(got.finished_ms, 0);
+    assert_string_equal(got.idempotency_key, "key-1");
+    jd_job_clear(&got);
+    assert_null(got.queue);
+
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, j.id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].seq, 1);
+    assert_int_equal(ev[0].kind, JD_EVK_STATE);
+    assert_string_equal(ev[0].data, "{\"state\":\"queued\"}");
+    assert_true(ev[0].time_ms > 0);
+    jd_job_events_free(ev, n);
+
+    assert_int_equal(jd_store_job_get(f->s, j.id + 1000, &got), JD_ENOENT);
+}
+
+static void test_every_change_bumps_version_and_appends_one_event(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+
+    struct jd_write w = {.op = JD_W_JOB_CHANGE,
+                         .job_id = j.id,
+                         .set = JD_SET_STATE | JD_SET_ATTEMPTS | JD_SET_STARTED,
+                         .state = JD_JOB_RUNNING,
+                         .attempts = 1,
+                         .started_ms = 1111,
+                         .kind = JD_EVK_STATE};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    assert_int_equal(r.version, 2);
+    assert_int_equal(
+        event_wait(f->s, j.id, JD_EVK_DISPATCH, 1, "{\"command\":\"echo\",\"attempt\":1}", &r), 0);
+    assert_int_equal(r.version, 3);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_COMPLETE, 1, "{\"result\":42}", &r), 0);
+    assert_int_equal(r.version, 4);
+    struct jd_write fin = {.op = JD_W_JOB_CHANGE,
+                           .job_id = j.id,
+                           .set = JD_SET_STATE | JD_SET_OUTPUT,
+                           .state = JD_JOB_SUCCEEDED,
+                           .output = "{\"v\":42}",
+                           .kind = JD_EVK_STATE};
+    assert_int_equal(submit_wait(f->s, &fin, &r), 0);
+    assert_int_equal(r.version, 5);
+
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, j.id, &got), 0);
+    assert_int_equal(got.version, 5);
+    assert_int_equal(got.state, JD_JOB_SUCCEEDED);
+    assert_int_equal(got.attempts, 1);
+    assert_int_equal(got.started_ms, 1111);
+    assert_string_equal(got.output, "{\"v\":42}");
+    /* a terminal state without an explicit finish time is stamped now */
+    assert_true(got.finished_ms > 0);
+    assert_true(got.updated_ms >= got.created_ms);
+    jd_job_clear(&got);
+
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, j.id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 5);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ev[i].seq, (int64_t)i + 1);
+    assert_int_equal(ev[1].kind, JD_EVK_STATE);
+    assert_string_equal(ev[1].data, "{\"state\":\"running\"}");
+    assert_int_equal(ev[2].kind, JD_EVK_DISPATCH);
+    assert_int_equal(ev[2].tag, 1);
+    assert_int_equal(ev[3].kind, JD_EVK_COMPLETE);
+    assert_string_equal(ev[3].data, "{\"result\":42}");
+    assert_string_equal(ev[4].data, "{\"state\":\"succeeded\"}");
+    jd_job_events_free(ev, n);
+
+    /* after_seq and limit */
+    assert_int_equal(jd_store_events(f->s, j.id, 3, 1, &ev, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].seq, 4);
+    jd_job_events_free(ev, n);
+    assert_int_equal(jd_store_events(f->s, j.id, 5, 10, &ev, &n), 0);
+    assert_int_equal(n, 0);
+    jd_job_events_free(ev, n);
+    assert_int_equal(jd_store_events(f->s, j.id, 0, 0, &ev, &n), JD_EINVAL);
+
+    /* clearing a field: SET_ERROR with NULL, and re-queue with SET_FINISHED 0 */
+    struct jd_write retry = {.op = JD_W_JOB_CHANGE,
+                             .job_id = j.id,
+                             .set = JD_SET_STATE | JD_SET_OUTPUT | JD_SET_FINISHED | JD_SET_RUN_AT,
+                             .state = JD_JOB_QUEUED,
+                             .output = NULL,
+                             .finished_ms = 0,
+                             .run_at_ms = 5,
+                             .kind = JD_EVK_STATE};
+    assert_int_equal(submit_wait(f->s, &retry, &r), 0);
+    assert_int_equal(jd_store_job_get(f->s, j.id, &got), 0);
+    assert_null(got.output);
+    assert_int_equal(got.finished_ms, 0);
+    assert_int_equal(got.run_at_ms, 5);
+    assert_int_equal(got.version, 6);
+    jd_job_clear(&got);
+}
+
+static void test_change_to_missing_job_is_enoent(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    assert_int_equal(change_state_wait(f->s, 424242, JD_JOB_RUNNING, &r), JD_ENOENT);
+    assert_int_equal(r.version, 0);
+    struct jd_write bad = {.op = JD_W_JOB_CHANGE, .job_id = 1, .kind = (enum jd_event_kind)9};
+    assert_int_equal(submit_wait(f->s, &bad, &r), JD_EINVAL);
+}
+
+static void test_duplicate_idempotency_key_returns_existing_job(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job a = make_job(jd_store_next_id(f->s), "default", "order-77");
+    assert_int_equal(insert_wait(f->s, &a, "sha256:aaa", &r), 0);
+    struct jd_job b = make_job(jd_store_next_id(f->s), "default", "order-77");
+    assert_int_equal(insert_wait(f->s, &b, "sha256:bbb", &r), JD_EEXIST);
+    assert_int_equal(r.job_id, a.id);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, b.id, &got), JD_ENOENT);
+
+    int64_t id = 0;
+    char *fp = NULL;
+    assert_int_equal(jd_store_idem_lookup(f->s, "order-77", &id, &fp), 0);
+    assert_int_equal(id, a.id);
+    assert_string_equal(fp, "sha256:aaa");
+    free(fp);
+    assert_int_equal(jd_store_idem_lookup(f->s, "nope", &id, &fp), JD_ENOENT);
+    assert_null(fp);
+    /* a duplicate job id is refused as well */
+    struct jd_job c = make_job(a.id, "default", NULL);
+    assert_int_equal(insert_wait(f->s, &c, NULL, &r), JD_EEXIST);
+}
+
+/* Holds the writer inside done() until the test has queued the rest, so the
+ * rest land in one transaction. */
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool entered, open;
+};
+
+static void gate_done(void *arg, struct jd_write *w, int rc)
+{
+    struct gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    g->entered = true;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_hold(struct jd_store *s, struct gate *g, struct jd_write *w)
+{
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->entered = g->open = false;
+    *w = (struct jd_write){.op = JD_W_QUEUE, .queue = "gate", .done = gate_done, .arg = g};
+    assert_int_equal(jd_store_submit(s, w), 0);
+    pthread_mutex_lock(&g->mu);
+    while (!g->entered)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_release(struct gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void test_one_bad_record_fails_alone_in_a_group_commit(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job dup = make_job(jd_store_next_id(f->s), "default", "k-dup");
+    assert_int_equal(insert_wait(f->s, &dup, NULL, &r), 0);
+
+    struct jd_store_stats before, after;
+    struct gate g;
+    struct jd_write gw;
+    gate_hold(f->s, &g, &gw);
+    jd_store_stats(f->s, &before);
+
+    struct jd_job j1 = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct jd_job j2 = make_job(jd_store_next_id(f->s), "default", "k-dup");
+    struct jd_job j3 = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct tres res[5];
+    memset(res, 0, sizeof res);
+    struct jd_write ws[5] = {
+        {.op = JD_W_JOB_INSERT, .job = &j1},
+        {.op = JD_W_JOB_INSERT, .job = &j2},
+        {.op = JD_W_JOB_CHANGE, .job_id = 987654321, .kind = JD_EVK_MESSAGE, .data = "{}"},
+        {.op = JD_W_JOB_INSERT, .job = &j3},
+        {.op = JD_W_JOB_CHANGE, .job_id = j1.id, .kind = JD_EVK_MESSAGE, .data = "{\"m\":1}"},
+    };
+    for (int i = 0; i < 5; i++) {
+        ws[i].done = tres_done;
+        ws[i].arg = &res[i];
+        assert_int_equal(jd_store_submit(f->s, &ws[i]), 0);
+    }
+    gate_release(&g);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    jd_store_stats(f->s, &after);
+
+    assert_int_equal(res[0].rc, 0);
+    assert_int_equal(res[1].rc, JD_EEXIST);
+    assert_int_equal(res[1].job_id, dup.id);
+    assert_int_equal(res[2].rc, JD_ENOENT);
+    assert_int_equal(res[3].rc, 0);
+    assert_int_equal(res[4].rc, 0);
+    assert_int_equal(res[4].version, 2); /* saw j1's insert from the same transaction */
+    /* the five went into one transaction (plus the sync barrier's own) */
+    assert_true(after.commits - before.commits <= 2);
+    assert_true(after.batch_hist[2] > before.batch_hist[2]); /* a batch of 5..16 */
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, j3.id, &got), 0);
+    jd_job_clear(&got);
+    assert_int_equal(jd_store_job_get(f->s, j2.id, &got), JD_ENOENT);
+}
+
+static void test_submit_many_is_all_or_nothing(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job taken = make_job(jd_store_next_id(f->s), "default", "batch-k");
+    assert_int_equal(insert_wait(f->s, &taken, NULL, &r), 0);
+
+    struct gate g;
+    struct jd_write gw;
+    gate_hold(f->s, &g, &gw);
+    struct jd_job a[3], b[3];
+    struct jd_write wa[3], wb[3];
+    struct jd_write *pa[3], *pb[3];
+    struct tres ra[3], rb[3];
+    memset(ra, 0, sizeof ra);
+    memset(rb, 0, sizeof rb);
+    for (int i = 0; i < 3; i++) {
+        a[i] = make_job(jd_store_next_id(f->s), "batch", i == 2 ? "batch-k" : NULL);
+        b[i] = make_job(jd_store_next_id(f->s), "batch", NULL);
+        wa[i] = (struct jd_write){
+            .op = JD_W_JOB_INSERT, .job = &a[i], .done = tres_done, .arg = &ra[i]};
+        wb[i] = (struct jd_write){
+            .op = JD_W_JOB_INSERT, .job = &b[i], .done = tres_done, .arg = &rb[i]};
+        pa[i] = &wa[i];
+        pb[i] = &wb[i];
+    }
+    /* both groups and a lone record share one transaction */
+    struct jd_job lone = make_job(jd_store_next_id(f->s), "batch", NULL);
+    struct tres rl = {0};
+    struct jd_write wl = {.op = JD_W_JOB_INSERT, .job = &lone, .done = tres_done, .arg = &rl};
+    assert_int_equal(jd_store_submit_many(f->s, pa, 3), 0);
+    assert_int_equal(jd_store_submit(f->s, &wl), 0);
+    assert_int_equal(jd_store_submit_many(f->s, pb, 3), 0);
+    gate_release(&g);
+    assert_int_equal(jd_store_sync(f->s), 0);
+
+    struct jd_job got;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ra[i].rc, JD_EEXIST);
+        assert_int_equal(ra[i].calls, 1);
+        assert_int_equal(jd_store_job_get(f->s, a[i].id, &got), JD_ENOENT);
+        assert_int_equal(rb[i].rc, 0);
+        assert_int_equal(rb[i].version, 1);
+        assert_int_equal(jd_store_job_get(f->s, b[i].id, &got), 0);
+        jd_job_clear(&got);
+    }
+    assert_int_equal(rl.rc, 0);
+    assert_int_equal(jd_store_submit_many(f->s, NULL, 0), 0);
+}
+
+struct order_log {
+    int64_t seen[64];
+    int n;
+};
+
+static void order_done(void *arg, struct jd_write *w, int rc)
+{
+    struct order_log *l = arg;
+    l->seen[l->n++] = rc == 0 ? w->version : -1;
+}
+
+static void test_done_callbacks_fire_in_submission_order(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    struct order_log log = {0};
+    struct jd_write ws[40];
+    for (int i = 0; i < 40; i++) {
+        ws[i] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                  .job_id = j.id,
+                                  .kind = JD_EVK_MESSAGE,
+                                  .data = "{}",
+                                  .done = order_done,
+                                  .arg = &log};
+        assert_int_equal(jd_store_submit(f->s, &ws[i]), 0);
+    }
+    assert_int_equal(jd_store_sync(f->s), 0);
+    assert_int_equal(log.n, 40);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(log.seen[i], i + 2);
+}
+
+/* ---- reads ---- */
+
+static void test_list_is_newest_first_with_keyset_pages_and_filters(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    int64_t ids[25];
+    for (int i = 0; i < 25; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), i % 2 ? "odd" : "even", NULL);
+        ids[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+        if (i % 5 == 0)
+            assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_RUNNING, &r), 0);
+    }
+    /* all, pages of 10: 25 newest first */
+    struct jd_job_filter flt = {.state = -1, .limit = 10};
+    int64_t expect = 24, cursor;
+    int pages = 0;
+    do {
+        struct jd_job *rows;
+        size_t n;
+        assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), 0);
+        for (size_t i = 0; i < n; i++)
+            assert_int_equal(rows[i].id, ids[expect--]);
+        jd_jobs_free(rows, n);
+        flt.before_id = cursor;
+        pages++;
+    } while (cursor != 0);
+    assert_int_equal(pages, 3);
+    assert_int_equal(expect, -1);
+
+    /* state filter */
+    struct jd_job *rows;
+    size_t n;
+    flt = (struct jd_job_filter){.state = JD_JOB_RUNNING, .limit = 100};
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), 0);
+    assert_int_equal(n, 5);
+    assert_int_equal(cursor, 0);
+    assert_int_equal(rows[0].id, ids[20]);
+    assert_int_equal(rows[4].id, ids[0]);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(rows[i].state, JD_JOB_RUNNING);
+    jd_jobs_free(rows, n);
+
+    /* queue filter, paged */
+    flt = (struct jd_job_filter){.state = -1, .queue = "odd", .limit = 5};
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), 0);
+    assert_int_equal(n, 5);
+    assert_int_equal(rows[0].id, ids[23]);
+    assert_int_equal(rows[4].id, ids[15]);
+    assert_int_equal(cursor, ids[15]);
+    jd_jobs_free(rows, n);
+    flt.before_id = cursor;
+    flt.limit = 100;
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), 0);
+    assert_int_equal(n, 7);
+    assert_int_equal(cursor, 0);
+    jd_jobs_free(rows, n);
+
+    /* queue + state */
+    flt = (struct jd_job_filter){.state = JD_JOB_RUNNING, .queue = "odd", .limit = 100};
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), 0);
+    assert_int_equal(n, 2); /* i = 5, 15 */
+    assert_int_equal(rows[0].id, ids[15]);
+    assert_int_equal(rows[1].id, ids[5]);
+    jd_jobs_free(rows, n);
+
+    /* an exact last page has no next cursor */
+    flt = (struct jd_job_filter){.state = JD_JOB_RUNNING, .limit = 5};
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), 0);
+    assert_int_equal(n, 5);
+    assert_int_equal(cursor, 0);
+    jd_jobs_free(rows, n);
+
+    flt.limit = 0;
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), JD_EINVAL);
+    flt.limit = 1001;
+    assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), JD_EINVAL);
+}
+
+static void test_queue_counts_include_paused_and_empty_queues(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    int64_t first = 0;
+    for (int i = 0; i < 6; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), i < 4 ? "alpha" : "beta", NULL);
+        if (i == 0)
+            first = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    }
+    assert_int_equal(change_state_wait(f->s, first, JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(change_state_wait(f->s, first, JD_JOB_FAILED, &r), 0);
+    assert_int_equal(change_state_wait(f->s, first + 1, JD_JOB_SUCCEEDED, &r), 0);
+    struct jd_write pause = {.op = JD_W_QUEUE, .queue = "zeta", .paused = true};
+    assert_int_equal(submit_wait(f->s, &pause, &r), 0);
+    struct jd_write pause_b = {.op = JD_W_QUEUE, .queue = "beta", .paused = true};
+    assert_int_equal(submit_wait(f->s, &pause_b, &r), 0);
+
+    struct jd_queue_counts *rows;
+    size_t n;
+    assert_int_equal(jd_store_queue_counts(f->s, &rows, &n), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(rows[0].queue, "alpha");
+    assert_false(rows[0].paused);
+    assert_int_equal(rows[0].counts[JD_JOB_QUEUED], 2);
+    assert_int_equal(rows[0].counts[JD_JOB_RUNNING], 0);
+    assert_int_equal(rows[0].counts[JD_JOB_FAILED], 1);
+    assert_int_equal(rows[0].counts[JD_JOB_SUCCEEDED], 1);
+    assert_string_equal(rows[1].queue, "beta");
+    assert_true(rows[1].paused);
+    assert_int_equal(rows[1].counts[JD_JOB_QUEUED], 2);
+    assert_string_equal(rows[2].queue, "zeta");
+    assert_true(rows[2].paused);
+    for (int s = 0; s < JD_JOB_NSTATES; s++)
+        assert_int_equal(rows[2].counts[s], 0);
+    jd_queue_counts_free(rows, n);
+
+    char **names;
+    assert_int_equal(jd_store_paused_queues(f->s, &names, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(names[0], "beta");
+    assert_string_equal(names[1], "zeta");
+    jd_strings_free(names, n);
+
+    struct jd_write resume = {.op = JD_W_QUEUE, .queue = "beta", .paused = false};
+    assert_int_equal(submit_wait(f->s, &resume, &r), 0);
+    assert_int_equal(jd_store_paused_queues(f->s, &names, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(names[0], "zeta");
+    jd_strings_free(names, n);
+}
+
+struct rec_log {
+    int64_t ids[16];
+    size_t nev[16];
+    int kinds[16][8];
+    int64_t seqs[16][8];
+    int n;
+    int stop_after;
+};
+
+static int rec_fn(void *arg, const struct jd_job *job, const struct jd_job_event *ev, size_t n)
+{
+    struct rec_log *l = arg;
+    l->ids[l->n] = job->id;
+    l->nev[l->n] = n;
+    for (size_t i = 0; i < n && i < 8; i++) {
+        l->kinds[l->n][i] = ev[i].kind;
+        l->seqs[l->n][i] = ev[i].seq;
+    }
+    l->n++;
+    return l->stop_after && l->n >= l->stop_after ? -77 : 0;
+}
+
+static void test_recover_returns_non_terminal_jobs_with_their_history(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    int64_t id[4];
+    for (int i = 0; i < 4; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+        id[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    }
+    /* 0: running with a dispatch+completion and a second dispatch */
+    assert_int_equal(change_state_wait(f->s, id[0], JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(event_wait(f->s, id[0], JD_EVK_DISPATCH, 1, "{}", &r), 0);
+    assert_int_equal(event_wait(f->s, id[0], JD_EVK_COMPLETE, 1, "{\"result\":1}", &r), 0);
+    assert_int_equal(event_wait(f->s, id[0], JD_EVK_DISPATCH, 2, "{}", &r), 0);
+    /* 1: succeeded -> not recovered */
+    assert_int_equal(change_state_wait(f->s, id[1], JD_JOB_SUCCEEDED, &r), 0);
+    /* 2: waiting with a message and a cancel */
+    assert_int_equal(change_state_wait(f->s, id[2], JD_JOB_WAITING, &r), 0);
+    assert_int_equal(event_wait(f->s, id[2], JD_EVK_MESSAGE, 0, "{\"topic\":\"t\"}", &r), 0);
+    assert_int_equal(event_wait(f->s, id[2], JD_EVK_CANCEL, 0, "{\"reason\":\"x\"}", &r), 0);
+    /* 3: queued, no history beyond its insert */
+
+    struct rec_log log;
+    memset(&log, 0, sizeof log);
+    assert_int_equal(jd_store_recover(f->s, rec_fn, &log), 0);
+    assert_int_equal(log.n, 3);
+    assert_int_equal(log.ids[0], id[0]);
+    assert_int_equal(log.nev[0], 3);
+    assert_int_equal(log.kinds[0][0], JD_EVK_DISPATCH);
+    assert_int_equal(log.kinds[0][1], JD_EVK_COMPLETE);
+    assert_int_equal(log.kinds[0][2], JD_EVK_DISPATCH);
+    assert_int_equal(log.seqs[0][0], 3);
+    assert_int_equal(log.seqs[0][2], 5);
+    assert_int_equal(log.ids[1], id[2]);
+    assert_int_equal(log.nev[1], 2);
+    assert_int_equal(log.kinds[1][0], JD_EVK_MESSAGE);
+    assert_int_equal(log.kinds[1][1], JD_EVK_CANCEL);
+    assert_int_equal(log.ids[2], id[3]);
+    assert_int_equal(log.nev[2], 0);
+
+    memset(&log, 0, sizeof log);
+    log.stop_after = 1;
+    assert_int_equal(jd_store_recover(f->s, rec_fn, &log), -77);
+    assert_int_equal(log.n, 1);
+}
+
+static void test_ids_survive_reopen_and_are_never_reused(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    int64_t last = 0;
+    for (int i = 0; i < 3; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+        last = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    }
+    jd_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f, false, 0), 0);
+    assert_true(jd_store_next_id(f->s) > last);
+    assert_int_equal(jd_store_schema_version(), 2);
+}
+
+static void test_stats_count_commits_records_and_latency(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_store_stats st;
+    jd_store_stats(f->s, &st);
+    uint64_t c0 = st.commits, r0 = st.records;
+    for (int i = 0; i < 4; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    }
+    jd_store_stats(f->s, &st);
+    assert_true(st.commits >= c0 + 4);
+    assert_int_equal(st.records, r0 + 4);
+    assert_int_equal(st.queue_depth, 0);
+    uint64_t hist = 0;
+    for (int i = 0; i < 10; i++)
+        hist += st.commit_us_hist[i];
+    assert_int_equal(hist, st.commits);
+    assert_true(st.commit_us_sum > 0);
+    assert_int_equal(st.failed_commits, 0);
+}
+
+static void test_close_drains_queue_and_fires_every_callback(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct jd_write w = {.op = JD_W_JOB_INSERT, .job = &j, .done = tres_done, .arg = &r};
+    memset(&r, 0, sizeof r);
+    assert_int_equal(jd_store_submit(f->s, &w), 0);
+    jd_store_close(f->s); /* drains: the callback has fired */
+    assert_int_equal(r.calls, 1);
+    assert_int_equal(r.rc, 0);
+    f->s = NULL;
+    assert_int_equal(fx_open(f, true, 0), 0);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, j.id, &got), 0);
+    jd_job_clear(&got);
+}
+
+/* ---- retention ---- */
+
+static void test_retention_deletes_old_terminal_jobs_and_their_history(void **state)
+{
+    struct fx *f = *state;
+    jd_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f, false, 60000), 0); /* keep one minute */
+    struct tres r;
+    int64_t now = jd_wall_ms();
+    int64_t old_ids[300], keep[3];
+    for (int i = 0; i < 300; i++) { /* more than one retention batch */
+        char key[32];
+        snprintf(key, sizeof key, "old-%d", i);
+        struct jd_job j = make_job(jd_store_next_id(f->s), "ret", i == 0 ? key : NULL);
+        old_ids[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+        struct jd_write w = {.op = JD_W_JOB_CHANGE,
+                             .job_id = j.id,
+                             .set = JD_SET_STATE | JD_SET_FINISHED,
+                             .state = JD_JOB_SUCCEEDED,
+                             .finished_ms = now - 3600 * 1000,
+                             .kind = JD_EVK_STATE};
+        assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "ret", NULL);
+        keep[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    }
+    assert_int_equal(change_state_wait(f->s, keep[0], JD_JOB_FAILED, &r), 0); /* recent */
+    assert_int_equal(change_state_wait(f->s, keep[1], JD_JOB_RUNNING, &r), 0);
+
+    /* expired jobs go within a couple of retention intervals */
+    struct jd_job got;
+    int rc = 0;
+    for (int t = 0; t < 400; t++) {
+        rc = jd_store_job_get(f->s, old_ids[299], &got);
+        if (rc == JD_ENOENT)
+            break;
+        jd_job_clear(&got);
+        usleep(10000);
+    }
+    assert_int_equal(rc, JD_ENOENT);
+    for (int i = 0; i < 300; i++)
+        assert_int_equal(jd_store_job_get(f->s, old_ids[i], &got), JD_ENOENT);
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, old_ids[0], 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 0);
+    jd_job_events_free(ev, n);
+    int64_t id;
+    assert_int_equal(jd_store_idem_lookup(f->s, "old-0", &id, NULL), JD_ENOENT);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(jd_store_job_get(f->s, keep[i], &got), 0);
+        jd_job_clear(&got);
+    }
+    struct jd_queue_counts *rows;
+    assert_int_equal(jd_store_queue_counts(f->s, &rows, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].counts[JD_JOB_SUCCEEDED], 0);
+    assert_int_equal(rows[0].counts[JD_JOB_FAILED], 1);
+    assert_int_equal(rows[0].counts[JD_JOB_RUNNING], 1);
+    assert_int_equal(rows[0].counts[JD_JOB_QUEUED], 1);
+    jd_queue_counts_free(rows, n);
+    struct jd_store_stats st;
+    jd_store_stats(f->s, &st);
+    assert_int_equal(st.retention_deleted, 300);
+
+    /* the newest job can be deleted too without its id coming back */
+    struct jd_write w = {.op = JD_W_JOB_CHANGE,
+                         .job_id = keep[2],
+                         .set = JD_SET_STATE | JD_SET_FINISHED,
+                         .state = JD_JOB_CANCELLED,
+                         .finished_ms = now - 3600 * 1000,
+                         .kind = JD_EVK_STATE};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    rc = jd_store_job_get(f->s, keep[2], &got);
+    for (int t = 0; t < 400 && rc == 0; t++) {
+        jd_job_clear(&got);
+        usleep(10000);
+        rc = jd_store_job_get(f->s, keep[2], &got);
+    }
+    assert_int_equal(rc, JD_ENOENT);
+    jd_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f, false, 0), 0);
+    assert_true(jd_store_next_id(f->s) > keep[2]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_insert_then_get_returns_every_field, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_change_bumps_version_and_appends_one_event,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_change_to_missing_job_is_enoent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_duplicate_idempotency_key_returns_existing_job, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_one_bad_record_fails_alone_in_a_group_commit, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_submit_many_is_all_or_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_done_callbacks_fire_in_submission_order, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_list_is_newest_first_with_keyset_pages_and_filters,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_counts_include_paused_and_empty_queues, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_recover_returns_non_terminal_jobs_with_their_history,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ids_survive_reopen_and_are_never_reused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stats_count_commits_records_and_latency, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_close_drains_queue_and_fires_every_callback, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_retention_deletes_old_terminal_jobs_and_their_history,
+                                        setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
