@@ -1,0 +1,262 @@
+/*
+ * /metrics rendering (Prometheus text format 0.0.4) and the HTTP counters.
+ * Label values are fixed strings from the route table and status codes, so
+ * nothing user-controlled reaches the output and nothing needs escaping.
+ */
+#include "api/metrics.h"
+
+#include "common/alloc.h"
+#include "plugins/registry.h"
+#include "scheduler/sched.h"
+#include "server/jobs.h"
+#include "storage/store.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const int codes[JD_METRICS_CODES - 1] = {200, 201, 202, 204, 400, 401, 403, 404, 405, 409,
+                                                413, 415, 422, 429, 431, 500, 503, 504, 304};
+
+static const double lat_le[JD_METRICS_LAT_BUCKETS - 1] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+static int code_index(int status)
+{
+    for (int i = 0; i < JD_METRICS_CODES - 1; i++)
+        if (codes[i] == status)
+            return i;
+    return JD_METRICS_CODES - 1;
+}
+
+void jd_http_metrics_observe(struct jd_http_metrics *m, enum jd_route route, int status,
+                             uint64_t duration_us)
+{
+    if ((unsigned)route >= JD_ROUTE_COUNT)
+        route = JD_ROUTE_NONE;
+    /* relaxed: independent counters, read only for display */
+    atomic_fetch_add_explicit(&m->requests[route][code_index(status)], 1, memory_order_relaxed);
+    int b = JD_METRICS_LAT_BUCKETS - 1;
+    for (int i = 0; i < JD_METRICS_LAT_BUCKETS - 1; i++) {
+        if ((double)duration_us <= lat_le[i] * 1e6) {
+            b = i;
+            break;
+        }
+    }
+    atomic_fetch_add_explicit(&m->latency[route][b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->latency_us_sum[route], duration_us, memory_order_relaxed);
+}
+
+struct buf {
+    char *p;
+    size_t len, cap;
+};
+
+static void put(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct buf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            abort();
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        b->cap = b->cap * 2 + (size_t)n;
+        b->p = jd_xrealloc(b->p, b->cap);
+    }
+}
+
+static void family(struct buf *b, const char *name, const char *type, const char *help)
+{
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void scalar(struct buf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    family(b, name, type, help);
+    put(b, "%s %llu\n", name, (unsigned long long)v);
+}
+
+/* A histogram from per-bucket (not cumulative) counts. */
+static void histogram(struct buf *b, const char *name, const char *labels, const double *le,
+                      const uint64_t *counts, size_t nb, double sum)
+{
+    uint64_t cum = 0;
+    const char *sep = labels[0] ? "," : "";
+    for (size_t i = 0; i < nb; i++) {
+        cum += counts[i];
+        if (i + 1 < nb)
+            put(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, le[i],
+                (unsigned long long)cum);
+        else
+            put(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
+    }
+    put(b, "%s_sum%s%s%s %g\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", sum);
+    put(b, "%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "",
+        (unsigned long long)cum);
+}
+
+static void render_http(struct buf *b, const struct jd_http_metrics *m)
+{
+    family(b, "jackdaw_http_requests_total", "counter", "HTTP requests by route and status.");
+    for (int r = 0; r < JD_ROUTE_COUNT; r++) {
+        for (int c = 0; c < JD_METRICS_CODES; c++) {
+            uint64_t v = atomic_load_explicit(&m->requests[r][c], memory_order_relaxed);
+            if (v == 0)
+                continue;
+            char code[8];
+            if (c < JD_METRICS_CODES - 1)
+                snprintf(code, sizeof code, "%d", codes[c]);
+            else
+                strcpy(code, "other");
+            put(b, "jackdaw_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n",
+                jd_route_name((enum jd_route)r), code, (unsigned long long)v);
+        }
+    }
+    family(b, "jackdaw_http_request_duration_seconds", "histogram",
+           "HTTP request latency by route (long-polls include their wait).");
+    for (int r = 0; r < JD_ROUTE_COUNT; r++) {
+        uint64_t counts[JD_METRICS_LAT_BUCKETS];
+        uint64_t total = 0;
+        for (int i = 0; i < JD_METRICS_LAT_BUCKETS; i++) {
+            counts[i] = atomic_load_explicit(&m->latency[r][i], memory_order_relaxed);
+            total += counts[i];
+        }
+        if (total == 0)
+            continue;
+        char labels[96];
+        snprintf(labels, sizeof labels, "route=\"%s\"", jd_route_name((enum jd_route)r));
+        double sum =
+            (double)atomic_load_explicit(&m->latency_us_sum[r], memory_order_relaxed) / 1e6;
+        histogram(b, "jackdaw_http_request_duration_seconds", labels, lat_le, counts,
+                  JD_METRICS_LAT_BUCKETS, sum);
+    }
+    scalar(b, "jackdaw_http_parked_connections", "gauge",
+           "Long-poll and SSE connections parked now.",
+           atomic_load_explicit(&m->parked, memory_order_relaxed));
+    scalar(b, "jackdaw_http_parked_rejected_total", "counter",
+           "Requests refused with 429 because --max-parked was reached.",
+           atomic_load_explicit(&m->parked_rejected, memory_order_relaxed));
+    scalar(b, "jackdaw_http_body_rejected_total", "counter",
+           "Requests refused with 413 because the body exceeded --max-body.",
+           atomic_load_explicit(&m->body_rejected, memory_order_relaxed));
+}
+
+static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
+{
+    scalar(b, "jackdaw_jobs_submitted_total", "counter", "Jobs accepted since start.",
+           j->submitted);
+    family(b, "jackdaw_jobs_finished_total", "counter", "Jobs that reached a terminal state.");
+    put(b, "jackdaw_jobs_finished_total{state=\"succeeded\"} %llu\n",
+        (unsigned long long)j->succeeded);
+    put(b, "jackdaw_jobs_finished_total{state=\"failed\"} %llu\n", (unsigned long long)j->failed);
+    put(b, "jackdaw_jobs_finished_total{state=\"cancelled\"} %llu\n",
+        (unsigned long long)j->cancelled);
+    family(b, "jackdaw_jobs", "gauge", "Jobs in memory by state.");
+    put(b, "jackdaw_jobs{state=\"queued\"} %llu\n", (unsigned long long)j->queued_mem);
+    put(b, "jackdaw_jobs{state=\"running\"} %llu\n", (unsigned long long)j->running);
+    put(b, "jackdaw_jobs{state=\"waiting\"} %llu\n", (unsigned long long)j->waiting);
+    static const double le[11] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300};
+    family(b, "jackdaw_job_duration_seconds", "histogram",
+           "Time from start to terminal state of finished jobs.");
+    histogram(b, "jackdaw_job_duration_seconds", "", le, j->duration_hist, 12,
+              (double)j->duration_ms_sum / 1e3);
+}
+
+static void render_sched(struct buf *b, const struct jd_sched_stats *s)
+{
+    family(b, "jackdaw_sched_processes", "gauge", "Processes by scheduler state.");
+    put(b, "jackdaw_sched_processes{state=\"ready\"} %llu\n", (unsigned long long)s->ready);
+    put(b, "jackdaw_sched_processes{state=\"running\"} %llu\n", (unsigned long long)s->running);
+    put(b, "jackdaw_sched_processes{state=\"blocked\"} %llu\n", (unsigned long long)s->blocked);
+    put(b, "jackdaw_sched_processes{state=\"idle\"} %llu\n", (unsigned long long)s->idle);
+    scalar(b, "jackdaw_sched_workers", "gauge", "Scheduler worker threads.", s->workers);
+    scalar(b, "jackdaw_sched_spawns_total", "counter", "Processes spawned.", s->spawns);
+    scalar(b, "jackdaw_sched_steps_total", "counter", "Process steps run.", s->steps);
+    scalar(b, "jackdaw_sched_steal_attempts_total", "counter", "Steal attempts.",
+           s->steal_attempts);
+    scalar(b, "jackdaw_sched_steals_total", "counter", "Successful steals.", s->steals);
+    scalar(b, "jackdaw_sched_stolen_items_total", "counter", "Processes moved by steals.",
+           s->stolen_items);
+    scalar(b, "jackdaw_sched_parks_total", "counter", "Worker parks.", s->parks);
+    scalar(b, "jackdaw_sched_unparks_total", "counter", "Worker unparks.", s->unparks);
+    scalar(b, "jackdaw_sched_stuck_total", "counter",
+           "Steps seen running longer than the stuck threshold.", s->stuck_events);
+    scalar(b, "jackdaw_sched_stale_dropped_total", "counter",
+           "Completions or messages dropped for a stale generation.", s->stale_dropped);
+    scalar(b, "jackdaw_sched_lifo_hits_total", "counter", "Runs from the LIFO slot.", s->lifo_hits);
+    family(b, "jackdaw_sched_queue_depth", "gauge", "Scheduler queue depths.");
+    put(b, "jackdaw_sched_queue_depth{queue=\"global\"} %llu\n",
+        (unsigned long long)s->global_depth);
+    put(b, "jackdaw_sched_queue_depth{queue=\"inject\"} %llu\n",
+        (unsigned long long)s->inject_depth);
+    put(b, "jackdaw_sched_queue_depth{queue=\"blocking\"} %llu\n",
+        (unsigned long long)s->blocking_queued);
+    scalar(b, "jackdaw_sched_timers_pending", "gauge", "Timers not yet fired.", s->timers_pending);
+    scalar(b, "jackdaw_sched_blocking_active", "gauge", "Blocking-pool jobs running.",
+           s->blocking_active);
+}
+
+static void render_store(struct buf *b, const struct jd_store_stats *s)
+{
+    scalar(b, "jackdaw_store_commits_total", "counter", "Storage transactions committed.",
+           s->commits);
+    scalar(b, "jackdaw_store_records_total", "counter", "Records written.", s->records);
+    scalar(b, "jackdaw_store_failed_commits_total", "counter", "Transactions that failed.",
+           s->failed_commits);
+    scalar(b, "jackdaw_store_retention_deleted_total", "counter",
+           "Terminal jobs deleted by retention.", s->retention_deleted);
+    scalar(b, "jackdaw_store_queue_depth", "gauge", "Records waiting for the writer.",
+           s->queue_depth);
+    static const double batch_le[7] = {1, 4, 16, 64, 256, 1024, 4096};
+    family(b, "jackdaw_store_batch_size", "histogram", "Records per group commit.");
+    histogram(b, "jackdaw_store_batch_size", "", batch_le, s->batch_hist, 8, (double)s->records);
+    static const double us_le[9] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                    0.005,  0.01,    0.025,  0.1};
+    family(b, "jackdaw_store_commit_seconds", "histogram", "Commit latency.");
+    histogram(b, "jackdaw_store_commit_seconds", "", us_le, s->commit_us_hist, 10,
+              (double)s->commit_us_sum / 1e6);
+}
+
+static void render_registry(struct buf *b, const struct jd_registry_stats *r)
+{
+    family(b, "jackdaw_plugin_calls_total", "counter", "Handler plugin calls by result.");
+    put(b, "jackdaw_plugin_calls_total{result=\"ok\"} %llu\n", (unsigned long long)r->ok);
+    put(b, "jackdaw_plugin_calls_total{result=\"failed\"} %llu\n", (unsigned long long)r->failed);
+    put(b, "jackdaw_plugin_calls_total{result=\"timeout\"} %llu\n",
+        (unsigned long long)r->timeouts);
+    put(b, "jackdaw_plugin_calls_total{result=\"cancelled\"} %llu\n",
+        (unsigned long long)r->cancelled);
+    put(b, "jackdaw_plugin_calls_total{result=\"unknown_command\"} %llu\n",
+        (unsigned long long)r->unknown_command);
+    scalar(b, "jackdaw_plugin_calls_started_total", "counter", "Handler calls dispatched.",
+           r->calls);
+    scalar(b, "jackdaw_plugin_retries_total", "counter", "Handler call retries.", r->retries);
+    scalar(b, "jackdaw_plugin_late_dropped_total", "counter",
+           "Completions dropped as late or duplicate.", r->late_dropped);
+}
+
+char *jd_metrics_render(const struct jd_metrics_sources *src)
+{
+    struct buf b = {jd_xmalloc(16384), 0, 16384};
+    b.p[0] = '\0';
+    scalar(&b, "jackdaw_up", "gauge", "1 when ready, 0 when starting or draining.",
+           src->ready ? 1 : 0);
+    if (src->http)
+        render_http(&b, src->http);
+    if (src->jobs)
+        render_jobs(&b, src->jobs);
+    if (src->sched)
+        render_sched(&b, src->sched);
+    if (src->store)
+        render_store(&b, src->store);
+    if (src->registry)
+        render_registry(&b, src->registry);
+    return b.p;
+}

@@ -1,0 +1,318 @@
+/*
+ * Flags and JACKDAW_* environment variables -> struct jd_config.
+ *
+ * Every option is one row of a table (flag, variable, kind, help), so the
+ * parser, the environment lookup and --help cannot drift apart. Values are
+ * applied in order defaults, environment, flags; both "--flag value" and
+ * "--flag=value" are accepted. Single-threaded: called from main() only.
+ */
+#include "server/config.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum opt_kind { OPT_LISTEN, OPT_STR, OPT_UINT, OPT_SYNC, OPT_DURATION, OPT_BYTES, OPT_LEVEL };
+
+struct opt {
+    const char *flag;
+    const char *env;
+    enum opt_kind kind;
+    size_t off; /* offsetof the field in struct jd_config */
+    const char *arg;
+    const char *help;
+};
+
+#define F(field) offsetof(struct jd_config, field)
+
+static const struct opt opts[] = {
+    {"--listen", "JACKDAW_LISTEN", OPT_LISTEN, 0, "HOST:PORT",
+     "address to listen on (default 127.0.0.1:8080; port 0 picks a free port)"},
+    {"--db", "JACKDAW_DB", OPT_STR, F(db), "FILE", "SQLite database (default ./data/jackdaw.db)"},
+    {"--workers", "JACKDAW_WORKERS", OPT_UINT, F(workers), "N",
+     "scheduler worker threads (default 0: one per core)"},
+    {"--plugin-dir", "JACKDAW_PLUGIN_DIR", OPT_STR, F(plugin_dir), "DIR",
+     "load every plugin .so in DIR (default: plugins/ next to the binary)"},
+    {"--sync", "JACKDAW_SYNC", OPT_SYNC, F(sync_full), "full|normal",
+     "full: fsync every commit (default); normal: WAL sync at checkpoints"},
+    {"--token", "JACKDAW_TOKEN", OPT_STR, F(token), "T",
+     "require 'Authorization: Bearer T' on /v1 (default: open)"},
+    {"--exec-allow", "JACKDAW_EXEC_ALLOW", OPT_STR, F(exec_allow), "LIST",
+     "programs the exec handler may run, comma-separated paths (default: none)"},
+    {"--http-allow", "JACKDAW_HTTP_ALLOW", OPT_STR, F(http_allow), "LIST",
+     "hosts the http handler may call, comma-separated (default: any)"},
+    {"--retention", "JACKDAW_RETENTION", OPT_DURATION, F(retention_ms), "DURATION",
+     "delete terminal jobs finished longer ago, e.g. 7d (default 0: keep)"},
+    {"--max-body", "JACKDAW_MAX_BODY", OPT_BYTES, F(max_body), "BYTES",
+     "largest request body, suffix k/m allowed (default 4m); larger gets 413"},
+    {"--log-level", "JACKDAW_LOG_LEVEL", OPT_LEVEL, F(log_level), "LEVEL",
+     "debug, info (default), warn, error or off"},
+    {"--http-threads", "JACKDAW_HTTP_THREADS", OPT_UINT, F(http_threads), "N",
+     "HTTP event-loop threads (default 2)"},
+    {"--max-connections", "JACKDAW_MAX_CONNECTIONS", OPT_UINT, F(max_connections), "N",
+     "open HTTP connections at most (default 1000)"},
+    {"--conn-timeout", "JACKDAW_CONN_TIMEOUT", OPT_DURATION, F(conn_timeout_s), "DURATION",
+     "close a connection idle this long, e.g. a slow client (default 30s)"},
+    {"--max-parked", "JACKDAW_MAX_PARKED", OPT_UINT, F(max_parked), "N",
+     "long-poll and SSE connections parked at once; more get 429 (default 512)"},
+    {"--max-wait", "JACKDAW_MAX_WAIT", OPT_DURATION, F(max_wait_ms), "DURATION",
+     "cap on GET /v1/jobs/{id}?wait= (default 60s)"},
+    {"--heartbeat", "JACKDAW_HEARTBEAT", OPT_DURATION, F(heartbeat_ms), "DURATION",
+     "SSE heartbeat comment interval (default 15s)"},
+    {"--grace", "JACKDAW_GRACE", OPT_DURATION, F(grace_ms), "DURATION",
+     "on SIGTERM/SIGINT, wait this long for running steps (default 10s)"},
+};
+
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+int jd_config_parse_listen(const char *s, char *host, size_t hostlen, uint16_t *port)
+{
+    const char *colon;
+    const char *h = s;
+    size_t hl;
+    if (s == NULL || *s == '\0')
+        return JD_EINVAL;
+    if (*s == '[') {
+        const char *close = strchr(s, ']');
+        if (close == NULL || close[1] != ':')
+            return JD_EINVAL;
+        h = s + 1;
+        hl = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (colon == NULL)
+            return JD_EINVAL;
+        hl = (size_t)(colon - s);
+        if (memchr(s, ':', hl) != NULL) /* bare IPv6 needs brackets */
+            return JD_EINVAL;
+    }
+    if (hl == 0 || hl >= hostlen)
+        return JD_EINVAL;
+    const char *p = colon + 1;
+    if (*p == '\0' || strlen(p) > 5)
+        return JD_EINVAL;
+    unsigned long v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return JD_EINVAL;
+        v = v * 10 + (unsigned long)(*p - '0');
+    }
+    if (v > 65535)
+        return JD_EINVAL;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port = (uint16_t)v;
+    return 0;
+}
+
+int jd_config_parse_bytes(const char *s, size_t *out)
+{
+    if (s == NULL || *s < '0' || *s > '9')
+        return JD_EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return JD_EINVAL;
+    unsigned shift = 0;
+    switch (*end) {
+    case '\0':
+        break;
+    case 'k':
+    case 'K':
+        shift = 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        end++;
+        break;
+    default:
+        return JD_EINVAL;
+    }
+    if (*end == 'b' || *end == 'B') /* "4mb", "4MB" */
+        end++;
+    if (*end != '\0' || v > (SIZE_MAX >> shift) || v == 0)
+        return JD_EINVAL;
+    *out = (size_t)(v << shift);
+    return 0;
+}
+
+static int parse_uint(const char *s, unsigned *out)
+{
+    if (s == NULL || *s < '0' || *s > '9')
+        return JD_EINVAL;
+    errno = 0;
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > 1000000)
+        return JD_EINVAL;
+    *out = (unsigned)v;
+    return 0;
+}
+
+static int apply(struct jd_config *c, const struct opt *o, const char *val, const char *from,
+                 struct jd_error *err)
+{
+    char *base = (char *)c;
+    int64_t ms;
+    unsigned u;
+    size_t bytes;
+    int lvl;
+    switch (o->kind) {
+    case OPT_LISTEN:
+        if (jd_config_parse_listen(val, c->host, sizeof c->host, &c->port) != 0)
+            goto bad;
+        return 0;
+    case OPT_STR: {
+        char **field = (char **)(base + o->off);
+        free(*field);
+        *field = jd_xstrdup(val);
+        return 0;
+    }
+    case OPT_UINT:
+        if (parse_uint(val, &u) != 0)
+            goto bad;
+        *(unsigned *)(base + o->off) = u;
+        return 0;
+    case OPT_SYNC:
+        if (strcmp(val, "full") == 0)
+            c->sync_full = true;
+        else if (strcmp(val, "normal") == 0)
+            c->sync_full = false;
+        else
+            goto bad;
+        return 0;
+    case OPT_DURATION:
+        if (jd_duration_parse(val, &ms) != 0 || ms < 0)
+            goto bad;
+        if (o->off == F(conn_timeout_s)) {
+            int64_t s = (ms + 999) / 1000;
+            if (s > 86400)
+                goto bad;
+            c->conn_timeout_s = (unsigned)s;
+        } else {
+            *(int64_t *)(base + o->off) = ms;
+        }
+        return 0;
+    case OPT_BYTES:
+        if (jd_config_parse_bytes(val, &bytes) != 0)
+            goto bad;
+        *(size_t *)(base + o->off) = bytes;
+        return 0;
+    case OPT_LEVEL:
+        lvl = jd_log_level_parse(val);
+        if (lvl < 0)
+            goto bad;
+        c->log_level = lvl;
+        return 0;
+    }
+bad:
+    return jd_error_set(err, JD_EINVAL, NULL, "invalid value \"%s\" for %s (%s %s)", val, from,
+                        o->flag, o->arg);
+}
+
+static const struct opt *find_flag(const char *arg, size_t len)
+{
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strlen(opts[i].flag) == len && strncmp(opts[i].flag, arg, len) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *default_plugin_dir,
+                    struct jd_error *err)
+{
+    int rc;
+    memset(c, 0, sizeof *c);
+    strcpy(c->host, "127.0.0.1");
+    c->port = 8080;
+    c->db = jd_xstrdup("./data/jackdaw.db");
+    c->plugin_dir = jd_xstrdup(default_plugin_dir);
+    c->sync_full = true;
+    c->max_body = (size_t)4 << 20; /* a 1000-job batch of small definitions fits */
+    c->log_level = JD_LOG_INFO;
+    c->http_threads = 2;       /* the target machines have 2 cores */
+    c->max_connections = 1000; /* below the usual 1024 open-file limit */
+    c->conn_timeout_s = 30;
+    c->max_parked = 512; /* half the connections: waiters cannot starve submitters */
+    c->max_wait_ms = 60000;
+    c->heartbeat_ms = 15000; /* below common proxy idle timeouts (30-60 s) */
+    c->grace_ms = 10000;
+
+    for (size_t i = 0; i < NOPTS; i++) {
+        const char *v = getenv(opts[i].env);
+        if (v != NULL && (rc = apply(c, &opts[i], v, opts[i].env, err)) != 0)
+            return rc;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            c->help = true;
+            continue;
+        }
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        const struct opt *o = find_flag(a, len);
+        if (o == NULL)
+            return jd_error_set(err, JD_EINVAL, NULL, "unknown option \"%s\" (see --help)", a);
+        const char *val;
+        if (eq != NULL) {
+            val = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return jd_error_set(err, JD_EINVAL, NULL, "%s needs a value (%s)", o->flag, o->arg);
+            val = argv[++i];
+        }
+        if ((rc = apply(c, o, val, o->flag, err)) != 0)
+            return rc;
+    }
+    if (c->http_threads == 0 || c->max_connections == 0 || c->max_body == 0)
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--http-threads, --max-connections and --max-body must be > 0");
+    if (c->token != NULL && c->token[0] == '\0') {
+        free(c->token); /* an empty token means "no auth", as an unset variable */
+        c->token = NULL;
+    }
+    return 0;
+}
+
+void jd_config_free(struct jd_config *c)
+{
+    free(c->db);
+    free(c->plugin_dir);
+    free(c->token);
+    free(c->exec_allow);
+    free(c->http_allow);
+    c->db = c->plugin_dir = c->token = c->exec_allow = c->http_allow = NULL;
+}
+
+void jd_config_usage(FILE *f, const char *argv0)
+{
+    fprintf(f,
+            "Usage: %s [options]\n\n"
+            "Jackdaw: an HTTP job-queue service. Every option can also be set by the\n"
+            "environment variable shown; a flag wins over its variable.\n\n",
+            argv0);
+    for (size_t i = 0; i < NOPTS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "%s %s", opts[i].flag, opts[i].arg);
+        fprintf(f, "  %-28s %s\n  %-28s [%s]\n", left, opts[i].help, "", opts[i].env);
+    }
+    fprintf(f, "  %-28s %s\n\n", "--help", "show this text");
+    fprintf(f, "DURATION: 500ms, 30s, 2m, 1h, 7d or a bare number of seconds.\n"
+               "Signals: SIGTERM or SIGINT drain and exit 0; running jobs resume on the next "
+               "start.\n");
+}

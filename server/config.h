@@ -1,0 +1,61 @@
+/*
+ * The server's configuration: command-line flags with JACKDAW_* environment
+ * equivalents (a flag wins over its variable, the variable over the
+ * default). Parsing is pure (no I/O but getenv) so unit tests can drive it.
+ * Not thread-safe: parse once in main() before starting threads.
+ */
+#ifndef JD_SERVER_CONFIG_H
+#define JD_SERVER_CONFIG_H
+
+#include "common/error.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define JD_CONFIG_HOST_MAX 256 /* a DNS name or an address literal */
+
+struct jd_config {
+    char host[JD_CONFIG_HOST_MAX]; /* --listen host part; default 127.0.0.1 */
+    uint16_t port;                 /* --listen port; 0 picks a free port; default 8080 */
+    char *db;                      /* --db; default ./data/jackdaw.db */
+    unsigned workers;              /* --workers; 0: one per core */
+    char *plugin_dir;              /* --plugin-dir; default given to jd_config_parse */
+    bool sync_full;                /* --sync full|normal; default full */
+    char *token;                   /* --token; NULL: /v1 is open */
+    char *exec_allow;              /* --exec-allow; NULL: exec refuses every program */
+    char *http_allow;              /* --http-allow; NULL: any host */
+    int64_t retention_ms;          /* --retention; 0: keep terminal jobs forever */
+    size_t max_body;               /* --max-body; default 4 MiB */
+    int log_level;                 /* --log-level; enum jd_log_level, default info */
+    unsigned http_threads;         /* --http-threads; default 2 */
+    unsigned max_connections;      /* --max-connections; default 1000 */
+    unsigned conn_timeout_s;       /* --conn-timeout; idle connection cut-off, default 30 s */
+    unsigned max_parked;           /* --max-parked; long-poll + SSE connections, default 512 */
+    int64_t max_wait_ms;           /* --max-wait; cap on ?wait=, default 60 s */
+    int64_t heartbeat_ms;          /* --heartbeat; SSE comment interval, default 15 s */
+    int64_t grace_ms;              /* --grace; shutdown drain period, default 10 s */
+    bool help;                     /* --help was given: print usage, exit 0 */
+};
+
+/*
+ * Fill c from argv and the environment. default_plugin_dir (borrowed, may be
+ * NULL) is used when neither --plugin-dir nor JACKDAW_PLUGIN_DIR is given.
+ * Returns 0, or JD_EINVAL with err naming the flag and the bad value. Strings
+ * in c are malloc'd: caller frees with jd_config_free (also after failure).
+ */
+int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *default_plugin_dir,
+                    struct jd_error *err);
+void jd_config_free(struct jd_config *c);
+
+/* Parse "HOST:PORT" or "[v6]:PORT" into host (hostlen bytes) and port. */
+int jd_config_parse_listen(const char *s, char *host, size_t hostlen, uint16_t *port);
+
+/* Parse a byte count: digits with an optional k/K, m/M or g/G (binary) suffix. */
+int jd_config_parse_bytes(const char *s, size_t *out);
+
+/* --help text. */
+void jd_config_usage(FILE *f, const char *argv0);
+
+#endif

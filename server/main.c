@@ -1,0 +1,152 @@
+/*
+ * jackdawd: the composition root. Parses the configuration, opens storage,
+ * starts HTTP (so /livez and /readyz answer while jobs are recovered),
+ * creates the job layer (scheduler, plugins, recovery), becomes ready, and
+ * waits for SIGTERM/SIGINT. Then: readiness 503, stop accepting, answer
+ * parked waiters, drain the job layer (running steps finish within --grace,
+ * pending commits complete and their requests are answered), stop HTTP,
+ * free the job layer, close storage, exit 0. Jobs still running stay
+ * non-terminal in the database and resume on the next start.
+ *
+ * Threading: main() is the only thread here; signals are blocked in every
+ * thread and taken synchronously with sigwait, so no handler runs
+ * asynchronously.
+ */
+#include "api/http.h"
+#include "common/alloc.h"
+#include "common/log.h"
+#include "server/config.h"
+#include "server/jobs.h"
+#include "storage/store.h"
+
+#include <libgen.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The built-in plugins live in plugins/ next to the binary (build/plugins). */
+static char *default_plugin_dir(void)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return jd_xstrdup("plugins");
+    exe[n] = '\0';
+    return jd_xasprintf("%s/plugins", dirname(exe));
+}
+
+int main(int argc, char **argv)
+{
+    struct jd_config cfg;
+    struct jd_error err = {0};
+    struct jd_store *store = NULL;
+    struct jd_jobs *jobs = NULL;
+    struct jd_http *http = NULL;
+    int status = 1;
+
+    char *plugdir = default_plugin_dir();
+    int rc = jd_config_parse(&cfg, argc, argv, plugdir, &err);
+    free(plugdir);
+    if (rc != 0) {
+        fprintf(stderr, "jackdawd: %s\n", err.message);
+        status = 2;
+        goto out;
+    }
+    if (cfg.help) {
+        jd_config_usage(stdout, argv[0]);
+        status = 0;
+        goto out;
+    }
+    jd_log_set_level((enum jd_log_level)cfg.log_level);
+
+    /* Block the shutdown signals before any thread starts, so every thread
+     * inherits the mask and only sigwait below receives them. SIGPIPE is
+     * ignored: a client that goes away must not kill the server. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct jd_store_config scfg = {
+        .path = cfg.db,
+        .sync_full = cfg.sync_full,
+        .retention_ms = cfg.retention_ms,
+    };
+    if ((rc = jd_store_open(&scfg, &store, &err)) != 0) {
+        jd_log(JD_LOG_ERROR, "cannot open the database", "db", cfg.db, "error",
+               err.message[0] ? err.message : jd_strerror(rc), NULL);
+        goto out;
+    }
+
+    struct jd_http_config hcfg = {
+        .host = cfg.host,
+        .port = cfg.port,
+        .threads = cfg.http_threads,
+        .max_connections = cfg.max_connections,
+        .conn_timeout_s = cfg.conn_timeout_s,
+        .max_parked = cfg.max_parked,
+        .max_body = cfg.max_body,
+        .token = cfg.token,
+        .max_wait_ms = cfg.max_wait_ms,
+        .heartbeat_ms = cfg.heartbeat_ms,
+        .store = store,
+    };
+    if ((rc = jd_http_start(&hcfg, &http, &err)) != 0) {
+        jd_log(JD_LOG_ERROR, "cannot start HTTP", "error", err.message, NULL);
+        goto out;
+    }
+    char addr[JD_CONFIG_HOST_MAX + 16];
+    if (strchr(cfg.host, ':') != NULL)
+        snprintf(addr, sizeof addr, "[%s]:%u", cfg.host, jd_http_port(http));
+    else
+        snprintf(addr, sizeof addr, "%s:%u", cfg.host, jd_http_port(http));
+    jd_log(JD_LOG_INFO, "listening", "addr", addr, NULL);
+
+    struct jd_jobs_config jcfg = {
+        .store = store,
+        .workers = cfg.workers,
+        .plugin_dir = cfg.plugin_dir,
+        .exec_allow = cfg.exec_allow,
+        .http_allow = cfg.http_allow,
+    };
+    if ((rc = jd_jobs_create(&jcfg, &jobs, &err)) != 0) {
+        jd_log(JD_LOG_ERROR, "cannot start the job layer", "error",
+               err.message[0] ? err.message : jd_strerror(rc), NULL);
+        goto out;
+    }
+    jd_http_attach(http, jobs);
+    jd_log(JD_LOG_INFO, "ready", "addr", addr, "db", cfg.db, "plugin_dir",
+           cfg.plugin_dir ? cfg.plugin_dir : "", NULL);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0)
+        ;
+    jd_log(JD_LOG_INFO, "shutting down", "signal", sig == SIGINT ? "SIGINT" : "SIGTERM", NULL);
+    status = 0;
+
+out:
+    if (http != NULL)
+        jd_http_drain(http);
+    if (jobs != NULL) {
+        rc = jd_jobs_drain(jobs, cfg.grace_ms);
+        if (rc != 0)
+            jd_log(JD_LOG_WARN, "grace period over with work left; it resumes on the next start",
+                   NULL);
+    }
+    if (http != NULL)
+        jd_http_stop(http, 2000);
+    if (jobs != NULL)
+        jd_jobs_destroy(jobs);
+    if (store != NULL)
+        jd_store_close(store);
+    if (status == 0 && !cfg.help)
+        jd_log(JD_LOG_INFO, "stopped", NULL);
+    jd_config_free(&cfg);
+    return status;
+}
