@@ -125,10 +125,10 @@ start_container() {
     return 1
 }
 
-start_container && ok "container answers /livez on $BASE_URL" || die "container answers /livez"
+if start_container; then ok "container answers /livez on $BASE_URL"; else die "container answers /livez"; fi
 
 uid=$(E exec "$NAME" id -u)
-[ "$uid" != 0 ] && ok "server runs as uid $uid, not root" || not_ok "server runs as root"
+if [ "$uid" != 0 ]; then ok "server runs as uid $uid, not root"; else not_ok "server runs as root"; fi
 
 resp=$(curl -sS -o /dev/stdout -w '\n%{http_code}' -XPOST "$BASE_URL/v1/jobs" \
     -H 'content-type: application/json' -d '{"handler":"echo","args":{"smoke":"hello"}}')
@@ -151,10 +151,10 @@ fi
 # SIGTERM: the server drains and exits 0; tini passes the status on.
 E stop -t 30 "$NAME" >/dev/null
 code=$(E inspect --format '{{.State.ExitCode}}' "$NAME")
-[ "$code" = 0 ] && ok "SIGTERM stops the container with exit 0" || not_ok "SIGTERM exit code is $code, not 0"
+if [ "$code" = 0 ]; then ok "SIGTERM stops the container with exit 0"; else not_ok "SIGTERM exit code is $code, not 0"; fi
 E rm -f "$NAME" >/dev/null
 
-start_container && ok "a new container starts on the same volume" || die "restart on the same volume"
+if start_container; then ok "a new container starts on the same volume"; else die "restart on the same volume"; fi
 job=$(curl -sS "$BASE_URL/v1/jobs/$id")
 if echo "$job" | grep -q '"state" *: *"succeeded"'; then
     ok "job $id is still there and succeeded after the restart"
@@ -163,7 +163,7 @@ else
 fi
 events=$(curl -sS "$BASE_URL/v1/jobs/$id/events")
 nev=$(echo "$events" | grep -o '"seq"' | wc -l)
-[ "$nev" -ge 2 ] && ok "its history survived ($nev events)" || not_ok "history after restart (got: $events)"
+if [ "$nev" -ge 2 ]; then ok "its history survived ($nev events)"; else not_ok "history after restart (got: $events)"; fi
 
 E stop -t 30 "$NAME" >/dev/null
 if [ "${JD_KEEP:-0}" != 1 ]; then

@@ -18,7 +18,6 @@
 # JD_WORKERS (jackdawd --workers, default: one per core), OUT (results dir).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROOT=$PWD
 BUILD=${JD_BUILD:-build}
 JOBS=${JOBS:-30000}
 CONCS=${CONCS:-16 64 256}
@@ -42,15 +41,17 @@ trap cleanup EXIT
 
 # ---- what the peers need: Debian's beanstalkd and redis-server, npm's bullmq ----
 tools/deps.sh beanstalkd redis-server
-command -v node >/dev/null && command -v npm >/dev/null || tools/deps.sh nodejs npm
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    tools/deps.sh nodejs npm
+fi
 if [ ! -d bench/e2e/node_modules/bullmq ]; then
     echo "bench-e2e: installing bullmq with npm into bench/e2e/node_modules" >&2
     (cd bench/e2e && npm install --no-audit --no-fund --no-package-lock --loglevel=error >&2)
 fi
-[ -x "$LOADGEN" ] && [ -x "$JACKDAWD" ] || {
+if [ ! -x "$LOADGEN" ] || [ ! -x "$JACKDAWD" ]; then
     echo "bench-e2e: build first: make BUILD=$BUILD all $LOADGEN" >&2
     exit 1
-}
+fi
 
 free_port() {
     node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
@@ -146,7 +147,7 @@ echo "bench-e2e: $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); $JOBS
     "concurrency {$CONCS}, $REPS reps, interleaved" >&2
 for dur in $DURABILITY; do
     for conc in $CONCS; do
-        for rep in $(seq 1 "$REPS"); do
+        for _ in $(seq 1 "$REPS"); do
             for sys in $SYSTEMS; do
                 run_one "$sys" "$dur" "$conc" 0
             done
