@@ -246,6 +246,8 @@ ratio() {
         echo "<1 ($peer DNF)"
     elif [[ $js == DNF* ]] && [ -n "${MED[$peer]}" ]; then
         echo "inf (jd DNF)"
+    elif [[ $js == DNF* ]] && [[ $ps == DNF* ]]; then
+        echo "both DNF"
     else
         echo "n/a"
     fi
@@ -303,7 +305,7 @@ done
     printf '%-24s | %-26s | %-26s | %-26s | %-14s | %-14s\n' \
         shape jackdaw tokio go jackdaw/tokio jackdaw/go
     printf '%s\n' "$(printf '%.0s-' {1..24})-+-$(printf '%.0s-' {1..26})-+-$(printf '%.0s-' {1..26})-+-$(printf '%.0s-' {1..26})-+-$(printf '%.0s-' {1..14})-+-$(printf '%.0s-' {1..14})"
-    worst="" worst_shape="" jd_dnf=""
+    worst="" worst_shape="" jd_dnf="" jd_bad=""
     for shape in "${SHAPE_LIST[@]}"; do
         cell "$shape" jackdaw
         cj=$CELL
@@ -321,6 +323,9 @@ done
             fi
         elif [[ $rt == inf* ]]; then
             jd_dnf="$jd_dnf $shape"
+        elif [ -n "${BIN[jackdaw]:-}" ] && [ -z "${MED[jackdaw]}" ] && [ -n "${MED[tokio]}" ]; then
+            # Jackdaw failed a shape Tokio finished: the worst ratio is unknown.
+            jd_bad="$jd_bad $shape"
         fi
     done
     line="skynet peak RSS:"
@@ -334,6 +339,8 @@ done
     echo "${line%,}"
     if [ -n "$jd_dnf" ]; then
         echo "worst ratio vs tokio: inf (jackdaw DNF on${jd_dnf})"
+    elif [ -n "$worst" ] && [ -n "$jd_bad" ]; then
+        echo "worst ratio vs tokio: $worst ($worst_shape; incomplete: jackdaw failed${jd_bad})"
     elif [ -n "$worst" ]; then
         echo "worst ratio vs tokio: $worst ($worst_shape)"
     else

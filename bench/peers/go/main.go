@@ -261,6 +261,16 @@ func peakRSSKiB() int64 {
 	return ru.Maxrss
 }
 
+// resultLine formats the protocol line compare.sh parses.
+func resultLine(shape string, samples []int64, rssKiB int64) string {
+	parts := make([]string, len(samples))
+	for i, v := range samples {
+		parts[i] = strconv.FormatInt(v, 10)
+	}
+	return fmt.Sprintf("RESULT shape=%s iters=%d samples_ns=%s rss_kb=%d",
+		shape, len(samples), strings.Join(parts, ","), rssKiB)
+}
+
 func usage() {
 	fmt.Fprintf(os.Stderr, "usage: jd-peer-go --shape NAME --iters N --workers W [--raw]\nshapes: %s\n",
 		strings.Join(shapes, " "))
@@ -327,12 +337,7 @@ func main() {
 	rss := peakRSSKiB()
 
 	if raw {
-		parts := make([]string, len(samples))
-		for i, v := range samples {
-			parts[i] = strconv.FormatInt(v, 10)
-		}
-		fmt.Printf("RESULT shape=%s iters=%d samples_ns=%s rss_kb=%d\n",
-			shape, iters, strings.Join(parts, ","), rss)
+		fmt.Println(resultLine(shape, samples, rss))
 	} else {
 		sort.Slice(samples, func(a, b int) bool { return samples[a] < samples[b] })
 		n := len(samples)
