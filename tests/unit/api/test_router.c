@@ -1,0 +1,129 @@
+/*
+ * Router: every route of DESIGN.md section 5 resolves, unknown paths are
+ * 404, known paths with the wrong method are 405 with the right Allow set,
+ * literal segments beat parameters, and parameters are bounded.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "api/router.h"
+#include "common/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void expect_route(const char *method, const char *path, enum jd_route want,
+                         const char *param)
+{
+    struct jd_route_match m;
+    int rc = jd_router_match(method, path, &m);
+    if (rc != 0 || m.route != want)
+        fail_msg("%s %s: rc %d route %d, want route %d", method, path, rc, m.route, want);
+    assert_string_equal(m.param, param);
+}
+
+static void test_every_route(void **state)
+{
+    expect_route("POST", "/v1/jobs", JD_ROUTE_JOB_SUBMIT, "");
+    expect_route("GET", "/v1/jobs", JD_ROUTE_JOB_LIST, "");
+    expect_route("POST", "/v1/jobs/batch", JD_ROUTE_JOB_BATCH, "");
+    expect_route("GET", "/v1/jobs/42", JD_ROUTE_JOB_GET, "42");
+    expect_route("GET", "/v1/jobs/42/events", JD_ROUTE_JOB_EVENTS, "42");
+    expect_route("POST", "/v1/jobs/42/cancel", JD_ROUTE_JOB_CANCEL, "42");
+    expect_route("POST", "/v1/jobs/42/messages", JD_ROUTE_JOB_MESSAGE, "42");
+    expect_route("POST", "/v1/jobs/42/retry", JD_ROUTE_JOB_RETRY, "42");
+    expect_route("GET", "/v1/handlers", JD_ROUTE_HANDLERS, "");
+    expect_route("GET", "/v1/queues", JD_ROUTE_QUEUES, "");
+    expect_route("POST", "/v1/queues/emails/pause", JD_ROUTE_QUEUE_PAUSE, "emails");
+    expect_route("POST", "/v1/queues/emails/resume", JD_ROUTE_QUEUE_RESUME, "emails");
+    expect_route("GET", "/v1/openapi.yaml", JD_ROUTE_OPENAPI, "");
+    expect_route("GET", "/livez", JD_ROUTE_LIVEZ, "");
+    expect_route("GET", "/readyz", JD_ROUTE_READYZ, "");
+    expect_route("GET", "/metrics", JD_ROUTE_METRICS, "");
+    /* HEAD is GET without a body; a trailing slash is tolerated */
+    expect_route("HEAD", "/v1/jobs/7", JD_ROUTE_JOB_GET, "7");
+    expect_route("GET", "/v1/jobs/", JD_ROUTE_JOB_LIST, "");
+}
+
+static void test_unknown_paths_404(void **state)
+{
+    const char *paths[] = {"/",
+                           "",
+                           "v1/jobs",
+                           "/v2/jobs",
+                           "/v1",
+                           "/v1/jobs//1",
+                           "/v1/jobs/1/nope",
+                           "/v1/jobs/1/events/x",
+                           "/livez/x",
+                           "/a/b/c/d/e/f/g",
+                           "/METRICS",
+                           NULL};
+    for (int i = 0; paths[i] != NULL; i++) {
+        struct jd_route_match m;
+        if (jd_router_match("GET", paths[i], &m) != JD_ENOENT)
+            fail_msg("GET \"%s\" should be 404", paths[i]);
+    }
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match("GET", NULL, &m), JD_ENOENT);
+}
+
+static void test_wrong_method_405_with_allow(void **state)
+{
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match("DELETE", "/v1/jobs/1", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD");
+    assert_int_equal(jd_router_match("GET", "/v1/jobs/1/cancel", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "POST");
+    assert_int_equal(jd_router_match("PUT", "/v1/jobs", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD, POST");
+    assert_int_equal(jd_router_match("POST", "/livez", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD");
+    assert_int_equal(jd_router_match(NULL, "/metrics", &m), JD_ECONFLICT);
+}
+
+static void test_literal_beats_parameter(void **state)
+{
+    struct jd_route_match m;
+    /* "batch" is not a job id: GET on it is 405 (POST only), never job "batch" */
+    assert_int_equal(jd_router_match("GET", "/v1/jobs/batch", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "POST");
+}
+
+static void test_parameter_length_bounded(void **state)
+{
+    char path[512];
+    char id[300];
+    memset(id, '9', sizeof id - 1);
+    id[sizeof id - 1] = '\0';
+    snprintf(path, sizeof path, "/v1/jobs/%s", id);
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match("GET", path, &m), JD_ENOENT);
+}
+
+static void test_route_names_and_v1(void **state)
+{
+    assert_string_equal(jd_route_name(JD_ROUTE_JOB_GET), "/v1/jobs/{id}");
+    assert_string_equal(jd_route_name(JD_ROUTE_NONE), "other");
+    assert_true(jd_route_is_v1(JD_ROUTE_JOB_SUBMIT));
+    assert_true(jd_route_is_v1(JD_ROUTE_OPENAPI));
+    assert_false(jd_route_is_v1(JD_ROUTE_LIVEZ));
+    assert_false(jd_route_is_v1(JD_ROUTE_METRICS));
+    assert_false(jd_route_is_v1(JD_ROUTE_NONE));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_route),
+        cmocka_unit_test(test_unknown_paths_404),
+        cmocka_unit_test(test_wrong_method_405_with_allow),
+        cmocka_unit_test(test_literal_beats_parameter),
+        cmocka_unit_test(test_parameter_length_bounded),
+        cmocka_unit_test(test_route_names_and_v1),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
