@@ -1,0 +1,654 @@
+/*
+ * Job definition parsing and validation (see jobdef.h). Checks run in a fixed
+ * order so that the first problem found is reported: size and nesting limits
+ * on the raw text, JSON syntax, string lengths, then the shape, the common
+ * options, each step, and finally the handlers' own validate hooks.
+ *
+ * Threading: pure functions over their arguments.
+ */
+#include "server/jobdef.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DELAY_MS (366LL * 24 * 3600 * 1000) /* a year: longer is surely a unit mistake */
+#define MAX_PRIORITY 1000000                    /* wide enough; keeps ordering exact in a double */
+#define MAX_ATTEMPTS 100                        /* retries beyond this are a loop, not a policy */
+#define MAX_NAME 64                             /* queue names, step ids, topics, label keys */
+#define MAX_LABELS 64
+
+struct jd_job_limits jd_jobdef_limits(const struct jd_job_limits *l)
+{
+    struct jd_job_limits r = l ? *l : (struct jd_job_limits){0};
+    if (!r.max_definition_bytes)
+        r.max_definition_bytes = 1 << 20;
+    if (!r.max_depth)
+        r.max_depth = 32;
+    if (!r.max_steps)
+        r.max_steps = 256;
+    if (!r.max_string)
+        r.max_string = 64 << 10;
+    if (!r.max_batch)
+        r.max_batch = 1000;
+    return r;
+}
+
+int jd_jobdef_check_text(const char *text, size_t len, const struct jd_job_limits *limits,
+                         struct jd_error *err)
+{
+    struct jd_job_limits l = jd_jobdef_limits(limits);
+    if (len > l.max_definition_bytes)
+        return jd_error_set(err, JD_ETOOBIG, "", "definition is %zu bytes, the limit is %zu", len,
+                            l.max_definition_bytes);
+    /* Nesting is measured on the text, before cJSON recurses into it. */
+    unsigned depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > l.max_depth)
+                return jd_error_set(err, JD_ETOOBIG, "",
+                                    "JSON nested deeper than %u levels (at byte %zu)", l.max_depth,
+                                    i);
+        } else if (c == ']' || c == '}') {
+            if (depth)
+                depth--;
+        }
+    }
+    return 0;
+}
+
+/* ---- generic checks ---- */
+
+static void ptr_join(char *out, size_t cap, const char *base, const char *tok)
+{
+    snprintf(out, cap, "%s", base);
+    jd_ptr_append(out, cap, tok);
+}
+
+static void ptr_index(char *out, size_t cap, const char *base, int i)
+{
+    char idx[24];
+    snprintf(idx, sizeof idx, "%d", i);
+    ptr_join(out, cap, base, idx);
+}
+
+static int check_strings(const cJSON *v, const char *ptr, size_t max, struct jd_error *err)
+{
+    if (cJSON_IsString(v) && strlen(v->valuestring) > max)
+        return jd_error_set(err, JD_ETOOBIG, ptr, "string is %zu bytes, the limit is %zu",
+                            strlen(v->valuestring), max);
+    int i = 0;
+    for (const cJSON *c = (cJSON_IsArray(v) || cJSON_IsObject(v)) ? v->child : NULL; c;
+         c = c->next, i++) {
+        char p[JD_ERROR_PTR_MAX];
+        if (cJSON_IsObject(v)) {
+            if (strlen(c->string) > max)
+                return jd_error_set(err, JD_ETOOBIG, ptr,
+                                    "member name is %zu bytes, the limit is %zu", strlen(c->string),
+                                    max);
+            ptr_join(p, sizeof p, ptr, c->string);
+        } else {
+            ptr_index(p, sizeof p, ptr, i);
+        }
+        int rc = check_strings(c, p, max, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int check_dups(const cJSON *obj, const char *ptr, struct jd_error *err)
+{
+    for (const cJSON *a = obj->child; a; a = a->next)
+        for (const cJSON *b = a->next; b; b = b->next)
+            if (strcmp(a->string, b->string) == 0) {
+                char p[JD_ERROR_PTR_MAX];
+                ptr_join(p, sizeof p, ptr, b->string);
+                return jd_error_set(err, JD_EINVAL, p, "duplicate member \"%s\"", b->string);
+            }
+    return 0;
+}
+
+/* Reject members not in the NULL-terminated allowed list. */
+static int check_members(const cJSON *obj, const char *ptr, const char *const *allowed,
+                         const char *what, struct jd_error *err)
+{
+    int rc = check_dups(obj, ptr, err);
+    if (rc)
+        return rc;
+    for (const cJSON *c = obj->child; c; c = c->next) {
+        bool ok = false;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = strcmp(*a, c->string) == 0;
+        if (!ok) {
+            char p[JD_ERROR_PTR_MAX];
+            ptr_join(p, sizeof p, ptr, c->string);
+            return jd_error_set(err, JD_EINVAL, p, "unknown member \"%s\" in %s", c->string, what);
+        }
+    }
+    return 0;
+}
+
+/* An integer in [lo, hi]. */
+static int get_int(const cJSON *v, const char *ptr, int64_t lo, int64_t hi, int64_t *out,
+                   struct jd_error *err)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return jd_error_set(err, JD_EINVAL, ptr, "must be an integer");
+    if (v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+        return jd_error_set(err, JD_EINVAL, ptr, "must be between %lld and %lld", (long long)lo,
+                            (long long)hi);
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+/* A name: 1..MAX_NAME of [A-Za-z0-9_.-]. */
+static int get_name(const cJSON *v, const char *ptr, const char *what, const char **out,
+                    struct jd_error *err)
+{
+    if (!cJSON_IsString(v))
+        return jd_error_set(err, JD_EINVAL, ptr, "%s must be a string", what);
+    const char *s = v->valuestring;
+    size_t n = strlen(s);
+    if (n == 0)
+        return jd_error_set(err, JD_EINVAL, ptr, "%s must not be empty", what);
+    if (n > MAX_NAME)
+        return jd_error_set(err, JD_EINVAL, ptr, "%s is longer than %d characters", what, MAX_NAME);
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
+            return jd_error_set(err, JD_EINVAL, ptr,
+                                "%s \"%s\" may only use letters, digits, '_', '-' and '.'", what,
+                                s);
+    *out = s;
+    return 0;
+}
+
+static int parse_retry(const cJSON *v, const char *ptr, struct jd_retry_policy *out,
+                       struct jd_error *err)
+{
+    static const char *const allowed[] = {"max_attempts", "backoff_ms", "factor", "max_backoff_ms",
+                                          NULL};
+    if (!cJSON_IsObject(v))
+        return jd_error_set(err, JD_EINVAL, ptr, "retry must be an object");
+    int rc = check_members(v, ptr, allowed, "retry", err);
+    if (rc)
+        return rc;
+    *out = (struct jd_retry_policy){.max_attempts = 1, .factor = 2.0};
+    char p[JD_ERROR_PTR_MAX];
+    int64_t x;
+    const cJSON *c;
+    if ((c = cJSON_GetObjectItemCaseSensitive(v, "max_attempts"))) {
+        ptr_join(p, sizeof p, ptr, "max_attempts");
+        if ((rc = get_int(c, p, 1, MAX_ATTEMPTS, &x, err)))
+            return rc;
+        out->max_attempts = (uint32_t)x;
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(v, "backoff_ms"))) {
+        ptr_join(p, sizeof p, ptr, "backoff_ms");
+        if ((rc = get_int(c, p, 0, MAX_DELAY_MS, &x, err)))
+            return rc;
+        out->backoff_ms = (uint64_t)x;
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(v, "factor"))) {
+        ptr_join(p, sizeof p, ptr, "factor");
+        if (!cJSON_IsNumber(c) || !(c->valuedouble >= 1.0 && c->valuedouble <= 100.0))
+            return jd_error_set(err, JD_EINVAL, p, "factor must be a number from 1 to 100");
+        out->factor = c->valuedouble;
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(v, "max_backoff_ms"))) {
+        ptr_join(p, sizeof p, ptr, "max_backoff_ms");
+        if ((rc = get_int(c, p, 0, MAX_DELAY_MS, &x, err)))
+            return rc;
+        out->max_backoff_ms = (uint64_t)x;
+    }
+    return 0;
+}
+
+/* ---- steps ---- */
+
+struct vctx {
+    struct jd_jobdef *d;
+    const struct jd_job_limits *limits;
+    const struct jd_registry *registry;
+    size_t cap;
+    size_t done_before; /* steps[0..done_before) are referable (finished earlier) */
+};
+
+static bool step_known(void *arg, const char *id)
+{
+    struct vctx *v = arg;
+    for (size_t i = 0; i < v->done_before; i++)
+        if (strcmp(v->d->steps[i].id, id) == 0 &&
+            (v->d->steps[i].kind == JD_JSTEP_CALL || v->d->steps[i].kind == JD_JSTEP_WAIT))
+            return true;
+    return false;
+}
+
+static int handler_validate(struct vctx *v, const char *cmd, const cJSON *args, const char *ptr,
+                            const char *args_ptr, struct jd_error *err)
+{
+    if (!v->registry)
+        return 0;
+    if (!jd_registry_command(v->registry, cmd))
+        return jd_error_set(err, JD_EINVAL, ptr, "unknown handler \"%s\"", cmd);
+    /* Hooks see the args with ${input..} and ${job.id} filled in as far as
+     * they are known at submit time; ${steps..} stay as written. */
+    struct jd_subst_ctx sc = {.input = v->d->input, .job_id = "0", .keep_unresolved = true};
+    struct jd_error serr;
+    jd_error_clear(&serr);
+    cJSON *a = jd_subst(args, &sc, &serr);
+    if (!a)
+        return jd_error_set(err, JD_EINVAL, args_ptr, "%s", serr.message);
+    char *text = cJSON_PrintUnformatted(a);
+    cJSON_Delete(a);
+    int rc = jd_registry_validate(v->registry, cmd, text, args_ptr, err);
+    free(text);
+    if (rc && err && !err->pointer[0])
+        snprintf(err->pointer, sizeof err->pointer, "%s", args_ptr);
+    return rc ? JD_EINVAL : 0;
+}
+
+static int parse_step(struct vctx *v, const cJSON *s, const char *ptr, int parent,
+                      struct jd_error *err);
+
+static size_t add_step(struct vctx *v)
+{
+    if (v->d->nsteps == v->cap) {
+        v->cap = v->cap ? v->cap * 2 : 8;
+        v->d->steps = jd_xrealloc(v->d->steps, v->cap * sizeof *v->d->steps);
+    }
+    memset(&v->d->steps[v->d->nsteps], 0, sizeof *v->d->steps);
+    return v->d->nsteps++;
+}
+
+static int parse_step(struct vctx *v, const cJSON *s, const char *ptr, int parent,
+                      struct jd_error *err)
+{
+    static const char *const allowed[] = {"id",       "call",     "args", "retry", "timeout_ms",
+                                          "parallel", "sleep_ms", "wait", NULL};
+    char p[JD_ERROR_PTR_MAX];
+    int rc;
+    if (!cJSON_IsObject(s))
+        return jd_error_set(err, JD_EINVAL, ptr, "a step must be an object");
+    if ((rc = check_members(s, ptr, allowed, "a step", err)))
+        return rc;
+    if (v->d->nsteps >= v->limits->max_steps)
+        return jd_error_set(err, JD_ETOOBIG, ptr, "more than %u steps", v->limits->max_steps);
+
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(s, "id");
+    ptr_join(p, sizeof p, ptr, "id");
+    if (!id)
+        return jd_error_set(err, JD_EINVAL, p, "missing step id");
+    const char *idv;
+    if ((rc = get_name(id, p, "step id", &idv, err)))
+        return rc;
+    for (size_t i = 0; i < v->d->nsteps; i++)
+        if (strcmp(v->d->steps[i].id, idv) == 0)
+            return jd_error_set(err, JD_EINVAL, p, "duplicate step id \"%s\"", idv);
+
+    const cJSON *call = cJSON_GetObjectItemCaseSensitive(s, "call");
+    const cJSON *par = cJSON_GetObjectItemCaseSensitive(s, "parallel");
+    const cJSON *slp = cJSON_GetObjectItemCaseSensitive(s, "sleep_ms");
+    const cJSON *wait = cJSON_GetObjectItemCaseSensitive(s, "wait");
+    int kinds = !!call + !!par + !!slp + !!wait;
+    if (kinds == 0)
+        return jd_error_set(err, JD_EINVAL, ptr,
+                            "a step needs one of \"call\", \"parallel\", \"sleep_ms\", \"wait\"");
+    if (kinds > 1)
+        return jd_error_set(err, JD_EINVAL, ptr,
+                            "a step has exactly one of \"call\", \"parallel\", \"sleep_ms\", "
+                            "\"wait\"");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(s, "args");
+    const cJSON *retry = cJSON_GetObjectItemCaseSensitive(s, "retry");
+    const cJSON *tmo = cJSON_GetObjectItemCaseSensitive(s, "timeout_ms");
+    if (!call && args) {
+        ptr_join(p, sizeof p, ptr, "args");
+        return jd_error_set(err, JD_EINVAL, p, "\"args\" belongs to a \"call\" step");
+    }
+    if (!call && retry) {
+        ptr_join(p, sizeof p, ptr, "retry");
+        return jd_error_set(err, JD_EINVAL, p, "\"retry\" belongs to a \"call\" step");
+    }
+    if ((par || slp) && tmo) {
+        ptr_join(p, sizeof p, ptr, "timeout_ms");
+        return jd_error_set(err, JD_EINVAL, p,
+                            "\"timeout_ms\" belongs to a \"call\" or \"wait\" step");
+    }
+
+    size_t idx = add_step(v);
+    struct jd_jobdef_step *st = &v->d->steps[idx];
+    st->id = idv;
+    st->parent = parent;
+    if (tmo) {
+        ptr_join(p, sizeof p, ptr, "timeout_ms");
+        if ((rc = get_int(tmo, p, 1, MAX_DELAY_MS, &st->timeout_ms, err)))
+            return rc;
+    }
+    if (call) {
+        st->kind = JD_JSTEP_CALL;
+        ptr_join(p, sizeof p, ptr, "call");
+        if (!cJSON_IsString(call) || !call->valuestring[0])
+            return jd_error_set(err, JD_EINVAL, p, "call must be a handler name");
+        st->call = call->valuestring;
+        char ap[JD_ERROR_PTR_MAX];
+        ptr_join(ap, sizeof ap, ptr, "args");
+        if (args && !cJSON_IsObject(args))
+            return jd_error_set(err, JD_EINVAL, ap, "args must be an object");
+        st->args = args;
+        if (retry) {
+            char rp[JD_ERROR_PTR_MAX];
+            ptr_join(rp, sizeof rp, ptr, "retry");
+            if ((rc = parse_retry(retry, rp, &st->retry, err)))
+                return rc;
+            st->has_retry = true;
+        }
+        if ((rc = jd_subst_check(args, ap, step_known, v, err)))
+            return rc;
+        if ((rc = handler_validate(v, st->call, args, p, ap, err)))
+            return rc;
+    } else if (slp) {
+        st->kind = JD_JSTEP_SLEEP;
+        ptr_join(p, sizeof p, ptr, "sleep_ms");
+        if ((rc = get_int(slp, p, 0, MAX_DELAY_MS, &st->sleep_ms, err)))
+            return rc;
+    } else if (wait) {
+        st->kind = JD_JSTEP_WAIT;
+        ptr_join(p, sizeof p, ptr, "wait");
+        if ((rc = get_name(wait, p, "wait topic", &st->topic, err)))
+            return rc;
+    } else {
+        st->kind = JD_JSTEP_PARALLEL;
+        ptr_join(p, sizeof p, ptr, "parallel");
+        if (parent >= 0)
+            return jd_error_set(err, JD_EINVAL, p, "parallel groups cannot be nested");
+        if (!cJSON_IsArray(par) || cJSON_GetArraySize(par) == 0)
+            return jd_error_set(err, JD_EINVAL, p, "parallel must be a non-empty array of steps");
+        int i = 0;
+        for (const cJSON *c = par->child; c; c = c->next, i++) {
+            char cp[JD_ERROR_PTR_MAX];
+            ptr_index(cp, sizeof cp, p, i);
+            if ((rc = parse_step(v, c, cp, (int)idx, err)))
+                return rc;
+        }
+        /* steps may have been reallocated */
+        v->d->steps[idx].nchildren = v->d->nsteps - idx - 1;
+    }
+    return 0;
+}
+
+/* ---- top level ---- */
+
+static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base,
+                        struct jd_error *err)
+{
+    char p[JD_ERROR_PTR_MAX];
+    const cJSON *c;
+    int rc;
+    d->queue = "default";
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "queue"))) {
+        ptr_join(p, sizeof p, base, "queue");
+        if ((rc = get_name(c, p, "queue", &d->queue, err)))
+            return rc;
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "priority"))) {
+        ptr_join(p, sizeof p, base, "priority");
+        if ((rc = get_int(c, p, -MAX_PRIORITY, MAX_PRIORITY, &d->priority, err)))
+            return rc;
+    }
+    const cJSON *delay = cJSON_GetObjectItemCaseSensitive(root, "delay_ms");
+    const cJSON *run_at = cJSON_GetObjectItemCaseSensitive(root, "run_at");
+    if (delay && run_at) {
+        ptr_join(p, sizeof p, base, "run_at");
+        return jd_error_set(err, JD_EINVAL, p, "give either delay_ms or run_at, not both");
+    }
+    if (delay) {
+        ptr_join(p, sizeof p, base, "delay_ms");
+        if ((rc = get_int(delay, p, 0, MAX_DELAY_MS, &d->delay_ms, err)))
+            return rc;
+    }
+    if (run_at) {
+        ptr_join(p, sizeof p, base, "run_at");
+        if (!cJSON_IsString(run_at) || jd_time_parse(run_at->valuestring, &d->run_at_ms) != 0)
+            return jd_error_set(err, JD_EINVAL, p,
+                                "run_at must be an RFC 3339 time like \"2026-01-02T03:04:05Z\"");
+        if (d->run_at_ms <= 0)
+            return jd_error_set(err, JD_EINVAL, p, "run_at must be after 1970");
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "timeout_ms"))) {
+        ptr_join(p, sizeof p, base, "timeout_ms");
+        if ((rc = get_int(c, p, 1, MAX_DELAY_MS, &d->timeout_ms, err)))
+            return rc;
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "retry"))) {
+        ptr_join(p, sizeof p, base, "retry");
+        if ((rc = parse_retry(c, p, &d->retry, err)))
+            return rc;
+        d->has_retry = true;
+    }
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "labels"))) {
+        ptr_join(p, sizeof p, base, "labels");
+        if (!cJSON_IsObject(c))
+            return jd_error_set(err, JD_EINVAL, p, "labels must be an object of strings");
+        if ((rc = check_dups(c, p, err)))
+            return rc;
+        int n = 0;
+        for (const cJSON *l = c->child; l; l = l->next, n++) {
+            char lp[JD_ERROR_PTR_MAX];
+            ptr_join(lp, sizeof lp, p, l->string);
+            if (n >= MAX_LABELS)
+                return jd_error_set(err, JD_EINVAL, lp, "more than %d labels", MAX_LABELS);
+            if (!l->string[0] || strlen(l->string) > MAX_NAME)
+                return jd_error_set(err, JD_EINVAL, lp, "label names are 1 to %d characters",
+                                    MAX_NAME);
+            if (!cJSON_IsString(l))
+                return jd_error_set(err, JD_EINVAL, lp, "label values must be strings");
+        }
+        d->labels = c;
+    }
+    d->input = cJSON_GetObjectItemCaseSensitive(root, "input");
+    return 0;
+}
+
+int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limits *limits,
+                        const struct jd_registry *registry, struct jd_jobdef **out,
+                        struct jd_error *err)
+{
+    static const char *const allowed[] = {"handler",    "args",  "steps",    "process",  "method",
+                                          "input",      "queue", "priority", "delay_ms", "run_at",
+                                          "timeout_ms", "retry", "labels",   NULL};
+    struct jd_job_limits l = jd_jobdef_limits(limits);
+    struct jd_jobdef *d = jd_xcalloc(1, sizeof *d);
+    d->root = root;
+    char p[JD_ERROR_PTR_MAX];
+    int rc;
+    *out = NULL;
+    if (!cJSON_IsObject(root)) {
+        rc = jd_error_set(err, JD_EINVAL, base, "a job definition must be a JSON object");
+        goto fail;
+    }
+    if ((rc = check_strings(root, base, l.max_string, err)))
+        goto fail;
+    if ((rc = check_members(root, base, allowed, "a job definition", err)))
+        goto fail;
+    const cJSON *handler = cJSON_GetObjectItemCaseSensitive(root, "handler");
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(root, "steps");
+    const cJSON *process = cJSON_GetObjectItemCaseSensitive(root, "process");
+    int shapes = !!handler + !!steps + !!process;
+    if (shapes != 1) {
+        rc = jd_error_set(err, JD_EINVAL, base,
+                          shapes ? "give only one of \"handler\", \"steps\" or \"process\""
+                                 : "a job needs \"handler\", \"steps\" or \"process\"");
+        goto fail;
+    }
+    if ((rc = parse_common(d, root, base, err)))
+        goto fail;
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(root, "args");
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
+    struct vctx v = {.d = d, .limits = &l, .registry = registry};
+    if (handler) {
+        d->shape = JD_JOBDEF_TASK;
+        ptr_join(p, sizeof p, base, "method");
+        if (method) {
+            rc = jd_error_set(err, JD_EINVAL, p, "\"method\" belongs to a \"process\" job");
+            goto fail;
+        }
+        ptr_join(p, sizeof p, base, "handler");
+        if (!cJSON_IsString(handler) || !handler->valuestring[0]) {
+            rc = jd_error_set(err, JD_EINVAL, p, "handler must be a handler name");
+            goto fail;
+        }
+        char ap[JD_ERROR_PTR_MAX];
+        ptr_join(ap, sizeof ap, base, "args");
+        if (args && !cJSON_IsObject(args)) {
+            rc = jd_error_set(err, JD_EINVAL, ap, "args must be an object");
+            goto fail;
+        }
+        size_t i = add_step(&v);
+        d->steps[i] = (struct jd_jobdef_step){.kind = JD_JSTEP_CALL,
+                                              .id = "task",
+                                              .call = handler->valuestring,
+                                              .args = args,
+                                              .parent = -1};
+        if ((rc = jd_subst_check(args, ap, NULL, NULL, err)))
+            goto fail;
+        if ((rc = handler_validate(&v, handler->valuestring, args, p, ap, err)))
+            goto fail;
+    } else if (steps) {
+        d->shape = JD_JOBDEF_WORKFLOW;
+        ptr_join(p, sizeof p, base, args ? "args" : "method");
+        if (args || method) {
+            rc = jd_error_set(err, JD_EINVAL, p, "\"%s\" does not belong to a \"steps\" job",
+                              args ? "args" : "method");
+            goto fail;
+        }
+        ptr_join(p, sizeof p, base, "steps");
+        if (!cJSON_IsArray(steps) || cJSON_GetArraySize(steps) == 0) {
+            rc = jd_error_set(err, JD_EINVAL, p, "steps must be a non-empty array");
+            goto fail;
+        }
+        int i = 0;
+        for (const cJSON *s = steps->child; s; s = s->next, i++) {
+            char sp[JD_ERROR_PTR_MAX];
+            ptr_index(sp, sizeof sp, p, i);
+            v.done_before = d->nsteps; /* only steps before this one can be referenced */
+            if ((rc = parse_step(&v, s, sp, -1, err)))
+                goto fail;
+        }
+    } else {
+        d->shape = JD_JOBDEF_PROCESS;
+        ptr_join(p, sizeof p, base, "args");
+        if (args) {
+            rc = jd_error_set(err, JD_EINVAL, p,
+                              "\"args\" does not belong to a \"process\" job (use \"input\")");
+            goto fail;
+        }
+        ptr_join(p, sizeof p, base, "process");
+        if (!cJSON_IsString(process) || !process->valuestring[0]) {
+            rc = jd_error_set(err, JD_EINVAL, p, "process must be a process type name");
+            goto fail;
+        }
+        d->process = process->valuestring;
+        ptr_join(p, sizeof p, base, "method");
+        if (!method) {
+            rc = jd_error_set(err, JD_EINVAL, p, "missing method");
+            goto fail;
+        }
+        if (!cJSON_IsString(method) || !method->valuestring[0]) {
+            rc = jd_error_set(err, JD_EINVAL, p, "method must be a non-empty string");
+            goto fail;
+        }
+        d->method = method->valuestring;
+        if (registry) {
+            const struct jd_process_type *pt = jd_registry_process_type(registry, d->process);
+            if (!pt) {
+                ptr_join(p, sizeof p, base, "process");
+                rc = jd_error_set(err, JD_EINVAL, p, "unknown process type \"%s\"", d->process);
+                goto fail;
+            }
+            bool found = false;
+            for (const char *const *m = pt->methods; m && *m && !found; m++)
+                found = strcmp(*m, d->method) == 0;
+            if (!found) {
+                rc = jd_error_set(err, JD_EINVAL, p, "process type \"%s\" has no method \"%s\"",
+                                  d->process, d->method);
+                goto fail;
+            }
+            /* The type's own check of the input: make and drop an instance. */
+            char msg[256] = "";
+            char *in = d->input ? cJSON_PrintUnformatted(d->input) : NULL;
+            void *inst = pt->create(d->method, in, msg, sizeof msg);
+            free(in);
+            if (!inst) {
+                ptr_join(p, sizeof p, base, "input");
+                rc = jd_error_set(err, JD_EINVAL, p, "%s", msg[0] ? msg : "input refused");
+                goto fail;
+            }
+            if (pt->destroy)
+                pt->destroy(inst);
+        }
+    }
+    d->text = cJSON_PrintUnformatted(root);
+    *out = d;
+    return 0;
+fail:
+    jd_jobdef_free(d);
+    return rc;
+}
+
+int jd_jobdef_parse(const char *text, size_t len, const struct jd_job_limits *limits,
+                    const struct jd_registry *registry, struct jd_jobdef **out,
+                    struct jd_error *err)
+{
+    *out = NULL;
+    int rc = jd_jobdef_check_text(text, len, limits, err);
+    if (rc)
+        return rc;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        size_t off = end ? (size_t)(end - text) : 0;
+        return jd_error_set(err, JD_EPARSE, "", "malformed JSON near byte %zu", off);
+    }
+    /* Trailing non-space bytes after the value are malformed too. */
+    for (const char *p = end; p && p < text + len; p++)
+        if (!isspace((unsigned char)*p) && *p != '\0') {
+            cJSON_Delete(root);
+            return jd_error_set(err, JD_EPARSE, "",
+                                "unexpected data after the JSON value at byte %zu",
+                                (size_t)(p - text));
+        }
+    return jd_jobdef_from_json(root, "", limits, registry, out, err);
+}
+
+void jd_jobdef_free(struct jd_jobdef *d)
+{
+    if (!d)
+        return;
+    cJSON_Delete(d->root);
+    free(d->text);
+    free(d->steps);
+    free(d);
+}
+
+struct jd_retry_policy jd_jobdef_retry_for_tag(const struct jd_jobdef *d, uint32_t tag)
+{
+    if (tag >= 1 && tag <= d->nsteps && d->steps[tag - 1].has_retry)
+        return d->steps[tag - 1].retry;
+    if (d->has_retry)
+        return d->retry;
+    return (struct jd_retry_policy){.max_attempts = 1, .factor = 1.0};
+}

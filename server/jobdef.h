@@ -1,0 +1,136 @@
+/*
+ * Job definitions: parse and validate the three shapes of DESIGN.md section 4
+ * (a single `handler`, a `steps` workflow, an explicit `process` + `method`)
+ * with the common options, and flatten workflow steps so that each step owns
+ * one fixed yield tag (its index + 1). Tags therefore depend only on the
+ * definition, never on timing, which is what lets a replay after a restart
+ * match recorded completions to the same steps.
+ *
+ * Every rejection fills struct jd_error with a JSON pointer to the offending
+ * place and a message saying what is wrong; limit violations return
+ * JD_ETOOBIG, malformed JSON JD_EPARSE, everything else JD_EINVAL.
+ *
+ * Threading: a parsed struct jd_jobdef is immutable and may be read from any
+ * thread; parsing itself touches no shared state (the registry, when given,
+ * is frozen and lock-free).
+ */
+#ifndef JD_SERVER_JOBDEF_H
+#define JD_SERVER_JOBDEF_H
+
+#include "common/error.h"
+#include "plugins/registry.h"
+#include "server/jobs.h"
+
+#include <cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum jd_jobdef_shape {
+    JD_JOBDEF_TASK = 0,     /* {"handler": .., "args": ..} */
+    JD_JOBDEF_WORKFLOW = 1, /* {"steps": [..]} */
+    JD_JOBDEF_PROCESS = 2,  /* {"process": .., "method": .., "input": ..} */
+};
+
+enum jd_jobdef_step_kind {
+    JD_JSTEP_CALL = 0,
+    JD_JSTEP_SLEEP = 1,
+    JD_JSTEP_WAIT = 2,
+    JD_JSTEP_PARALLEL = 3,
+};
+
+/* Command names the job layer serves itself (durable timers). The leading
+ * '$' cannot collide with plugin command names ([a-z][a-z0-9_.-]*). */
+#define JD_CMD_SLEEP "$sleep" /* args {"ms": n}: completes after n ms, deadline recorded */
+#define JD_CMD_TIMER "$timer" /* same, used for wait timeouts */
+
+/* One step, flattened: steps[i] yields with tag i + 1. Parallel children
+ * follow their group; top-level steps have parent == -1. Pointers into the
+ * definition's cJSON tree are valid as long as the jd_jobdef. */
+struct jd_jobdef_step {
+    enum jd_jobdef_step_kind kind;
+    const char *id;
+    const char *call;   /* CALL: command name */
+    const cJSON *args;  /* CALL: args object (or NULL: {}) */
+    int64_t sleep_ms;   /* SLEEP */
+    const char *topic;  /* WAIT */
+    int64_t timeout_ms; /* CALL: per attempt (0: handler default); WAIT: 0 = forever */
+    bool has_retry;     /* CALL: step-level retry given */
+    struct jd_retry_policy retry;
+    int parent;       /* index of the PARALLEL group, or -1 */
+    size_t nchildren; /* PARALLEL: children at [index+1, index+nchildren] */
+};
+
+struct jd_jobdef {
+    enum jd_jobdef_shape shape;
+    cJSON *root;       /* the parsed definition (owned) */
+    char *text;        /* root printed compactly: what is stored (owned) */
+    const char *queue; /* "default" when absent */
+    int64_t priority;
+    int64_t delay_ms;   /* 0 when absent */
+    int64_t run_at_ms;  /* 0 when absent */
+    int64_t timeout_ms; /* whole job; 0: none */
+    bool has_retry;
+    struct jd_retry_policy retry; /* job level: default for every call */
+    const cJSON *labels;          /* or NULL */
+    const cJSON *input;           /* or NULL */
+    /* PROCESS */
+    const char *process, *method;
+    /* TASK and WORKFLOW: the flattened steps (TASK: one CALL step "task") */
+    struct jd_jobdef_step *steps;
+    size_t nsteps;
+};
+
+/* The limits with zeros replaced by their defaults. */
+struct jd_job_limits jd_jobdef_limits(const struct jd_job_limits *l);
+
+/*
+ * Parse and validate `len` bytes of JSON. registry (borrowed, frozen; may be
+ * NULL to skip handler and process-type checks) supplies the validate hooks.
+ * On success *out is the definition (caller frees with jd_jobdef_free).
+ */
+int jd_jobdef_parse(const char *text, size_t len, const struct jd_job_limits *limits,
+                    const struct jd_registry *registry, struct jd_jobdef **out,
+                    struct jd_error *err);
+/* Validate an already parsed value (e.g. one element of a batch) found at
+ * JSON pointer `base` ("" or "/jobs/3"); takes ownership of root. */
+int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limits *limits,
+                        const struct jd_registry *registry, struct jd_jobdef **out,
+                        struct jd_error *err);
+void jd_jobdef_free(struct jd_jobdef *d);
+
+/* The retry policy in force for the yield with this tag: the step's, else
+ * the job's, else a single attempt. */
+struct jd_retry_policy jd_jobdef_retry_for_tag(const struct jd_jobdef *d, uint32_t tag);
+
+/* Limits checks shared with batch parsing: 0, or JD_ETOOBIG/JD_EPARSE. */
+int jd_jobdef_check_text(const char *text, size_t len, const struct jd_job_limits *limits,
+                         struct jd_error *err);
+
+/* ---- substitution (server/subst.c) ---- */
+
+/* What ${...} can refer to; all borrowed. */
+struct jd_subst_ctx {
+    const cJSON *input;   /* ${input...}; may be NULL */
+    const cJSON *steps;   /* object id -> output, ${steps.<id>.output...}; may be NULL */
+    const char *job_id;   /* ${job.id}; NULL leaves it unsubstituted */
+    bool keep_unresolved; /* leave ${steps..} (and unresolvable refs) as written */
+};
+
+/* A deep copy of v with every ${...} in its strings substituted. A string
+ * that is exactly one reference takes the referenced value's type; inside a
+ * longer string the value is spliced in as text (strings raw, others as
+ * compact JSON). Caller frees with cJSON_Delete. Returns NULL and fills err
+ * (JD_EINVAL, message naming the reference) if a reference is malformed or
+ * does not resolve. */
+cJSON *jd_subst(const cJSON *v, const struct jd_subst_ctx *ctx, struct jd_error *err);
+
+/* Check the syntax of every reference in v (at pointer ptr): known roots
+ * only, and ${steps.<id>...} must name a step for which known(arg, id) is
+ * true. 0 or JD_EINVAL with the pointer of the string. */
+int jd_subst_check(const cJSON *v, const char *ptr, bool (*known)(void *arg, const char *id),
+                   void *arg, struct jd_error *err);
+
+/* Append a JSON pointer token (escaping ~ and /) to buf. */
+void jd_ptr_append(char *buf, size_t cap, const char *token);
+
+#endif

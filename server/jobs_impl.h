@@ -1,0 +1,35 @@
+/*
+ * Internals of the job layer shared by server/jobs.c (lifecycle, replay,
+ * watches) and server/render.c (JSON output). Not a public contract: only
+ * files of the job layer include it.
+ *
+ * Threading: everything below is guarded by jd_jobs.mu unless a field says
+ * otherwise. Calls into the registry (which may complete a call on the calling
+ * thread) and jd_sched_kill (which may finish a process on the calling
+ * thread) are made without holding mu; other scheduler and store calls only
+ * enqueue and are made with or without it.
+ */
+#ifndef JD_SERVER_JOBS_IMPL_H
+#define JD_SERVER_JOBS_IMPL_H
+
+#include "plugins/registry.h"
+#include "scheduler/sched.h"
+#include "server/jobdef.h"
+#include "server/jobs.h"
+#include "storage/store.h"
+
+#include <cJSON.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Render one stored job as a cJSON object (caller deletes). */
+cJSON *jd_render_job(const struct jd_job *row);
+/* Render one history event (caller deletes). */
+cJSON *jd_render_event(const struct jd_job_event *ev);
+/* Render the plugins of a frozen registry: {"plugins":[...]} (caller deletes). */
+cJSON *jd_render_handlers(const struct jd_registry *r);
+/* Render queue counts: {"queues":[...]} (caller deletes). */
+cJSON *jd_render_queues(const struct jd_queue_counts *rows, size_t n);
+
+#endif

@@ -1,0 +1,50 @@
+/*
+ * The built-in process types, as jd_process_ops state machines:
+ *
+ *   task      one call: {"handler": .., "args": ..}; its result is the job output.
+ *   workflow  {"steps": [..]}: sequential steps, parallel groups (all
+ *             yields at once, wait for all, the first failure fails the
+ *             group), sleep_ms (a durable timer yield), wait for a message
+ *             topic with an optional timeout, ${..} substitution in args.
+ *
+ * plus the adapter that runs a plugin's process type (jackdaw_plugin.h)
+ * through the same interface.
+ *
+ * Both built-ins are spawned with method "run" and the job definition's JSON
+ * text as input. Each step yields with tag = its flattened index + 1
+ * (jobdef.h), so the tags depend only on the definition: a replay yields the
+ * same tags in the same order whatever the timing of messages. Messages are
+ * {"topic": .., "data": ..}; they are buffered in arrival order and a wait
+ * step takes the first one with its topic. A wait step with a timeout always
+ * yields its timer (even when a message is already buffered) so that the tag
+ * sequence does not depend on when messages arrived.
+ *
+ * Output of a workflow: {"<step id>": output, ...} for every call step (its
+ * result) and wait step (the message's data). Errors are JSON objects
+ * {"kind": .., "message": .., ...}: kinds "cancelled", "timeout" (wait
+ * timeout), "substitution", or the failed call's kind with "step" naming the
+ * step and "cause" holding the call's error.
+ *
+ * Threading: as process.h: one instance is never used by two threads at once.
+ */
+#ifndef JD_SERVER_WORKFLOW_H
+#define JD_SERVER_WORKFLOW_H
+
+#include "plugins/jackdaw_plugin.h"
+#include "scheduler/process.h"
+
+#include <stdint.h>
+
+extern const struct jd_process_ops jd_task_ops;
+extern const struct jd_process_ops jd_workflow_ops;
+extern const struct jd_process_ops jd_plugin_process_ops;
+
+/* A task/workflow instance for job_id (for ${job.id}); hand it to
+ * jd_sched_spawn (takes ownership) or call ops->close to free it. */
+void *jd_workflow_new(int64_t job_id);
+
+/* An adapter instance for a plugin process type (borrowed; lives as long as
+ * the registry). Freed by jd_plugin_process_ops.close. */
+void *jd_plugin_process_new(const struct jd_process_type *pt);
+
+#endif
