@@ -1,0 +1,506 @@
+/*
+ * http: make an HTTP request with libcurl.
+ *
+ *   {"method": "POST", "url": "http://127.0.0.1:9000/x",
+ *    "headers": {"X-Token": "t"}, "body": {"any": "json"} | "text",
+ *    "timeout_ms": 5000}
+ * ->{"status": 200, "headers": {"content-type": "application/json", ...},
+ *    "body": <JSON if the response is application/json, else a string>,
+ *    "truncated": false}
+ *
+ * A 5xx answer fails with kind "http_status", retryable; a 4xx one with
+ * kind "http_status", not retryable (both carry the response as details).
+ * Connection errors and curl's own timeout fail with kind "http_error",
+ * retryable. Redirects are not followed (a 3xx is returned as is). A JSON
+ * (non-string) body is sent with Content-Type: application/json unless the
+ * headers say otherwise. Response bodies over config "output_cap" bytes
+ * (default 64 KiB) are cut and "truncated" is true (a cut JSON body is
+ * returned as a string). Config "http_allow" (comma-separated host names)
+ * limits the hosts; unset or empty: any host. Only http and https.
+ *
+ * Threading: one event-loop thread owns a curl multi handle and every easy
+ * handle in it (no thread per request). handle() builds the easy handle on
+ * the caller's thread, queues it and wakes the loop (curl_multi_wakeup);
+ * cancel() queues a cancel the same way. The queue is guarded by a mutex;
+ * everything else belongs to the loop thread. The loop starts on first use
+ * and lives as long as the process (the ABI has no unload hook).
+ */
+#include "plugins/jackdaw_json.h"
+#include "plugins/jackdaw_plugin.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <strings.h>
+
+#define HTTP_DEFAULT_CAP (64 * 1024)       /* as exec: bounded, storable results */
+#define HTTP_MAX_HEADERS_BYTES (64 * 1024) /* response headers kept, beyond that dropped */
+
+static const struct jd_host *host;
+
+struct req {
+    struct jd_call *call;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body; /* request body, owned */
+    struct jd_pjson_buf resp_body;
+    struct jd_pjson_buf resp_headers; /* JSON object members, without braces */
+    size_t headers_bytes;
+    size_t cap;
+    int truncated;
+    int cancelled;
+    char errbuf[CURL_ERROR_SIZE];
+    struct req *next; /* queue or active list */
+};
+
+static pthread_once_t loop_once = PTHREAD_ONCE_INIT;
+static int loop_ok;
+static CURLM *multi;
+static pthread_mutex_t q_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct req *q_new;         /* handed to the loop */
+static struct jd_call **q_cancel; /* cancel requests */
+static size_t q_ncancel, q_capcancel;
+static struct req *active; /* loop thread only */
+
+static size_t output_cap(void)
+{
+    const char *s = host->config("output_cap");
+    char *end;
+    unsigned long long v;
+    if (!s || !*s)
+        return HTTP_DEFAULT_CAP;
+    v = strtoull(s, &end, 10);
+    return *end || v == 0 ? HTTP_DEFAULT_CAP : (size_t)v;
+}
+
+/* ---- argument checks ---- */
+
+static int host_allowed(const char *url, char *err, size_t errlen)
+{
+    const char *list = host->config("http_allow");
+    CURLU *u;
+    char *h = NULL, *scheme = NULL;
+    int rc = 1;
+    u = curl_url();
+    if (!u || curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK) {
+        snprintf(err, errlen, "url is not a valid absolute URL");
+        goto out;
+    }
+    if (strcasecmp(scheme, "http") != 0 && strcasecmp(scheme, "https") != 0) {
+        snprintf(err, errlen, "url scheme must be http or https");
+        goto out;
+    }
+    if (!list || !*list) {
+        rc = 0;
+        goto out;
+    }
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && *p == ' ')
+            p++, n--;
+        while (n && p[n - 1] == ' ')
+            n--;
+        if (n && strlen(h) == n && strncasecmp(p, h, n) == 0) {
+            rc = 0;
+            goto out;
+        }
+        p = e ? e + 1 : NULL;
+    }
+    snprintf(err, errlen, "host \"%.200s\" is not in the http allow-list", h);
+out:
+    curl_free(h);
+    curl_free(scheme);
+    curl_url_cleanup(u);
+    return rc;
+}
+
+static int http_validate(const char *args_json, char *err, size_t errlen, char *ptr, size_t ptrlen)
+{
+    struct jd_pjson *a = jd_pjson_parse(args_json, err, errlen);
+    struct jd_pjson *v;
+    int64_t t;
+    int rc = 1;
+    if (!a)
+        return 1;
+    if (!jd_pjson_is(a, JD_PJSON_OBJECT)) {
+        snprintf(err, errlen, "args must be an object");
+        goto out;
+    }
+    v = jd_pjson_get(a, "url");
+    if (!jd_pjson_str(v)) {
+        snprintf(err, errlen, "url must be a string");
+        snprintf(ptr, ptrlen, "/url");
+        goto out;
+    }
+    if (host_allowed(v->string, err, errlen) != 0) {
+        snprintf(ptr, ptrlen, "/url");
+        goto out;
+    }
+    if ((v = jd_pjson_get(a, "method"))) {
+        const char *m = jd_pjson_str(v);
+        size_t i = 0;
+        for (; m && m[i]; i++)
+            if (!(m[i] >= 'A' && m[i] <= 'Z'))
+                break;
+        if (!m || !*m || m[i] || i > 16) {
+            snprintf(err, errlen, "method must be an upper-case word such as GET or POST");
+            snprintf(ptr, ptrlen, "/method");
+            goto out;
+        }
+    }
+    if ((v = jd_pjson_get(a, "headers"))) {
+        if (!jd_pjson_is(v, JD_PJSON_OBJECT)) {
+            snprintf(err, errlen, "headers must be an object of strings");
+            snprintf(ptr, ptrlen, "/headers");
+            goto out;
+        }
+        for (size_t i = 0; i < v->len; i++) {
+            const char *k = v->keys[i];
+            const char *val = jd_pjson_str(v->items[i]);
+            if (!*k || strpbrk(k, ":\r\n ") || !val || strpbrk(val, "\r\n")) {
+                snprintf(err, errlen, "header names are tokens, values strings without newlines");
+                snprintf(ptr, ptrlen, "/headers/%.200s", k);
+                goto out;
+            }
+        }
+    }
+    if ((v = jd_pjson_get(a, "timeout_ms")) && (!jd_pjson_int(v, &t) || t < 0)) {
+        snprintf(err, errlen, "timeout_ms must be a non-negative integer");
+        snprintf(ptr, ptrlen, "/timeout_ms");
+        goto out;
+    }
+    rc = 0;
+out:
+    jd_pjson_free(a);
+    return rc;
+}
+
+/* ---- curl callbacks (loop thread) ---- */
+
+static size_t on_body(char *data, size_t size, size_t n, void *ud)
+{
+    struct req *r = ud;
+    size_t len = size * n;
+    size_t keep = r->resp_body.len < r->cap ? r->cap - r->resp_body.len : 0;
+    if (len > keep)
+        r->truncated = 1;
+    else
+        keep = len;
+    if (keep)
+        jd_pjson_buf_raw(&r->resp_body, data, keep);
+    return len; /* keep reading (and discarding) so the connection ends cleanly */
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *ud)
+{
+    struct req *r = ud;
+    size_t len = size * n, klen, vstart, vend;
+    char *colon = memchr(data, ':', len);
+    if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+        /* A new response (after 100 Continue, say): forget earlier headers. */
+        r->resp_headers.len = 0;
+        r->headers_bytes = 0;
+        return len;
+    }
+    if (!colon || r->headers_bytes + len > HTTP_MAX_HEADERS_BYTES)
+        return len;
+    r->headers_bytes += len;
+    klen = (size_t)(colon - data);
+    vstart = klen + 1;
+    while (vstart < len && (data[vstart] == ' ' || data[vstart] == '\t'))
+        vstart++;
+    vend = len;
+    while (vend > vstart &&
+           (data[vend - 1] == '\r' || data[vend - 1] == '\n' || data[vend - 1] == ' '))
+        vend--;
+    char key[256];
+    if (klen == 0 || klen >= sizeof key)
+        return len;
+    for (size_t i = 0; i < klen; i++)
+        key[i] = (char)((data[i] >= 'A' && data[i] <= 'Z') ? data[i] + 32 : data[i]);
+    key[klen] = '\0';
+    if (r->resp_headers.len)
+        jd_pjson_buf_cat(&r->resp_headers, ",");
+    jd_pjson_buf_strn(&r->resp_headers, key, klen);
+    jd_pjson_buf_cat(&r->resp_headers, ":");
+    jd_pjson_buf_strn(&r->resp_headers, data + vstart, vend - vstart);
+    return len;
+}
+
+static void req_free(struct req *r)
+{
+    if (r->easy)
+        curl_easy_cleanup(r->easy);
+    curl_slist_free_all(r->headers);
+    free(r->body);
+    jd_pjson_buf_free(&r->resp_body);
+    jd_pjson_buf_free(&r->resp_headers);
+    free(r);
+}
+
+/* The transfer ended: build the result and finish the call. */
+static void req_finish(struct req *r, CURLcode code)
+{
+    long status = 0;
+    char *ctype = NULL;
+    struct jd_pjson_buf out = {0};
+    struct jd_pjson *json = NULL;
+    if (r->cancelled) {
+        host->complete(r->call, NULL); /* release; the host already finished it */
+        return;
+    }
+    if (code != CURLE_OK) {
+        char msg[CURL_ERROR_SIZE + 64];
+        snprintf(msg, sizeof msg, "%s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(code));
+        host->fail(r->call, "http_error", msg, 1, NULL);
+        return;
+    }
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(r->easy, CURLINFO_CONTENT_TYPE, &ctype);
+    jd_pjson_buf_printf(&out, "{\"status\":%ld,\"headers\":{", status);
+    if (r->resp_headers.len)
+        jd_pjson_buf_raw(&out, r->resp_headers.p, r->resp_headers.len);
+    jd_pjson_buf_cat(&out, "},\"body\":");
+    if (ctype && strncasecmp(ctype, "application/json", 16) == 0 && !r->truncated)
+        json = jd_pjson_parse(jd_pjson_buf_text(&r->resp_body), NULL, 0);
+    if (json)
+        jd_pjson_buf_value(&out, json);
+    else
+        jd_pjson_buf_strn(&out, r->resp_body.p ? r->resp_body.p : "", r->resp_body.len);
+    jd_pjson_buf_printf(&out, ",\"truncated\":%s}", r->truncated ? "true" : "false");
+    jd_pjson_free(json);
+    if (status >= 400) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "HTTP status %ld", status);
+        host->fail(r->call, "http_status", msg, status >= 500, out.p);
+    } else {
+        host->complete(r->call, out.p);
+    }
+    jd_pjson_buf_free(&out);
+}
+
+static void *loop_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct req *incoming, *r;
+        struct jd_call **cancels;
+        size_t ncancel;
+        int running, nmsg;
+        CURLMsg *m;
+
+        pthread_mutex_lock(&q_mu);
+        incoming = q_new;
+        q_new = NULL;
+        cancels = q_cancel;
+        ncancel = q_ncancel;
+        q_cancel = NULL;
+        q_ncancel = q_capcancel = 0;
+        pthread_mutex_unlock(&q_mu);
+
+        while (incoming) {
+            r = incoming;
+            incoming = r->next;
+            r->next = active;
+            active = r;
+            curl_multi_add_handle(multi, r->easy);
+        }
+        for (size_t i = 0; i < ncancel; i++) {
+            for (struct req **pp = &active; *pp; pp = &(*pp)->next) {
+                if ((*pp)->call == cancels[i]) {
+                    r = *pp;
+                    *pp = r->next;
+                    curl_multi_remove_handle(multi, r->easy);
+                    r->cancelled = 1;
+                    req_finish(r, CURLE_ABORTED_BY_CALLBACK);
+                    req_free(r);
+                    break;
+                }
+            }
+        }
+        free(cancels);
+
+        curl_multi_perform(multi, &running);
+        while ((m = curl_multi_info_read(multi, &nmsg))) {
+            if (m->msg != CURLMSG_DONE)
+                continue;
+            for (struct req **pp = &active; *pp; pp = &(*pp)->next) {
+                if ((*pp)->easy == m->easy_handle) {
+                    CURLcode code = m->data.result;
+                    r = *pp;
+                    *pp = r->next;
+                    curl_multi_remove_handle(multi, r->easy);
+                    req_finish(r, code);
+                    req_free(r);
+                    break;
+                }
+            }
+        }
+        curl_multi_poll(multi, NULL, 0, 1000, NULL);
+    }
+    return NULL;
+}
+
+static void loop_start(void)
+{
+    pthread_t t;
+    pthread_attr_t at;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return;
+    multi = curl_multi_init();
+    if (!multi)
+        return;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    loop_ok = pthread_create(&t, &at, loop_main, NULL) == 0;
+    pthread_attr_destroy(&at);
+    if (!loop_ok)
+        host->log(JD_PLOG_ERROR, "http", "cannot start the event-loop thread");
+}
+
+/* ---- handler ---- */
+
+static void http_cancel(struct jd_call *call);
+
+static void http_handle(const struct jd_call_info *info)
+{
+    struct jd_pjson *a;
+    struct jd_pjson *v;
+    struct req *r = NULL;
+    char err[300] = "", ptr[128];
+    const char *method = "GET";
+    int64_t timeout_ms = 0;
+    int has_ctype = 0;
+
+    pthread_once(&loop_once, loop_start);
+    if (!loop_ok) {
+        host->fail(info->call, "http_error", "the http plugin could not start", 1, NULL);
+        return;
+    }
+    if (http_validate(info->args_json, err, sizeof err, ptr, sizeof ptr) != 0) {
+        int refused = strstr(err, "allow-list") != NULL;
+        host->fail(info->call, refused ? "not_allowed" : "invalid_args", err, 0, NULL);
+        return;
+    }
+    a = jd_pjson_parse(info->args_json, NULL, 0);
+    r = calloc(1, sizeof *r);
+    if (!a || !r || !(r->easy = curl_easy_init())) {
+        host->fail(info->call, "http_error", "out of memory", 1, NULL);
+        goto fail;
+    }
+    r->call = info->call;
+    r->cap = output_cap();
+    if ((v = jd_pjson_get(a, "method")))
+        method = v->string;
+    jd_pjson_int(jd_pjson_get(a, "timeout_ms"), &timeout_ms);
+    if ((v = jd_pjson_get(a, "headers"))) {
+        for (size_t i = 0; i < v->len; i++) {
+            struct jd_pjson_buf h = {0};
+            struct curl_slist *nl;
+            if (strcasecmp(v->keys[i], "content-type") == 0)
+                has_ctype = 1;
+            jd_pjson_buf_printf(&h, "%s: %s", v->keys[i], v->items[i]->string);
+            nl = curl_slist_append(r->headers, h.p);
+            jd_pjson_buf_free(&h);
+            if (!nl) {
+                host->fail(info->call, "http_error", "out of memory", 1, NULL);
+                goto fail;
+            }
+            r->headers = nl;
+        }
+    }
+    if ((v = jd_pjson_get(a, "body")) && !jd_pjson_is(v, JD_PJSON_NULL)) {
+        struct jd_pjson_buf b = {0};
+        if (jd_pjson_is(v, JD_PJSON_STRING)) {
+            jd_pjson_buf_raw(&b, v->string, v->len);
+        } else {
+            jd_pjson_buf_value(&b, v);
+            if (!has_ctype)
+                r->headers = curl_slist_append(r->headers, "Content-Type: application/json");
+        }
+        r->body = b.p ? b.p : strdup("");
+        curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b.len);
+        curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
+    }
+    curl_easy_setopt(r->easy, CURLOPT_URL, jd_pjson_str(jd_pjson_get(a, "url")));
+    curl_easy_setopt(r->easy, CURLOPT_CUSTOMREQUEST, method);
+    if (strcmp(method, "HEAD") == 0)
+        curl_easy_setopt(r->easy, CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, r->errbuf);
+    curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_USERAGENT, "jackdaw-http/1");
+    if (timeout_ms > 0)
+        curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    jd_pjson_free(a);
+
+    pthread_mutex_lock(&q_mu);
+    r->next = q_new;
+    q_new = r;
+    pthread_mutex_unlock(&q_mu);
+    curl_multi_wakeup(multi);
+    if (host->is_cancelled(info->call))
+        http_cancel(info->call); /* a cancel that came before the request was queued */
+    return;
+fail:
+    if (r)
+        req_free(r);
+    jd_pjson_free(a);
+}
+
+static void http_cancel(struct jd_call *call)
+{
+    pthread_once(&loop_once, loop_start); /* also orders us after the loop's start */
+    if (!loop_ok)
+        return;
+    pthread_mutex_lock(&q_mu);
+    /* A request still queued is finished here; an active one by the loop. */
+    for (struct req **pp = &q_new; *pp; pp = &(*pp)->next) {
+        if ((*pp)->call == call) {
+            struct req *r = *pp;
+            *pp = r->next;
+            pthread_mutex_unlock(&q_mu);
+            host->complete(r->call, NULL);
+            req_free(r);
+            return;
+        }
+    }
+    if (q_ncancel == q_capcancel) {
+        size_t cap = q_capcancel ? q_capcancel * 2 : 8;
+        struct jd_call **n = realloc(q_cancel, cap * sizeof *n);
+        if (!n) {
+            pthread_mutex_unlock(&q_mu);
+            return; /* the transfer runs to its end; the result is dropped */
+        }
+        q_cancel = n;
+        q_capcancel = cap;
+    }
+    q_cancel[q_ncancel++] = call;
+    pthread_mutex_unlock(&q_mu);
+    curl_multi_wakeup(multi);
+}
+
+static const struct jd_command commands[] = {
+    {.name = "http", .validate = http_validate, .handle = http_handle, .cancel = http_cancel},
+};
+
+static const struct jd_plugin plugin = {
+    .abi_version = JD_PLUGIN_ABI_VERSION,
+    .name = "http",
+    .version = "1.0.0",
+    .commands = commands,
+    .ncommands = 1,
+};
+
+const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
+{
+    host = h;
+    return &plugin;
+}
