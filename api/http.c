@@ -1260,8 +1260,14 @@ void jd_http_drain(struct jd_http *h)
 {
     if (atomic_exchange(&h->draining, true)) /* seq_cst: see route_job_get */
         return;
-    if (h->daemon != NULL && h->quiesced_fd == MHD_INVALID_SOCKET)
+    if (h->daemon != NULL && h->quiesced_fd == MHD_INVALID_SOCKET) {
         h->quiesced_fd = MHD_quiesce_daemon(h->daemon);
+        /* The socket must stay open until MHD_stop_daemon, but clients
+         * connecting now should be refused at once, not left in the
+         * backlog: shutdown() stops the listening without freeing the fd. */
+        if (h->quiesced_fd != MHD_INVALID_SOCKET)
+            shutdown(h->quiesced_fd, SHUT_RDWR);
+    }
     wake_all_parked(h);
 }
 
