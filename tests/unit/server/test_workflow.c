@@ -1,0 +1,381 @@
+/*
+ * The task and workflow processes and the plugin process-type adapter
+ * (server/workflow.c), driven directly through init/step with hand-made
+ * events: order, parallel groups, sleeps, waits with messages and timeouts,
+ * substitution, failures, cancel, and the determinism of tags that replay
+ * depends on.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "server/jobdef.h"
+#include "server/workflow.h"
+#include "test_plugin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct wf_run {
+    const struct jd_process_ops *ops;
+    void *self;
+    struct jd_step_out out;
+};
+
+static void run_start(struct wf_run *r, const struct jd_process_ops *ops, const char *def)
+{
+    memset(r, 0, sizeof *r);
+    r->ops = ops;
+    r->self = jd_workflow_new(42);
+    struct jd_error err;
+    jd_error_clear(&err);
+    int rc = ops->init(r->self, "run", def, &err);
+    if (rc)
+        fail_msg("init: %d %s", rc, err.message);
+}
+
+static void run_end(struct wf_run *r)
+{
+    jd_step_out_reset(&r->out);
+    free(r->out.yields);
+    r->ops->close(r->self);
+}
+
+static void step(struct wf_run *r, struct jd_event *ev, size_t n)
+{
+    jd_step_out_reset(&r->out);
+    assert_int_equal(r->ops->step(r->self, ev, n, &r->out), 0);
+    for (size_t i = 0; i < n; i++) {
+        free(ev[i].data);
+        free(ev[i].error);
+        ev[i].data = ev[i].error = NULL;
+    }
+}
+
+static struct jd_event done_ev(uint32_t tag, const char *data)
+{
+    return (struct jd_event){
+        .type = JD_EVENT_YIELD_COMPLETE, .tag = tag, .data = data ? strdup(data) : NULL};
+}
+
+static struct jd_event fail_ev(uint32_t tag, const char *error)
+{
+    return (struct jd_event){.type = JD_EVENT_YIELD_COMPLETE, .tag = tag, .error = strdup(error)};
+}
+
+static struct jd_event msg_ev(const char *topic, const char *data)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "{\"topic\":\"%s\",\"data\":%s}", topic, data);
+    return (struct jd_event){.type = JD_EVENT_MESSAGE, .data = strdup(buf)};
+}
+
+static void expect_yield(struct wf_run *r, size_t i, uint32_t tag, const char *cmd,
+                         const char *args)
+{
+    assert_true(i < r->out.nyields);
+    assert_int_equal(r->out.yields[i].tag, tag);
+    assert_string_equal(r->out.yields[i].command, cmd);
+    if (args)
+        assert_string_equal(r->out.yields[i].args, args);
+}
+
+static void test_sequential_steps_run_in_order_with_substitution(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops,
+              "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"n\":\"${input.n}\"}},"
+              "{\"id\":\"b\",\"call\":\"t.echo\",\"args\":{\"prev\":\"${steps.a.output.n}\","
+              "\"msg\":\"job ${job.id} got ${steps.a.output.n}\"},\"timeout_ms\":700}],"
+              "\"input\":{\"n\":7}}");
+    step(&r, NULL, 0);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    assert_int_equal(r.out.nyields, 1);
+    expect_yield(&r, 0, 1, "t.echo", "{\"n\":7}");
+    struct jd_event e = done_ev(1, "{\"n\":8}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.nyields, 1);
+    expect_yield(&r, 0, 2, "t.echo", "{\"prev\":8,\"msg\":\"job 42 got 8\"}");
+    assert_int_equal(r.out.yields[0].timeout_ms, 700);
+    e = done_ev(2, "\"fine\"");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result, "{\"a\":{\"n\":8},\"b\":\"fine\"}");
+    run_end(&r);
+}
+
+static void test_parallel_group_dispatches_all_and_waits_for_all(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops,
+              "{\"steps\":[{\"id\":\"g\",\"parallel\":[{\"id\":\"x\",\"call\":\"t.echo\"},"
+              "{\"id\":\"y\",\"call\":\"t.echo\",\"args\":{\"k\":1}},{\"id\":\"z\","
+              "\"sleep_ms\":50}]},{\"id\":\"after\",\"call\":\"t.echo\",\"args\":{\"x\":"
+              "\"${steps.x.output}\"}}]}");
+    step(&r, NULL, 0);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    assert_int_equal(r.out.nyields, 3);
+    expect_yield(&r, 0, 2, "t.echo", "{}");
+    expect_yield(&r, 1, 3, "t.echo", "{\"k\":1}");
+    expect_yield(&r, 2, 4, JD_CMD_SLEEP, "{\"ms\":50}");
+    /* Completions in any order; nothing new until all are in. */
+    struct jd_event e = done_ev(4, "null");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    assert_int_equal(r.out.nyields, 0);
+    struct jd_event two[2] = {done_ev(3, "1"), done_ev(2, "\"X\"")};
+    step(&r, two, 2);
+    assert_int_equal(r.out.nyields, 1);
+    expect_yield(&r, 0, 5, "t.echo", "{\"x\":\"X\"}");
+    e = done_ev(5, "{}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result, "{\"y\":1,\"x\":\"X\",\"after\":{}}");
+    run_end(&r);
+}
+
+static void test_a_failed_branch_fails_the_group_and_job(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops,
+              "{\"steps\":[{\"id\":\"g\",\"parallel\":[{\"id\":\"x\",\"call\":\"t.echo\"},"
+              "{\"id\":\"y\",\"call\":\"t.echo\"}]},{\"id\":\"never\",\"call\":\"t.echo\"}]}");
+    step(&r, NULL, 0);
+    struct jd_event e = fail_ev(3, "{\"kind\":\"exit_status\",\"message\":\"exit 2\"}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    assert_int_equal(r.out.nyields, 0);
+    cJSON *err = cJSON_Parse(r.out.error);
+    assert_string_equal(cJSON_GetObjectItem(err, "kind")->valuestring, "exit_status");
+    assert_string_equal(cJSON_GetObjectItem(err, "step")->valuestring, "y");
+    assert_string_equal(cJSON_GetObjectItem(err, "message")->valuestring,
+                        "step \"y\" failed: exit 2");
+    assert_non_null(cJSON_GetObjectItem(err, "cause"));
+    cJSON_Delete(err);
+    run_end(&r);
+}
+
+static void test_wait_takes_the_first_message_of_its_topic(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops,
+              "{\"steps\":[{\"id\":\"s\",\"sleep_ms\":10},{\"id\":\"ok\",\"wait\":\"approval\"},"
+              "{\"id\":\"ok2\",\"wait\":\"approval\"},{\"id\":\"use\",\"call\":\"t.echo\","
+              "\"args\":{\"by\":\"${steps.ok.output.by}\"}}]}");
+    step(&r, NULL, 0);
+    expect_yield(&r, 0, 1, JD_CMD_SLEEP, "{\"ms\":10}");
+    /* A message that arrives early is buffered. */
+    struct jd_event m = msg_ev("approval", "{\"by\":\"ann\"}");
+    step(&r, &m, 1);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    struct jd_event e = done_ev(1, "null");
+    step(&r, &e, 1);
+    /* ok took the buffered message; ok2 has nothing: idle (waiting). */
+    assert_int_equal(r.out.status, JD_STEP_IDLE);
+    assert_int_equal(r.out.nyields, 0);
+    m = msg_ev("other", "1");
+    step(&r, &m, 1);
+    assert_int_equal(r.out.status, JD_STEP_IDLE);
+    m = msg_ev("approval", "{\"by\":\"bob\"}");
+    step(&r, &m, 1);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    expect_yield(&r, 0, 4, "t.echo", "{\"by\":\"ann\"}");
+    e = done_ev(4, "{}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result,
+                        "{\"ok\":{\"by\":\"ann\"},\"ok2\":{\"by\":\"bob\"},\"use\":{}}");
+    run_end(&r);
+}
+
+static void test_wait_timeout_fails_and_timer_is_always_yielded(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    const char *def = "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\",\"timeout_ms\":30},"
+                      "{\"id\":\"n\",\"call\":\"t.echo\"}]}";
+    run_start(&r, &jd_workflow_ops, def);
+    step(&r, NULL, 0);
+    assert_int_equal(r.out.status, JD_STEP_IDLE);
+    expect_yield(&r, 0, 1, JD_CMD_TIMER, "{\"ms\":30}");
+    struct jd_event e = done_ev(1, "null");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    assert_non_null(strstr(r.out.error, "\"kind\":\"timeout\""));
+    assert_non_null(strstr(r.out.error, "\"step\":\"w\""));
+    run_end(&r);
+
+    /* Same definition, message already there: the timer is still yielded
+     * (tag 1), so tags never depend on when messages arrived; the later
+     * timer completion is ignored. */
+    run_start(&r, &jd_workflow_ops, def);
+    struct jd_event m = msg_ev("go", "true");
+    step(&r, &m, 1);
+    assert_int_equal(r.out.nyields, 2);
+    expect_yield(&r, 0, 1, JD_CMD_TIMER, NULL);
+    expect_yield(&r, 1, 2, "t.echo", NULL);
+    e = done_ev(1, "null");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    e = done_ev(2, "5");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result, "{\"w\":true,\"n\":5}");
+    run_end(&r);
+}
+
+static void test_cancel_and_substitution_failures(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    step(&r, NULL, 0);
+    struct jd_event c = {.type = JD_EVENT_CANCEL};
+    step(&r, &c, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    assert_non_null(strstr(r.out.error, "\"kind\":\"cancelled\""));
+    run_end(&r);
+
+    run_start(&r, &jd_workflow_ops,
+              "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"v\":\"${input.nope}\"}}],"
+              "\"input\":{}}");
+    step(&r, NULL, 0);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    assert_non_null(strstr(r.out.error, "\"kind\":\"substitution\""));
+    assert_non_null(strstr(r.out.error, "${input.nope}"));
+    run_end(&r);
+}
+
+static void test_task_output_is_the_call_result(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_task_ops, "{\"handler\":\"t.echo\",\"args\":{\"id\":\"${job.id}\"}}");
+    step(&r, NULL, 0);
+    expect_yield(&r, 0, 1, "t.echo", "{\"id\":\"42\"}");
+    struct jd_event e = done_ev(1, "{\"id\":\"42\"}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result, "{\"id\":\"42\"}");
+    run_end(&r);
+
+    run_start(&r, &jd_task_ops, "{\"handler\":\"t.echo\"}");
+    step(&r, NULL, 0);
+    e = fail_ev(1, "{\"kind\":\"flaky\",\"message\":\"no\"}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    assert_string_equal(r.out.error, "{\"kind\":\"flaky\",\"message\":\"no\"}");
+    run_end(&r);
+
+    /* A workflow definition is refused by the task type, and bad methods. */
+    void *self = jd_workflow_new(1);
+    struct jd_error err;
+    assert_int_equal(
+        jd_task_ops.init(self, "run", "{\"steps\":[{\"id\":\"a\",\"sleep_ms\":1}]}", &err),
+        JD_EINVAL);
+    jd_task_ops.close(self);
+    self = jd_workflow_new(1);
+    assert_int_equal(jd_workflow_ops.init(self, "go", "{}", &err), JD_EINVAL);
+    assert_non_null(strstr(err.message, "unknown method"));
+    jd_workflow_ops.close(self);
+}
+
+static void test_same_events_give_same_yields(void **state)
+{
+    (void)state;
+    const char *def = "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"i\":1}},"
+                      "{\"id\":\"g\",\"parallel\":[{\"id\":\"b\",\"call\":\"t.echo\"},{\"id\":"
+                      "\"c\",\"sleep_ms\":5}]},{\"id\":\"d\",\"call\":\"t.echo\",\"args\":{\"b\":"
+                      "\"${steps.b.output}\"}}]}";
+    char trace[2][512];
+    for (int round = 0; round < 2; round++) {
+        struct wf_run r;
+        run_start(&r, &jd_workflow_ops, def);
+        trace[round][0] = '\0';
+        struct jd_event evs[3];
+        size_t nev = 0;
+        step(&r, NULL, 0);
+        for (int guard = 0; guard < 10 && r.out.status != JD_STEP_DONE; guard++) {
+            nev = 0;
+            for (size_t i = 0; i < r.out.nyields; i++) {
+                char line[128];
+                snprintf(line, sizeof line, "%u:%s:%s;", r.out.yields[i].tag,
+                         r.out.yields[i].command, r.out.yields[i].args);
+                strncat(trace[round], line, sizeof trace[round] - strlen(trace[round]) - 1);
+                evs[nev++] = done_ev(r.out.yields[i].tag, "\"r\"");
+            }
+            /* Deliver in reverse order the second time: same yields. */
+            if (round == 1 && nev == 2) {
+                struct jd_event t = evs[0];
+                evs[0] = evs[1];
+                evs[1] = t;
+            }
+            step(&r, evs, nev);
+        }
+        assert_int_equal(r.out.status, JD_STEP_DONE);
+        run_end(&r);
+    }
+    assert_string_equal(trace[0], trace[1]);
+    assert_non_null(strstr(trace[0], "5:t.echo:{\"b\":\"r\"}"));
+}
+
+static void test_plugin_process_type_adapter(void **state)
+{
+    (void)state;
+    struct jd_plugin_env env = {0};
+    struct jd_registry *reg;
+    assert_int_equal(jd_registry_create(&env, &reg), 0);
+    assert_int_equal(tp_register(NULL, reg), 0);
+    jd_registry_freeze(reg);
+    const struct jd_process_type *pt = jd_registry_process_type(reg, "t.counter");
+    assert_non_null(pt);
+
+    void *self = jd_plugin_process_new(pt);
+    struct jd_error err;
+    assert_int_equal(jd_plugin_process_ops.init(self, "count_to", "{\"n\":2}", &err), 0);
+    struct jd_step_out out = {0};
+    assert_int_equal(jd_plugin_process_ops.step(self, NULL, 0, &out), 0);
+    assert_int_equal(out.status, JD_STEP_WAIT);
+    assert_int_equal(out.nyields, 1);
+    assert_string_equal(out.yields[0].command, "t.echo");
+    for (uint32_t t = 1; t <= 2; t++) {
+        jd_step_out_reset(&out);
+        struct jd_event e = done_ev(t, "{}");
+        assert_int_equal(jd_plugin_process_ops.step(self, &e, 1, &out), 0);
+        free(e.data);
+    }
+    assert_int_equal(out.status, JD_STEP_DONE);
+    assert_string_equal(out.result, "{\"count\":2}");
+    jd_step_out_reset(&out);
+    free(out.yields);
+    jd_plugin_process_ops.close(self);
+
+    self = jd_plugin_process_new(pt);
+    assert_int_equal(jd_plugin_process_ops.init(self, "count_to", "{\"n\":-3}", &err), JD_EINVAL);
+    assert_non_null(strstr(err.message, "n must be >= 0"));
+    jd_plugin_process_ops.close(self);
+    jd_registry_destroy(reg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sequential_steps_run_in_order_with_substitution),
+        cmocka_unit_test(test_parallel_group_dispatches_all_and_waits_for_all),
+        cmocka_unit_test(test_a_failed_branch_fails_the_group_and_job),
+        cmocka_unit_test(test_wait_takes_the_first_message_of_its_topic),
+        cmocka_unit_test(test_wait_timeout_fails_and_timer_is_always_yielded),
+        cmocka_unit_test(test_cancel_and_substitution_failures),
+        cmocka_unit_test(test_task_output_is_the_call_result),
+        cmocka_unit_test(test_same_events_give_same_yields),
+        cmocka_unit_test(test_plugin_process_type_adapter),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
