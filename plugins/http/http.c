@@ -12,11 +12,11 @@
  * kind "http_status", not retryable (both carry the response as details).
  * Connection errors and curl's own timeout fail with kind "http_error",
  * retryable. Redirects are not followed (a 3xx is returned as is). A JSON
- * (non-string) body is sent with Content-Type: application/json unless the
- * headers say otherwise. Response bodies over config "output_cap" bytes
- * (default 64 KiB) are cut and "truncated" is true (a cut JSON body is
- * returned as a string). Config "http_allow" (comma-separated host names)
- * limits the hosts; unset or empty: any host. Only http and https.
+ * (non-string) body is sent with Content-Type: application/json, a string
+ * body with no Content-Type, unless the headers say otherwise. Response bodies over config
+ * "output_cap" bytes (default 64 KiB) are cut and "truncated" is true (a cut JSON body is returned
+ * as a string). Config "http_allow" (comma-separated host names) limits the hosts; unset or empty:
+ * any host. Only http and https.
  *
  * Threading: one event-loop thread owns a curl multi handle and every easy
  * handle in it (no thread per request). handle() builds the easy handle on
@@ -415,6 +415,8 @@ static void http_handle(const struct jd_call_info *info)
         struct jd_pjson_buf b = {0};
         if (jd_pjson_is(v, JD_PJSON_STRING)) {
             jd_pjson_buf_raw(&b, v->string, v->len);
+            if (!has_ctype) /* no type given: send none rather than curl's form default */
+                r->headers = curl_slist_append(r->headers, "Content-Type:");
         } else {
             jd_pjson_buf_value(&b, v);
             if (!has_ctype)
