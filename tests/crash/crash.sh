@@ -72,8 +72,9 @@ start_server() {
         --exec-allow /bin/sh --sync full --workers 2 --grace 1s 2>"$log" &
     SERVER_PID=$!
     local addr=
+    # "ready" comes once plugins are loaded and jobs resumed; "listening" before.
     for _ in $(seq 1 200); do
-        addr=$(sed -n 's/.*"msg":"listening".*"addr":"\([^"]*\)".*/\1/p' "$log" | head -n1)
+        addr=$(sed -n 's/.*"msg":"ready".*"addr":"\([^"]*\)".*/\1/p' "$log" | head -n1)
         [ -n "$addr" ] && break
         kill -0 "$SERVER_PID" 2>/dev/null || break
         sleep 0.025
