@@ -130,5 +130,4 @@ tap(succeeded === found, `every job succeeded (${succeeded}/${found})`);
 tap(noHistory === 0, `every job has its history (${found - noHistory}/${found})`);
 tap(rerunRecorded === 0, `no step whose completion was recorded ran again (${rerunRecorded})`);
 tap(missingEffects === 0, `every step of every succeeded job left its side effect (missing ${missingEffects})`);
-console.log(`1..${n}`);
 process.exit(failed ? 1 : 0);

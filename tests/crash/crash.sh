@@ -46,6 +46,7 @@ STOP=$WORK/stop
 SERVER_PID=
 CLIENT_PIDS=()
 
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
     touch "$STOP"
     for p in "${CLIENT_PIDS[@]}"; do
@@ -74,7 +75,7 @@ start_server() {
     local addr=
     # "ready" comes once plugins are loaded and jobs resumed; "listening" before.
     for _ in $(seq 1 200); do
-        addr=$(sed -n 's/.*"msg":"ready".*"addr":"\([^"]*\)".*/\1/p' "$log" | head -n1)
+        addr=$(sed -n 's/.*"msg":"ready".*"addr":"\([^"]*\)".*/\1/p' "$log" 2>/dev/null | head -n1)
         [ -n "$addr" ] && break
         kill -0 "$SERVER_PID" 2>/dev/null || break
         sleep 0.025
@@ -165,3 +166,35 @@ xargs -P 8 -I{} sh -c 'curl -sS -m 40 "http://127.0.0.1:$PORT/v1/jobs/{}?wait=30
     curl -sS -m 10 "http://127.0.0.1:$PORT/v1/jobs/{}/events?limit=1000" >"$WORK/jobs/{}.events.json" 2>/dev/null' <"$ACKED"
 
 node tests/crash/check.mjs "$ACKED" "$WORK/jobs" "$EFFECTS" 2
+rc=$?
+n=9 # check.mjs printed 2..8
+
+# A clean stop after all that: SIGTERM drains and exits 0 (under a sanitizer
+# build this is also when leaks are reported).
+kill -TERM "$SERVER_PID"
+code=timeout
+for _ in $(seq 1 300); do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        wait "$SERVER_PID"
+        code=$?
+        break
+    fi
+    sleep 0.05
+done
+if [ "$code" = 0 ]; then
+    SERVER_PID=
+    echo "ok $n - jackdawd exits 0 on SIGTERM after the run"
+else
+    rc=1
+    echo "not ok $n - jackdawd exits 0 on SIGTERM after the run (got $code)"
+fi
+n=$((n + 1))
+if grep -l -E 'Sanitizer|runtime error:' "$WORK"/server.*.log >/dev/null 2>&1; then
+    rc=1
+    echo "not ok $n - no sanitizer reports in the server logs"
+    grep -h -A 12 -E 'Sanitizer|runtime error:' "$WORK"/server.*.log | head -n 40 | sed 's/^/#   /'
+else
+    echo "ok $n - no sanitizer reports in the server logs"
+fi
+echo "1..$n"
+exit "$rc"
