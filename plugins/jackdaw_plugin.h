@@ -17,7 +17,9 @@
  * returns.
  *
  * This header is self-contained (C99 + stdint); it includes nothing of
- * Jackdaw's. Nothing in it may change without bumping JD_PLUGIN_ABI_VERSION.
+ * Jackdaw's. jackdaw_json.h beside it is an optional header-only JSON reader
+ * and writer for plugins; plugins/README.md walks through a complete plugin. Nothing in it may
+ * change without bumping JD_PLUGIN_ABI_VERSION.
  */
 #ifndef JACKDAW_PLUGIN_H
 #define JACKDAW_PLUGIN_H
@@ -32,7 +34,10 @@ extern "C" {
 #define JD_PLUGIN_ABI_VERSION 1
 #define JD_PLUGIN_ENTRY "jd_plugin_entry"
 
-/* Opaque handle for one in-flight command call. */
+/* Opaque handle for one in-flight command call (one attempt). The host
+ * never reuses a handle within a process, so a stale one can never name a
+ * newer call: complete()/fail() on it returns JD_PLUGIN_ESTALE and does
+ * nothing else. Handles may be compared and used as keys. */
 struct jd_call;
 
 /* Log levels for host->log. */
@@ -41,7 +46,9 @@ enum { JD_PLOG_DEBUG = 0, JD_PLOG_INFO = 1, JD_PLOG_WARN = 2, JD_PLOG_ERROR = 3 
 /* Return codes of host functions. */
 enum {
     JD_PLUGIN_OK = 0,
-    JD_PLUGIN_ESTALE = -9, /* call already completed (second completion, or after timeout/cancel): dropped */
+    /* The call was already finished (second completion, or after timeout or
+     * cancel): dropped. */
+    JD_PLUGIN_ESTALE = -9,
     JD_PLUGIN_EINVAL = -1,
 };
 
@@ -72,7 +79,9 @@ struct jd_host {
     int (*is_cancelled)(struct jd_call *call);
 
     /* Run fn(arg) once after delay_ms on the host's timer thread (must not
-     * block; may call complete/fail). Returns a timer id > 0, or 0 on failure. */
+     * block; may call complete/fail). Returns a timer id > 0, or 0 on failure.
+     * Timers, config and log need no call: they serve the process's
+     * registry (the most recently created one, in tests with several). */
     uint64_t (*timer_after)(uint64_t delay_ms, void (*fn)(void *arg), void *arg);
     /* 0 if the timer was pending and will now never fire; non-zero if it has
      * fired, is firing, or never existed. */
@@ -131,7 +140,12 @@ struct jd_command {
      * the child, abort the transfer). The host has already finished the
      * call; the plugin still calls complete()/fail() once to release the
      * handle (that call returns JD_PLUGIN_ESTALE). May be NULL. May run
-     * concurrently with handle() on another thread. */
+     * concurrently with handle() on another thread, and may even come
+     * before handle() has recorded the call: record it, then check
+     * host->is_cancelled(). The host never calls cancel() for a call the
+     * plugin has already released: a complete()/fail() racing a running
+     * cancel() on another thread waits until cancel() returns (calling
+     * complete()/fail() from inside cancel() is fine). Must not block. */
     void (*cancel)(struct jd_call *call);
 };
 
