@@ -703,6 +703,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct job *jb = r->job;
     struct fire *fires = NULL;
     struct job *start = NULL;
+    struct batch *batch = r->batch; /* its last record frees every record */
 
     pthread_mutex_lock(&j->mu);
     if (rc == 0 && jb) {
@@ -787,8 +788,27 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         r->submit_done(r->user_arg, &res);
         free(json);
     }
-    if (r->batch) {
-        struct batch *b = r->batch;
+    if (r->action_done) {
+        if (w->op == JD_W_QUEUE) {
+            char buf[160];
+            snprintf(buf, sizeof buf, "{\"queue\":\"%s\",\"paused\":%s}", r->queue_name,
+                     w->paused ? "true" : "false");
+            r->action_done(r->user_arg, rc, rc ? NULL : buf);
+        } else {
+            render_and_call(j, w->job_id, rc, r->action_done, r->user_arg);
+        }
+    }
+    start_list(j, start);
+    if (!batch) {
+        pthread_mutex_lock(&j->mu);
+        if (jb)
+            job_unref(jb);
+        pthread_mutex_unlock(&j->mu);
+        wrec_free(r);
+        return;
+    }
+    {
+        struct batch *b = batch;
         pthread_mutex_lock(&j->mu);
         if (rc && !b->rc)
             b->rc = rc;
@@ -806,24 +826,6 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
             free(b->recs);
             free(b);
         }
-    }
-    if (r->action_done) {
-        if (w->op == JD_W_QUEUE) {
-            char buf[160];
-            snprintf(buf, sizeof buf, "{\"queue\":\"%s\",\"paused\":%s}", r->queue_name,
-                     w->paused ? "true" : "false");
-            r->action_done(r->user_arg, rc, rc ? NULL : buf);
-        } else {
-            render_and_call(j, w->job_id, rc, r->action_done, r->user_arg);
-        }
-    }
-    start_list(j, start);
-    if (!r->batch) {
-        pthread_mutex_lock(&j->mu);
-        if (jb)
-            job_unref(jb);
-        pthread_mutex_unlock(&j->mu);
-        wrec_free(r);
     }
 }
 

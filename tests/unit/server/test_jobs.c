@@ -1,0 +1,524 @@
+/*
+ * The job lifecycle end to end on the real scheduler, store and registry
+ * with in-process test handlers (test_plugin.h): tasks, workflows, retries
+ * with backoff, step and job timeouts, wait + message, cancel in each state,
+ * priorities and pause, delays, manual retry, idempotency, batches, reads,
+ * watches. Each test starts a fresh database.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "jobs_test_util.h"
+
+static int64_t num(const cJSON *o, const char *path)
+{
+    const cJSON *v = jget(o, path);
+    if (!cJSON_IsNumber(v))
+        fail_msg("%s is not a number", path);
+    return (int64_t)v->valuedouble;
+}
+
+static const char *str(const cJSON *o, const char *path)
+{
+    const cJSON *v = jget(o, path);
+    if (!cJSON_IsString(v))
+        fail_msg("%s is not a string", path);
+    return v->valuestring;
+}
+
+static void test_task_succeeds_and_history_is_recorded(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id = submit(e.jobs, "{\"handler\":\"t.echo\",\"args\":{\"hello\":\"${input.who}\"},"
+                                "\"input\":{\"who\":\"world\"},\"labels\":{\"team\":\"a\"}}");
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_string_equal(str(job, "output.hello"), "world");
+    assert_string_equal(str(job, "labels.team"), "a");
+    assert_int_equal(num(job, "attempts"), 1);
+    assert_true(cJSON_IsString(jget(job, "started_at")));
+    assert_true(cJSON_IsString(jget(job, "finished_at")));
+    int64_t version = num(job, "version");
+    cJSON_Delete(job);
+
+    /* History: queued, running, dispatch, complete, succeeded; seq 1..version. */
+    cJSON *ev = job_events(e.jobs, id);
+    cJSON *arr = cJSON_GetObjectItem(ev, "events");
+    const char *want[] = {"state", "state", "dispatch", "complete", "state"};
+    assert_int_equal(cJSON_GetArraySize(arr), 5);
+    assert_int_equal(version, 5);
+    for (int i = 0; i < 5; i++) {
+        cJSON *x = cJSON_GetArrayItem(arr, i);
+        assert_string_equal(str(x, "kind"), want[i]);
+        assert_int_equal(num(x, "seq"), i + 1);
+    }
+    assert_string_equal(str(cJSON_GetArrayItem(arr, 0), "data.state"), "queued");
+    assert_string_equal(str(cJSON_GetArrayItem(arr, 1), "data.state"), "running");
+    assert_string_equal(str(cJSON_GetArrayItem(arr, 2), "data.command"), "t.echo");
+    assert_int_equal(num(cJSON_GetArrayItem(arr, 2), "data.attempt"), 1);
+    assert_int_equal(num(cJSON_GetArrayItem(arr, 2), "tag"), 1);
+    assert_string_equal(str(cJSON_GetArrayItem(arr, 3), "data.result.hello"), "world");
+    assert_string_equal(str(cJSON_GetArrayItem(arr, 4), "data.state"), "succeeded");
+    cJSON_Delete(ev);
+    env_down(&e);
+}
+
+static void test_workflow_runs_steps_in_order(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id = submit(
+        e.jobs,
+        "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"n\":1}},"
+        "{\"id\":\"g\",\"parallel\":[{\"id\":\"b\",\"call\":\"t.slow\",\"args\":{\"ms\":30}},"
+        "{\"id\":\"c\",\"sleep_ms\":20}]},"
+        "{\"id\":\"d\",\"call\":\"t.echo\",\"args\":{\"from_a\":\"${steps.a.output.n}\","
+        "\"job\":\"${job.id}\"}}]}");
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_int_equal(num(job, "output.d.from_a"), 1);
+    assert_true(jget(job, "output.b.slow") && cJSON_IsTrue(jget(job, "output.b.slow")));
+    char idbuf[24];
+    snprintf(idbuf, sizeof idbuf, "%lld", (long long)id);
+    assert_string_equal(str(job, "output.d.job"), idbuf);
+    cJSON_Delete(job);
+    /* d was dispatched only after b and c completed. */
+    cJSON *ev = job_events(e.jobs, id);
+    int seq_d = -1, last_bc_complete = -1;
+    cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(ev, "events"))
+    {
+        int tag = (int)num(x, "tag");
+        if (strcmp(str(x, "kind"), "dispatch") == 0 && tag == 5)
+            seq_d = (int)num(x, "seq");
+        if (strcmp(str(x, "kind"), "complete") == 0 && (tag == 3 || tag == 4))
+            last_bc_complete = (int)num(x, "seq");
+    }
+    assert_true(seq_d > last_bc_complete && last_bc_complete > 0);
+    cJSON_Delete(ev);
+    env_down(&e);
+}
+
+static void test_retries_back_off_and_are_recorded(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id = submit(e.jobs, "{\"handler\":\"t.fail\",\"args\":{\"times\":2},"
+                                "\"retry\":{\"max_attempts\":3,\"backoff_ms\":60,\"factor\":2}}");
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_int_equal(num(job, "output.attempt"), 3);
+    cJSON_Delete(job);
+    /* equal jitter: at least half the backoff (30 ms, then 60 ms) */
+    long long d2 = tp_attempt_ms[2] - tp_attempt_ms[1];
+    long long d3 = tp_attempt_ms[3] - tp_attempt_ms[2];
+    assert_true(d2 >= 29);
+    assert_true(d3 >= 59);
+    cJSON *ev = job_events(e.jobs, id);
+    int attempts_seen = 0;
+    cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(ev, "events"))
+    {
+        if (strcmp(str(x, "kind"), "dispatch") == 0)
+            assert_int_equal(num(x, "data.attempt"), ++attempts_seen);
+    }
+    assert_int_equal(attempts_seen, 3);
+    cJSON_Delete(ev);
+
+    /* Exhausted: failed with the handler's error. */
+    id = submit(e.jobs, "{\"steps\":[{\"id\":\"f\",\"call\":\"t.fail\",\"args\":{\"times\":5},"
+                        "\"retry\":{\"max_attempts\":2}}]}");
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "failed");
+    assert_string_equal(str(job, "error.kind"), "flaky");
+    assert_string_equal(str(job, "error.step"), "f");
+    assert_true(cJSON_IsNull(jget(job, "output")));
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
+static void test_step_and_job_timeouts(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int before = tp_hang_cancels;
+    int64_t id =
+        submit(e.jobs, "{\"steps\":[{\"id\":\"h\",\"call\":\"t.hang\",\"timeout_ms\":50}]}");
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "failed");
+    assert_string_equal(str(job, "error.kind"), "timeout");
+    assert_true(tp_hang_cancels > before);
+    cJSON_Delete(job);
+
+    int64_t t0 = jd_wall_ms();
+    id = submit(e.jobs, "{\"steps\":[{\"id\":\"s\",\"sleep_ms\":20000}],\"timeout_ms\":100}");
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "failed");
+    assert_string_equal(str(job, "error.kind"), "timeout");
+    assert_true(jd_wall_ms() - t0 < 3000);
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
+static void test_wait_and_messages(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id =
+        submit(e.jobs, "{\"steps\":[{\"id\":\"ok\",\"wait\":\"approval\"},{\"id\":\"r\","
+                       "\"call\":\"t.echo\",\"args\":{\"by\":\"${steps.ok.output.by}\"}}]}");
+    cJSON *job = wait_state(e.jobs, id, "waiting", 5000);
+    cJSON_Delete(job);
+    struct jd_error err;
+    struct action_wait aw;
+    action_wait_init(&aw);
+    const char *bad = "{\"data\":1}";
+    assert_int_equal(jd_jobs_message(e.jobs, id, bad, strlen(bad), action_cb, &aw, &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/topic");
+    const char *m = "{\"topic\":\"approval\",\"data\":{\"by\":\"ann\"}}";
+    assert_int_equal(jd_jobs_message(e.jobs, id, m, strlen(m), action_cb, &aw, &err), 0);
+    action_wait_done(&aw);
+    assert_int_equal(aw.rc, 0);
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_string_equal(str(job, "output.r.by"), "ann");
+    cJSON_Delete(job);
+    /* To a finished job: conflict; to no job: not found. */
+    assert_int_equal(jd_jobs_message(e.jobs, id, m, strlen(m), action_cb, &aw, &err), JD_ECONFLICT);
+    assert_int_equal(jd_jobs_message(e.jobs, 999999, m, strlen(m), action_cb, &aw, &err),
+                     JD_ENOENT);
+    /* A message sent while queued is kept and delivered once it runs. */
+    id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\",\"timeout_ms\":5000}],"
+                        "\"delay_ms\":200}");
+    action_wait_init(&aw);
+    const char *go = "{\"topic\":\"go\",\"data\":42}";
+    assert_int_equal(jd_jobs_message(e.jobs, id, go, strlen(go), action_cb, &aw, &err), 0);
+    action_wait_done(&aw);
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_int_equal(num(job, "output.w"), 42);
+    cJSON_Delete(job);
+    /* A wait that times out fails the job. */
+    id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"never\",\"timeout_ms\":50}]}");
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "failed");
+    assert_string_equal(str(job, "error.kind"), "timeout");
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
+static void cancel_and_check(struct env *e, int64_t id)
+{
+    struct action_wait aw;
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_cancel(e->jobs, id, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    assert_int_equal(aw.rc, 0);
+    cJSON *job = wait_terminal(e->jobs, id, 5000);
+    assert_string_equal(jstate(job), "cancelled");
+    assert_string_equal(str(job, "error.kind"), "cancelled");
+    cJSON_Delete(job);
+    assert_int_equal(jd_jobs_cancel(e->jobs, id, action_cb, &aw), JD_ECONFLICT);
+}
+
+static void test_cancel_in_each_state(void **state)
+{
+    (void)state;
+    struct jd_jobs_config cfg = {.cancel_grace_ms = 100};
+    struct env e;
+    env_up(&e, &cfg);
+    /* queued (scheduled for later) */
+    int64_t id = submit(e.jobs, "{\"handler\":\"t.echo\",\"delay_ms\":60000}");
+    cJSON *job = job_get(e.jobs, id);
+    assert_string_equal(jstate(job), "queued");
+    cJSON_Delete(job);
+    cancel_and_check(&e, id);
+    /* running, blocked in a call that only ends when cancelled */
+    int before = tp_hang_cancels;
+    int started = tp_hang_started;
+    id = submit(e.jobs, "{\"handler\":\"t.hang\"}");
+    job = wait_state(e.jobs, id, "running", 5000);
+    cJSON_Delete(job);
+    while (tp_hang_started == started)
+        usleep(1000);
+    cancel_and_check(&e, id);
+    assert_true(tp_hang_cancels > before);
+    /* waiting for a message */
+    id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"x\"}]}");
+    job = wait_state(e.jobs, id, "waiting", 5000);
+    cJSON_Delete(job);
+    cancel_and_check(&e, id);
+    /* A plugin process type that ignores cancel events (t.counter keeps
+     * counting) is killed after the grace period. */
+    id = submit(e.jobs,
+                "{\"process\":\"t.counter\",\"method\":\"count_to\",\"input\":{\"n\":100000000}}");
+    job = wait_state(e.jobs, id, "running", 5000);
+    cJSON_Delete(job);
+    int64_t t0 = jd_wall_ms();
+    cancel_and_check(&e, id);
+    assert_true(jd_wall_ms() - t0 >= 90); /* it was the grace timer, not the process */
+    /* and one that runs to the end */
+    id = submit(e.jobs, "{\"process\":\"t.counter\",\"method\":\"count_to\",\"input\":{\"n\":3}}");
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_int_equal(num(job, "output.count"), 3);
+    cJSON_Delete(job);
+    struct action_wait aw;
+    assert_int_equal(jd_jobs_cancel(e.jobs, 424242, action_cb, &aw), JD_ENOENT);
+    env_down(&e);
+}
+
+static void test_priority_pause_and_delay(void **state)
+{
+    (void)state;
+    struct jd_jobs_config cfg = {.max_running = 1};
+    struct env e;
+    env_up(&e, &cfg);
+    struct action_wait aw;
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_queue_pause(e.jobs, "p", true, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    assert_int_equal(aw.rc, 0);
+    int64_t ids[4];
+    const int prio[4] = {1, 5, 3, 5};
+    for (int i = 0; i < 4; i++) {
+        char def[128];
+        snprintf(def, sizeof def,
+                 "{\"handler\":\"t.slow\",\"args\":{\"ms\":5},\"queue\":\"p\","
+                 "\"priority\":%d}",
+                 prio[i]);
+        ids[i] = submit(e.jobs, def);
+    }
+    usleep(100000);
+    cJSON *job = job_get(e.jobs, ids[0]);
+    assert_string_equal(jstate(job), "queued"); /* paused */
+    cJSON_Delete(job);
+    char *qjson = NULL;
+    assert_int_equal(jd_jobs_queues_json(e.jobs, &qjson), 0);
+    assert_non_null(strstr(qjson, "\"name\":\"p\",\"paused\":true"));
+    free(qjson);
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_queue_pause(e.jobs, "p", false, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    /* One at a time, highest priority first, then by submission. */
+    int64_t started[4];
+    for (int i = 0; i < 4; i++) {
+        job = wait_terminal(e.jobs, ids[i], 5000);
+        assert_string_equal(jstate(job), "succeeded");
+        int64_t t = 0;
+        jd_time_parse(str(job, "started_at"), &t);
+        started[i] = t;
+        cJSON_Delete(job);
+    }
+    assert_true(started[1] <= started[3]); /* 5 (earlier id) then 5 */
+    assert_true(started[3] <= started[2]); /* then 3 */
+    assert_true(started[2] <= started[0]); /* then 1 */
+
+    /* delay_ms: not started before the delay */
+    int64_t id = submit(e.jobs, "{\"handler\":\"t.echo\",\"delay_ms\":300}");
+    job = wait_terminal(e.jobs, id, 5000);
+    int64_t c = 0, s = 0;
+    jd_time_parse(str(job, "created_at"), &c);
+    jd_time_parse(str(job, "started_at"), &s);
+    assert_true(s - c >= 295);
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
+static void test_retry_of_a_failed_job_keeps_history(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id = submit(e.jobs, "{\"handler\":\"t.fail\",\"args\":{\"times\":1}}");
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "failed");
+    int64_t v1 = num(job, "version");
+    cJSON_Delete(job);
+    struct action_wait aw;
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_retry(e.jobs, id, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    assert_int_equal(aw.rc, 0);
+    job = wait_terminal(e.jobs, id, 5000);
+    /* attempt numbering of the call restarts; the job attempt is 2 */
+    assert_string_equal(jstate(job), "failed");
+    assert_int_equal(num(job, "attempts"), 2);
+    assert_true(num(job, "version") > v1 + 3);
+    cJSON_Delete(job);
+    cJSON *ev = job_events(e.jobs, id);
+    job = job_get(e.jobs, id);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(ev, "events")),
+                     (int)num(job, "version"));
+    cJSON_Delete(job);
+    cJSON_Delete(ev);
+    /* Not failed/cancelled: conflict. */
+    int64_t ok = submit(e.jobs, "{\"handler\":\"t.echo\"}");
+    cJSON_Delete(wait_terminal(e.jobs, ok, 5000));
+    assert_int_equal(jd_jobs_retry(e.jobs, ok, action_cb, &aw), JD_ECONFLICT);
+    assert_int_equal(jd_jobs_retry(e.jobs, 77777, action_cb, &aw), JD_ENOENT);
+    env_down(&e);
+}
+
+static void test_idempotency_batches_and_reads(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    bool existing = true;
+    const char *def = "{\"handler\":\"t.echo\",\"args\":{\"k\":1}}";
+    int64_t a = submit_key(e.jobs, def, "key-1", &existing);
+    assert_false(existing);
+    int64_t b = submit_key(e.jobs, def, "key-1", &existing);
+    assert_true(existing);
+    assert_int_equal(a, b);
+    struct jd_error err;
+    struct submit_wait w = {0};
+    const char *other = "{\"handler\":\"t.echo\",\"args\":{\"k\":2}}";
+    assert_int_equal(jd_jobs_submit(e.jobs, other, strlen(other), "key-1", submit_cb, &w, &err),
+                     JD_EINVAL);
+    assert_non_null(strstr(err.message, "different body"));
+
+    /* Batch: one bad element rejects all, naming it. */
+    const char *bad = "{\"jobs\":[{\"handler\":\"t.echo\"},{\"handler\":\"htp\"}]}";
+    assert_int_equal(jd_jobs_submit_batch(e.jobs, bad, strlen(bad), submit_cb, &w, &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/jobs/1/handler");
+    const char *good = "{\"jobs\":[{\"handler\":\"t.echo\"},{\"handler\":\"t.echo\",\"queue\":"
+                       "\"q2\"},{\"steps\":[{\"id\":\"s\",\"sleep_ms\":1}]}]}";
+    sem_init(&w.sem, 0, 0);
+    assert_int_equal(jd_jobs_submit_batch(e.jobs, good, strlen(good), submit_cb, &w, &err), 0);
+    sem_wait_ms(&w.sem, 5000);
+    assert_int_equal(w.rc, 0);
+    cJSON *bj = cJSON_Parse(w.json);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(bj, "jobs")), 3);
+    int64_t last = 0;
+    jd_jobs_parse_id(str(cJSON_GetArrayItem(cJSON_GetObjectItem(bj, "jobs"), 2), "id"), &last);
+    cJSON_Delete(bj);
+    free(w.json);
+    sem_destroy(&w.sem);
+    cJSON_Delete(wait_terminal(e.jobs, last, 5000));
+
+    /* List: newest first, keyset pages. */
+    struct jd_jobs_list_query q = {.limit = 2};
+    char *json = NULL;
+    assert_int_equal(jd_jobs_list_json(e.jobs, &q, &json, &err), 0);
+    cJSON *page = cJSON_Parse(json);
+    free(json);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(page, "jobs")), 2);
+    char cursor[32];
+    snprintf(cursor, sizeof cursor, "%s", str(page, "next_cursor"));
+    cJSON_Delete(page);
+    q.cursor = cursor;
+    assert_int_equal(jd_jobs_list_json(e.jobs, &q, &json, &err), 0);
+    page = cJSON_Parse(json);
+    free(json);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(page, "jobs")), 2);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(page, "next_cursor")));
+    cJSON_Delete(page);
+    q = (struct jd_jobs_list_query){.queue = "q2"};
+    assert_int_equal(jd_jobs_list_json(e.jobs, &q, &json, &err), 0);
+    page = cJSON_Parse(json);
+    free(json);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(page, "jobs")), 1);
+    cJSON_Delete(page);
+    q = (struct jd_jobs_list_query){.state = "nonsense"};
+    assert_int_equal(jd_jobs_list_json(e.jobs, &q, &json, &err), JD_EINVAL);
+
+    assert_int_equal(jd_jobs_handlers_json(e.jobs, &json), 0);
+    assert_non_null(strstr(json, "\"name\":\"t.echo\""));
+    assert_non_null(strstr(json, "\"methods\":[\"count_to\"]"));
+    free(json);
+    assert_int_equal(jd_jobs_events_json(e.jobs, 123456, 0, 0, &json), JD_ENOENT);
+    int64_t id;
+    assert_int_equal(jd_jobs_parse_id("42", &id), 0);
+    assert_int_equal(id, 42);
+    assert_int_equal(jd_jobs_parse_id("4x", &id), JD_ENOENT);
+    assert_int_equal(jd_jobs_parse_id("0", &id), JD_ENOENT);
+    assert_int_equal(jd_jobs_parse_id("", &id), JD_ENOENT);
+    struct jd_jobs_stats st;
+    jd_jobs_stats(e.jobs, &st);
+    assert_true(st.submitted >= 4);
+    assert_true(st.succeeded >= 2);
+    env_down(&e);
+}
+
+static void test_watch_and_unwatch(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    cJSON *job = wait_state(e.jobs, id, "waiting", 5000);
+    int64_t v = num(job, "version");
+    cJSON_Delete(job);
+    /* Already past since_version: fires at once, before watch returns. */
+    struct watch_wait w = {0};
+    sem_init(&w.sem, 0, 0);
+    uint64_t wid = 1;
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v - 1, false, watch_cb, &w, &wid), 0);
+    assert_int_equal(sem_trywait(&w.sem), 0);
+    assert_int_equal(w.version, v);
+    /* A pending watch can be withdrawn. */
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v, true, watch_cb, &w, &wid), 0);
+    assert_true(wid != 0);
+    assert_true(jd_jobs_unwatch(e.jobs, wid));
+    assert_false(jd_jobs_unwatch(e.jobs, wid));
+    /* terminal_only ignores intermediate versions */
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v, true, watch_cb, &w, &wid), 0);
+    struct action_wait aw;
+    action_wait_init(&aw);
+    const char *m = "{\"topic\":\"go\"}";
+    struct jd_error err;
+    assert_int_equal(jd_jobs_message(e.jobs, id, m, strlen(m), action_cb, &aw, &err), 0);
+    action_wait_done(&aw);
+    sem_wait_ms(&w.sem, 5000);
+    assert_int_equal(w.rc, 0);
+    job = job_get(e.jobs, id);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_int_equal(w.version, num(job, "version"));
+    cJSON_Delete(job);
+    assert_int_equal(jd_jobs_watch(e.jobs, 31337, 0, false, watch_cb, &w, &wid), JD_ENOENT);
+    /* Drain fires pending watches with JD_ESHUTDOWN. */
+    int64_t id2 = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    job = wait_state(e.jobs, id2, "waiting", 5000);
+    int64_t v2 = num(job, "version");
+    cJSON_Delete(job);
+    assert_int_equal(jd_jobs_watch(e.jobs, id2, v2, true, watch_cb, &w, &wid), 0);
+    jd_jobs_drain(e.jobs, 100);
+    sem_wait_ms(&w.sem, 5000);
+    assert_int_equal(w.rc, JD_ESHUTDOWN);
+    sem_destroy(&w.sem);
+    assert_int_equal(jd_jobs_submit(e.jobs, m, strlen(m), NULL, submit_cb, &w, &err), JD_EINVAL);
+    const char *def = "{\"handler\":\"t.echo\"}";
+    assert_int_equal(jd_jobs_submit(e.jobs, def, strlen(def), NULL, submit_cb, &w, &err),
+                     JD_ESHUTDOWN);
+    env_down(&e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_task_succeeds_and_history_is_recorded),
+        cmocka_unit_test(test_workflow_runs_steps_in_order),
+        cmocka_unit_test(test_retries_back_off_and_are_recorded),
+        cmocka_unit_test(test_step_and_job_timeouts),
+        cmocka_unit_test(test_wait_and_messages),
+        cmocka_unit_test(test_cancel_in_each_state),
+        cmocka_unit_test(test_priority_pause_and_delay),
+        cmocka_unit_test(test_retry_of_a_failed_job_keeps_history),
+        cmocka_unit_test(test_idempotency_batches_and_reads),
+        cmocka_unit_test(test_watch_and_unwatch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
