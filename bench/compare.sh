@@ -8,7 +8,8 @@
 # /work/shared/BENCH.md runs the three programs in interleaved rounds
 # (jackdaw, tokio, go, jackdaw, tokio, go, ...) with W workers and prints one
 # table: medians with min/p90, the ratios jackdaw/tokio and jackdaw/go, the
-# peak RSS of skynet, and a last line "worst ratio vs tokio: X.XX".
+# peak RSS of skynet, "worst ratio vs go: X.XX" and a last line
+# "worst ratio vs tokio: X.XX".
 #
 # Invariants: every program speaks the same protocol,
 #   PROG --shape NAME --iters N --workers W --raw
@@ -253,6 +254,39 @@ ratio() {
     fi
 }
 
+# track_worst PEER SHAPE RATIO: folds one ratio cell into PEER's worst ratio
+# (WORST, WSHAPE); a Jackdaw DNF or failure where the peer finished is kept
+# (JD_DNF, JD_BAD) so the worst ratio is never understated.
+declare -A WORST WSHAPE JD_DNF JD_BAD
+track_worst() {
+    local peer=$1 shape=$2 r=$3
+    if [[ $r =~ ^[0-9.]+$ ]]; then
+        if [ -z "${WORST[$peer]:-}" ] ||
+            awk -v a="$r" -v b="${WORST[$peer]}" 'BEGIN { exit !(a > b) }'; then
+            WORST[$peer]=$r
+            WSHAPE[$peer]=$shape
+        fi
+    elif [[ $r == inf* ]]; then
+        JD_DNF[$peer]="${JD_DNF[$peer]:-} $shape"
+    elif [ -n "${BIN[jackdaw]:-}" ] && [ -z "${MED[jackdaw]}" ] && [ -n "${MED[$peer]}" ]; then
+        JD_BAD[$peer]="${JD_BAD[$peer]:-} $shape"
+    fi
+}
+
+# worst_line PEER: "worst ratio vs PEER: X.XX (shape)" or why there is none.
+worst_line() {
+    local peer=$1 w=${WORST[$1]:-} dnf=${JD_DNF[$1]:-} bad=${JD_BAD[$1]:-}
+    if [ -n "$dnf" ]; then
+        echo "worst ratio vs $peer: inf (jackdaw DNF on$dnf)"
+    elif [ -n "$w" ] && [ -n "$bad" ]; then
+        echo "worst ratio vs $peer: $w (${WSHAPE[$peer]}; incomplete: jackdaw failed$bad)"
+    elif [ -n "$w" ]; then
+        echo "worst ratio vs $peer: $w (${WSHAPE[$peer]})"
+    else
+        echo "worst ratio vs $peer: n/a (no shape with both jackdaw and $peer medians)"
+    fi
+}
+
 mib() { awk -v k="$1" 'BEGIN { printf "%.1f MiB", k / 1024 }'; }
 
 # ---- main ---------------------------------------------------------------------
@@ -305,7 +339,6 @@ done
     printf '%-24s | %-26s | %-26s | %-26s | %-14s | %-14s\n' \
         shape jackdaw tokio go jackdaw/tokio jackdaw/go
     printf '%s\n' "$(printf '%.0s-' {1..24})-+-$(printf '%.0s-' {1..26})-+-$(printf '%.0s-' {1..26})-+-$(printf '%.0s-' {1..26})-+-$(printf '%.0s-' {1..14})-+-$(printf '%.0s-' {1..14})"
-    worst="" worst_shape="" jd_dnf="" jd_bad=""
     for shape in "${SHAPE_LIST[@]}"; do
         cell "$shape" jackdaw
         cj=$CELL
@@ -317,16 +350,8 @@ done
         rg=$(ratio "$shape" go)
         printf '%-24s | %-26s | %-26s | %-26s | %-14s | %-14s\n' \
             "$shape" "$cj" "$ct" "$cg" "$rt" "$rg"
-        if [[ $rt =~ ^[0-9.]+$ ]]; then
-            if [ -z "$worst" ] || awk -v a="$rt" -v b="$worst" 'BEGIN { exit !(a > b) }'; then
-                worst=$rt worst_shape=$shape
-            fi
-        elif [[ $rt == inf* ]]; then
-            jd_dnf="$jd_dnf $shape"
-        elif [ -n "${BIN[jackdaw]:-}" ] && [ -z "${MED[jackdaw]}" ] && [ -n "${MED[tokio]}" ]; then
-            # Jackdaw failed a shape Tokio finished: the worst ratio is unknown.
-            jd_bad="$jd_bad $shape"
-        fi
+        track_worst tokio "$shape" "$rt"
+        track_worst go "$shape" "$rg"
     done
     line="skynet peak RSS:"
     for sys in "${SYSTEMS[@]}"; do
@@ -337,15 +362,9 @@ done
         fi
     done
     echo "${line%,}"
-    if [ -n "$jd_dnf" ]; then
-        echo "worst ratio vs tokio: inf (jackdaw DNF on${jd_dnf})"
-    elif [ -n "$worst" ] && [ -n "$jd_bad" ]; then
-        echo "worst ratio vs tokio: $worst ($worst_shape; incomplete: jackdaw failed${jd_bad})"
-    elif [ -n "$worst" ]; then
-        echo "worst ratio vs tokio: $worst ($worst_shape)"
-    else
-        echo "worst ratio vs tokio: n/a (no shape with both jackdaw and tokio medians)"
-    fi
+    # The line compare's readers look for comes last.
+    worst_line go
+    worst_line tokio
 } | tee "$OUT/table.txt"
 
 exit "$ERRORS"
