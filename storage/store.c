@@ -280,8 +280,17 @@ static int seed_next_id(struct jd_store *s, struct jd_error *err)
 
 static void store_free(struct jd_store *s);
 
+/* Process-wide SQLite settings, before SQLite initialises: no memory
+ * statistics (they take a global mutex on every malloc and free). */
+static void sqlite_global_init(void)
+{
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+}
+
 int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, struct jd_error *err)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, sqlite_global_init);
     *out = NULL;
     if (!cfg || !cfg->path || !cfg->path[0])
         return jd_error_set(err, JD_EINVAL, NULL, "no database path given");
@@ -393,9 +402,14 @@ void jd_store_stats(struct jd_store *s, struct jd_store_stats *out)
 
 /* ---- reads ---- */
 
+/* Jobs are read joined with their definitions (one primary-key lookup per
+ * row, see schema.c for why they are apart). CROSS JOIN keeps jobs as the
+ * outer loop, so the jobs index gives the order and no sort is needed. */
 #define JOB_COLS                                                                                   \
-    "id, queue, priority, state, definition, run_at_ms, attempts, version, output, error,"         \
-    " created_ms, updated_ms, started_ms, finished_ms, idempotency_key"
+    "j.id, j.queue, j.priority, j.state, d.definition, j.run_at_ms, j.attempts, j.version,"        \
+    " j.output, j.error, j.created_ms, j.updated_ms, j.started_ms, j.finished_ms,"                 \
+    " j.idempotency_key"
+#define JOB_FROM " FROM jobs j CROSS JOIN job_definitions d ON d.job_id = j.id"
 #define EVENT_COLS "job_id, seq, time_ms, kind, tag, data"
 
 enum {
@@ -418,22 +432,25 @@ enum {
 
 /* Every read the store makes; tests check each plan with EXPLAIN QUERY PLAN. */
 static const char *const read_sql[RS_N] = {
-    [RS_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
-    [RS_LIST_ALL] = "SELECT " JOB_COLS " FROM jobs WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
-    [RS_LIST_STATE] = "SELECT " JOB_COLS " FROM jobs WHERE state = ?3 AND id < ?1"
-                      " ORDER BY id DESC LIMIT ?2",
-    [RS_LIST_QUEUE] = "SELECT " JOB_COLS " FROM jobs INDEXED BY jobs_queue"
-                      " WHERE queue = ?4 AND id < ?1 ORDER BY id DESC LIMIT ?2",
-    [RS_LIST_QUEUE_STATE] = "SELECT " JOB_COLS " FROM jobs INDEXED BY jobs_queue_state"
-                            " WHERE queue = ?4 AND state = ?3 AND id < ?1"
-                            " ORDER BY id DESC LIMIT ?2",
+    [RS_JOB_GET] = "SELECT " JOB_COLS JOB_FROM " WHERE j.id = ?1",
+    [RS_LIST_ALL] = "SELECT " JOB_COLS JOB_FROM " WHERE j.id < ?1 ORDER BY j.id DESC LIMIT ?2",
+    [RS_LIST_STATE] = "SELECT " JOB_COLS JOB_FROM " WHERE j.state = ?3 AND j.id < ?1"
+                      " ORDER BY j.id DESC LIMIT ?2",
+    [RS_LIST_QUEUE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_queue"
+                      " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                      " WHERE j.queue = ?4 AND j.id < ?1 ORDER BY j.id DESC LIMIT ?2",
+    [RS_LIST_QUEUE_STATE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_queue_state"
+                            " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                            " WHERE j.queue = ?4 AND j.state = ?3 AND j.id < ?1"
+                            " ORDER BY j.id DESC LIMIT ?2",
     [RS_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND seq > ?2"
                   " ORDER BY seq LIMIT ?3",
     [RS_COUNTS] = "SELECT queue, state, n FROM queue_counts WHERE n > 0 ORDER BY queue, state",
     [RS_QUEUES] = "SELECT name, paused FROM queues ORDER BY name",
     [RS_IDEM] = "SELECT job_id, fingerprint FROM idempotency WHERE key = ?1",
-    [RS_ACTIVE] = "SELECT " JOB_COLS " FROM jobs INDEXED BY jobs_active WHERE state < 3"
-                  " ORDER BY id",
+    [RS_ACTIVE] =
+        "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_active"
+        " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state < 3 ORDER BY j.id",
     [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
                           " ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",

@@ -30,16 +30,20 @@ enum {
     JD_WS_IDEM_INSERT,
     JD_WS_IDEM_GET,
     JD_WS_JOB_INSERT,
+    JD_WS_DEF_INSERT,
     JD_WS_JOB_UPDATE,
     JD_WS_EVENT_INSERT,
     JD_WS_QUEUE_UPSERT,
     JD_WS_RET_SELECT,
     JD_WS_RET_DEL_EVENTS,
     JD_WS_RET_DEL_JOB,
+    JD_WS_RET_DEL_DEF,
     JD_WS_RET_DEL_IDEM,
     JD_WS_RET_MAX_ID,
     JD_WS_N
 };
+
+#define JD_UPDATE_MASKS 128 /* every combination of the 7 JD_SET_* flags */
 
 struct jd_rconn; /* a pooled read-only connection (store.c) */
 
@@ -54,6 +58,7 @@ struct jd_store {
     /* ---- writer thread ---- */
     sqlite3 *wdb;
     sqlite3_stmt *wst[JD_WS_N];
+    sqlite3_stmt *upd[JD_UPDATE_MASKS]; /* UPDATE per JD_SET_* combination, lazily */
     pthread_t writer;
     bool writer_started;
     int64_t retention_due_ms; /* wall ms of the next retention pass */

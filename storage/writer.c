@@ -48,24 +48,15 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_IDEM_INSERT] = "INSERT INTO idempotency(key, job_id, fingerprint, created_ms)"
                           " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(key) DO NOTHING",
     [JD_WS_IDEM_GET] = "SELECT job_id FROM idempotency WHERE key = ?1",
-    [JD_WS_JOB_INSERT] = "INSERT INTO jobs(id, queue, priority, state, definition, run_at_ms,"
+    [JD_WS_JOB_INSERT] = "INSERT INTO jobs(id, queue, priority, state, run_at_ms,"
                          " attempts, version, created_ms, updated_ms, started_ms, finished_ms,"
                          " idempotency_key)"
-                         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, 1, ?7, ?7, 0, ?8, ?9)",
-    /* One statement for every combination of JD_SET_* flags: each column
-     * keeps its value unless its flag parameter is true. A move to a
-     * terminal state without an explicit finish time stamps it now, so
-     * retention never sees a terminal job with finished_ms 0. */
-    [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = version + 1, updated_ms = ?2,"
-                         " state = iif(?3, ?4, state),"
-                         " output = iif(?5, ?6, output),"
-                         " error = iif(?7, ?8, error),"
-                         " run_at_ms = iif(?9, ?10, run_at_ms),"
-                         " attempts = iif(?11, ?12, attempts),"
-                         " started_ms = iif(?13, ?14, started_ms),"
-                         " finished_ms = CASE WHEN ?15 THEN ?16"
-                         "   WHEN ?3 AND ?4 >= 3 AND finished_ms = 0 THEN ?2"
-                         "   ELSE finished_ms END"
+                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9)",
+    [JD_WS_DEF_INSERT] = "INSERT INTO job_definitions(job_id, definition) VALUES (?1, ?2)",
+    /* A change that sets no field (a history append); changes that set
+     * fields use update_stmt(), one statement per JD_SET_* combination, so
+     * an append never rewrites the state indexes or fires the count trigger. */
+    [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = version + 1, updated_ms = ?2"
                          " WHERE id = ?1 RETURNING version",
     [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -75,6 +66,7 @@ static const char *const writer_sql[JD_WS_N] = {
                          " WHERE state >= 3 AND finished_ms < ?1 ORDER BY finished_ms LIMIT ?2",
     [JD_WS_RET_DEL_EVENTS] = "DELETE FROM events WHERE job_id = ?1",
     [JD_WS_RET_DEL_JOB] = "DELETE FROM jobs WHERE id = ?1",
+    [JD_WS_RET_DEL_DEF] = "DELETE FROM job_definitions WHERE job_id = ?1",
     [JD_WS_RET_DEL_IDEM] = "DELETE FROM idempotency WHERE key = ?1 AND job_id = ?2",
     [JD_WS_RET_MAX_ID] = "INSERT INTO meta(key, value) VALUES ('max_deleted_id', ?1)"
                          " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
@@ -171,11 +163,15 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now)
     sqlite3_bind_text(st, 2, j->queue, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, j->priority);
     sqlite3_bind_int(st, 4, (int)j->state);
-    sqlite3_bind_text(st, 5, j->definition, -1, SQLITE_STATIC);
     sqlite3_bind_int64(st, 6, j->run_at_ms);
     sqlite3_bind_int64(st, 7, created);
     sqlite3_bind_int64(st, 8, jd_job_state_terminal(j->state) ? created : 0);
     bind_text(st, 9, j->idempotency_key);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    st = s->wst[JD_WS_DEF_INSERT];
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_text(st, 2, j->definition, -1, SQLITE_STATIC);
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
 
@@ -187,29 +183,62 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now)
     return rc;
 }
 
+/* The UPDATE for one combination of JD_SET_* flags, prepared on first use.
+ * Parameters keep fixed numbers (?1 id, ?2 now, ?4 state, ?6 output, ...);
+ * binding a number a statement does not use is harmless. A move to a
+ * terminal state without an explicit finish time stamps it now, so retention
+ * never sees a terminal job with finished_ms 0. */
+static sqlite3_stmt *update_stmt(struct jd_store *s, unsigned set)
+{
+    if (set == 0)
+        return s->wst[JD_WS_JOB_UPDATE];
+    if (s->upd[set])
+        return s->upd[set];
+    char sql[512] = "UPDATE jobs SET version = version + 1, updated_ms = ?2";
+    static const char *const cols[7] = {
+        ", state = ?4",     ", output = ?6",      ", error = ?8",        ", run_at_ms = ?10",
+        ", attempts = ?12", ", started_ms = ?14", ", finished_ms = ?16",
+    };
+    for (int i = 0; i < 7; i++)
+        if (set & (1u << i))
+            strcat(sql, cols[i]);
+    if ((set & JD_SET_STATE) && !(set & JD_SET_FINISHED))
+        strcat(sql, ", finished_ms = iif(?4 >= 3 AND finished_ms = 0, ?2, finished_ms)");
+    strcat(sql, " WHERE id = ?1 RETURNING version");
+    if (sqlite3_prepare_v3(s->wdb, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->upd[set], NULL) !=
+        SQLITE_OK) {
+        jd_log(JD_LOG_ERROR, "storage: preparing an update failed", "db", s->path, "error",
+               sqlite3_errmsg(s->wdb), NULL);
+        return NULL;
+    }
+    return s->upd[set];
+}
+
 static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
 {
     unsigned set = w->set;
-    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL ||
+    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL || set >= JD_UPDATE_MASKS ||
         ((set & JD_SET_STATE) && (unsigned)w->state >= JD_JOB_NSTATES))
         return JD_EINVAL;
-    sqlite3_stmt *st = s->wst[JD_WS_JOB_UPDATE];
+    sqlite3_stmt *st = update_stmt(s, set);
+    if (!st)
+        return JD_EIO;
     sqlite3_bind_int64(st, 1, w->job_id);
     sqlite3_bind_int64(st, 2, now);
-    sqlite3_bind_int(st, 3, !!(set & JD_SET_STATE));
-    sqlite3_bind_int(st, 4, (int)w->state);
-    sqlite3_bind_int(st, 5, !!(set & JD_SET_OUTPUT));
-    bind_text(st, 6, w->output);
-    sqlite3_bind_int(st, 7, !!(set & JD_SET_ERROR));
-    bind_text(st, 8, w->error);
-    sqlite3_bind_int(st, 9, !!(set & JD_SET_RUN_AT));
-    sqlite3_bind_int64(st, 10, w->run_at_ms);
-    sqlite3_bind_int(st, 11, !!(set & JD_SET_ATTEMPTS));
-    sqlite3_bind_int64(st, 12, w->attempts);
-    sqlite3_bind_int(st, 13, !!(set & JD_SET_STARTED));
-    sqlite3_bind_int64(st, 14, w->started_ms);
-    sqlite3_bind_int(st, 15, !!(set & JD_SET_FINISHED));
-    sqlite3_bind_int64(st, 16, w->finished_ms);
+    if (set & JD_SET_STATE)
+        sqlite3_bind_int(st, 4, (int)w->state);
+    if (set & JD_SET_OUTPUT)
+        bind_text(st, 6, w->output);
+    if (set & JD_SET_ERROR)
+        bind_text(st, 8, w->error);
+    if (set & JD_SET_RUN_AT)
+        sqlite3_bind_int64(st, 10, w->run_at_ms);
+    if (set & JD_SET_ATTEMPTS)
+        sqlite3_bind_int64(st, 12, w->attempts);
+    if (set & JD_SET_STARTED)
+        sqlite3_bind_int64(st, 14, w->started_ms);
+    if (set & JD_SET_FINISHED)
+        sqlite3_bind_int64(st, 16, w->finished_ms);
     int64_t version = 0;
     int rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) {
@@ -407,6 +436,10 @@ static bool retention_step(struct jd_store *s)
             if (run(st) != SQLITE_DONE)
                 goto fail;
         }
+        st = s->wst[JD_WS_RET_DEL_DEF];
+        sqlite3_bind_int64(st, 1, ids[i]);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
         st = s->wst[JD_WS_RET_DEL_JOB];
         sqlite3_bind_int64(st, 1, ids[i]);
         if (run(st) != SQLITE_DONE)
@@ -580,6 +613,10 @@ void jd_writer_stop(struct jd_store *s)
     for (int i = 0; i < JD_WS_N; i++) {
         sqlite3_finalize(s->wst[i]);
         s->wst[i] = NULL;
+    }
+    for (int i = 0; i < JD_UPDATE_MASKS; i++) {
+        sqlite3_finalize(s->upd[i]);
+        s->upd[i] = NULL;
     }
 }
 

@@ -72,29 +72,34 @@ static int open_store(const char *path, struct jd_store **s, struct jd_error *er
 static const char *const schema_v1 =
     "CREATE TABLE jobs (id INTEGER PRIMARY KEY, queue TEXT NOT NULL,"
     " priority INTEGER NOT NULL DEFAULT 0,"
-    " state INTEGER NOT NULL CHECK (state BETWEEN 0 AND 5), definition TEXT NOT NULL,"
+    " state INTEGER NOT NULL CHECK (state BETWEEN 0 AND 5),"
     " run_at_ms INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,"
     " version INTEGER NOT NULL DEFAULT 1, output TEXT, error TEXT,"
     " created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,"
     " started_ms INTEGER NOT NULL DEFAULT 0, finished_ms INTEGER NOT NULL DEFAULT 0,"
     " idempotency_key TEXT) STRICT;"
+    "CREATE TABLE job_definitions (job_id INTEGER PRIMARY KEY, definition TEXT NOT NULL) STRICT;"
     "CREATE INDEX jobs_state ON jobs(state);"
     "CREATE INDEX jobs_queue_state ON jobs(queue, state);"
     "CREATE INDEX jobs_finished ON jobs(finished_ms) WHERE state >= 3;"
     "CREATE UNIQUE INDEX jobs_idem ON jobs(idempotency_key) WHERE idempotency_key IS NOT NULL;"
-    "CREATE TABLE events (job_id INTEGER NOT NULL, seq INTEGER NOT NULL,"
-    " time_ms INTEGER NOT NULL, kind INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 4),"
-    " tag INTEGER NOT NULL DEFAULT 0, data TEXT, PRIMARY KEY (job_id, seq)) STRICT, WITHOUT ROWID;"
+    "CREATE TABLE events (id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL,"
+    " seq INTEGER NOT NULL, time_ms INTEGER NOT NULL,"
+    " kind INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 4),"
+    " tag INTEGER NOT NULL DEFAULT 0, data TEXT) STRICT;"
+    "CREATE UNIQUE INDEX events_job_seq ON events(job_id, seq);"
     "CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0)"
     " STRICT, WITHOUT ROWID;"
     "CREATE TABLE idempotency (key TEXT PRIMARY KEY, job_id INTEGER NOT NULL, fingerprint TEXT,"
     " created_ms INTEGER NOT NULL) STRICT, WITHOUT ROWID;"
     "PRAGMA application_id = 1245992779;" /* 0x4a44574b */
     "PRAGMA user_version = 1;"
-    "INSERT INTO jobs(id, queue, state, definition, created_ms, updated_ms, version) VALUES"
-    " (10, 'a', 0, '{}', 1, 1, 1), (11, 'a', 1, '{}', 1, 1, 3), (12, 'b', 3, '{}', 1, 1, 2),"
-    " (13, 'a', 0, '{}', 1, 1, 1);"
-    "INSERT INTO events VALUES (10, 1, 1, 0, 0, '{\"state\":\"queued\"}'),"
+    "INSERT INTO jobs(id, queue, state, created_ms, updated_ms, version) VALUES"
+    " (10, 'a', 0, 1, 1, 1), (11, 'a', 1, 1, 1, 3), (12, 'b', 3, 1, 1, 2),"
+    " (13, 'a', 0, 1, 1, 1);"
+    "INSERT INTO job_definitions VALUES (10, '{}'), (11, '{}'), (12, '{}'), (13, '{}');"
+    "INSERT INTO events(job_id, seq, time_ms, kind, tag, data) VALUES"
+    " (10, 1, 1, 0, 0, '{\"state\":\"queued\"}'),"
     " (11, 1, 1, 0, 0, '{\"state\":\"queued\"}'), (11, 2, 1, 0, 0, '{\"state\":\"running\"}'),"
     " (11, 3, 1, 1, 1, '{\"command\":\"echo\"}'),"
     " (12, 1, 1, 0, 0, '{\"state\":\"queued\"}'), (12, 2, 1, 0, 0, '{\"state\":\"succeeded\"}'),"
@@ -195,8 +200,8 @@ static void test_new_file_is_wal_with_strict_tables(void **state)
     sqlite3_finalize(st);
     /* a STRICT table refuses a wrongly typed value */
     assert_int_not_equal(sqlite3_exec(db,
-                                      "INSERT INTO jobs(id, queue, state, definition, created_ms,"
-                                      " updated_ms) VALUES (1, 'q', 'x', '{}', 0, 0)",
+                                      "INSERT INTO jobs(id, queue, state, created_ms,"
+                                      " updated_ms) VALUES (1, 'q', 'x', 0, 0)",
                                       NULL, NULL, NULL),
                          SQLITE_OK);
     sqlite3_close(db);
@@ -217,7 +222,7 @@ static void check_plan(sqlite3 *db, const char *sql)
      * queue, or per queue and state), and the partial index of
      * non-terminal jobs, which recovery reads whole by design. */
     static const char *const allowed[] = {"SCAN queue_counts", "SCAN queues",
-                                          "SCAN jobs USING INDEX jobs_active"};
+                                          "SCAN j USING INDEX jobs_active"};
     while (sqlite3_step(st) == SQLITE_ROW) {
         const char *detail = (const char *)sqlite3_column_text(st, 3);
         if (strstr(detail, "TEMP B-TREE"))
