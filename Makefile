@@ -207,10 +207,12 @@ bench-store: $(BUILD)/bench/store
 bench-compare: $(BUILD)/bench/sched
 	JD_BUILD=$(BUILD) bench/compare.sh
 
-bench-e2e: all $(BUILD)/bench/loadgen
+bench-e2e: deps
+	$(Q)$(MAKE) --no-print-directory all $(BUILD)/bench/loadgen
 	JD_BUILD=$(BUILD) bench/e2e/run.sh
 
-crash: all
+crash: deps
+	$(Q)$(MAKE) --no-print-directory all
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
 
 fuzz:
