@@ -30,7 +30,7 @@ struct env {
     struct jd_jobs *jobs;
 };
 
-static void env_open_store(struct env *e)
+static __attribute__((unused)) void env_open_store(struct env *e)
 {
     struct jd_store_config sc = {.path = e->db, .sync_full = false};
     struct jd_error err;
@@ -39,7 +39,7 @@ static void env_open_store(struct env *e)
         fail_msg("store open: %s", err.message);
 }
 
-static void env_start_jobs(struct env *e, struct jd_jobs_config *cfg)
+static __attribute__((unused)) void env_start_jobs(struct env *e, struct jd_jobs_config *cfg)
 {
     struct jd_jobs_config c = {0};
     if (cfg)
@@ -55,7 +55,7 @@ static void env_start_jobs(struct env *e, struct jd_jobs_config *cfg)
         fail_msg("jobs create: %s", err.message);
 }
 
-static void env_up(struct env *e, struct jd_jobs_config *cfg)
+static __attribute__((unused)) void env_up(struct env *e, struct jd_jobs_config *cfg)
 {
     memset(e, 0, sizeof *e);
     snprintf(e->dir, sizeof e->dir, "/tmp/jd_jobs_test_XXXXXX");
@@ -66,7 +66,7 @@ static void env_up(struct env *e, struct jd_jobs_config *cfg)
     env_start_jobs(e, cfg);
 }
 
-static void env_down(struct env *e)
+static __attribute__((unused)) void env_down(struct env *e)
 {
     jd_jobs_destroy(e->jobs);
     jd_store_close(e->store);
@@ -76,7 +76,7 @@ static void env_down(struct env *e)
         fprintf(stderr, "cleanup of %s failed\n", e->dir);
 }
 
-static void sem_wait_ms(sem_t *s, int ms)
+static __attribute__((unused)) void sem_wait_ms(sem_t *s, int ms)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -100,7 +100,7 @@ struct submit_wait {
     char *json;
 };
 
-static void submit_cb(void *arg, const struct jd_submit_result *res)
+static __attribute__((unused)) void submit_cb(void *arg, const struct jd_submit_result *res)
 {
     struct submit_wait *w = arg;
     w->rc = res->rc;
@@ -111,7 +111,8 @@ static void submit_cb(void *arg, const struct jd_submit_result *res)
 }
 
 /* Submit and wait until durable; returns the id (fails the test on error). */
-static int64_t submit_key(struct jd_jobs *j, const char *def, const char *key, bool *existing)
+static __attribute__((unused)) int64_t submit_key(struct jd_jobs *j, const char *def,
+                                                  const char *key, bool *existing)
 {
     struct submit_wait w = {0};
     sem_init(&w.sem, 0, 0);
@@ -130,7 +131,7 @@ static int64_t submit_key(struct jd_jobs *j, const char *def, const char *key, b
     return w.id;
 }
 
-static int64_t submit(struct jd_jobs *j, const char *def)
+static __attribute__((unused)) int64_t submit(struct jd_jobs *j, const char *def)
 {
     return submit_key(j, def, NULL, NULL);
 }
@@ -141,7 +142,7 @@ struct watch_wait {
     int64_t version;
 };
 
-static void watch_cb(void *arg, int rc, int64_t version)
+static __attribute__((unused)) void watch_cb(void *arg, int rc, int64_t version)
 {
     struct watch_wait *w = arg;
     w->rc = rc;
@@ -150,7 +151,7 @@ static void watch_cb(void *arg, int rc, int64_t version)
 }
 
 /* The job as parsed JSON (caller deletes). */
-static cJSON *job_get(struct jd_jobs *j, int64_t id)
+static __attribute__((unused)) cJSON *job_get(struct jd_jobs *j, int64_t id)
 {
     char *json = NULL;
     int64_t v;
@@ -162,13 +163,13 @@ static cJSON *job_get(struct jd_jobs *j, int64_t id)
     return o;
 }
 
-static const char *jstate(const cJSON *job)
+static __attribute__((unused)) const char *jstate(const cJSON *job)
 {
     return cJSON_GetObjectItem(job, "state")->valuestring;
 }
 
 /* Wait until the job is terminal (through a watch); returns it parsed. */
-static cJSON *wait_terminal(struct jd_jobs *j, int64_t id, int ms)
+static __attribute__((unused)) cJSON *wait_terminal(struct jd_jobs *j, int64_t id, int ms)
 {
     struct watch_wait w = {0};
     sem_init(&w.sem, 0, 0);
@@ -181,7 +182,8 @@ static cJSON *wait_terminal(struct jd_jobs *j, int64_t id, int ms)
 }
 
 /* Poll (through watches on each new version) until the job is in state. */
-static cJSON *wait_state(struct jd_jobs *j, int64_t id, const char *state, int ms)
+static __attribute__((unused)) cJSON *wait_state(struct jd_jobs *j, int64_t id, const char *state,
+                                                 int ms)
 {
     int64_t deadline = jd_wall_ms() + ms;
     for (;;) {
@@ -209,7 +211,7 @@ struct action_wait {
     char *json;
 };
 
-static void action_cb(void *arg, int rc, const char *json)
+static __attribute__((unused)) void action_cb(void *arg, int rc, const char *json)
 {
     struct action_wait *w = arg;
     w->rc = rc;
@@ -217,20 +219,20 @@ static void action_cb(void *arg, int rc, const char *json)
     sem_post(&w->sem);
 }
 
-static void action_wait_init(struct action_wait *w)
+static __attribute__((unused)) void action_wait_init(struct action_wait *w)
 {
     memset(w, 0, sizeof *w);
     sem_init(&w->sem, 0, 0);
 }
 
-static void action_wait_done(struct action_wait *w)
+static __attribute__((unused)) void action_wait_done(struct action_wait *w)
 {
     sem_wait_ms(&w->sem, 10000);
     sem_destroy(&w->sem);
     free(w->json);
 }
 
-static cJSON *jget(const cJSON *o, const char *path)
+static __attribute__((unused)) cJSON *jget(const cJSON *o, const char *path)
 {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", path);
@@ -241,7 +243,7 @@ static cJSON *jget(const cJSON *o, const char *path)
 }
 
 /* The job's events as parsed JSON (caller deletes). */
-static cJSON *job_events(struct jd_jobs *j, int64_t id)
+static __attribute__((unused)) cJSON *job_events(struct jd_jobs *j, int64_t id)
 {
     char *json = NULL;
     if (jd_jobs_events_json(j, id, 0, 0, &json) != 0)

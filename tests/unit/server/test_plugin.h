@@ -10,6 +10,8 @@
  *            kept for backoff checks.
  *   t.hang   never completes by itself; cancel() completes it (counts cancels).
  *   t.slow   {"ms": n}: completes after n ms on a host timer.
+ *   t.note   completes with {"attempt": a, "key": "<idempotency key>"}
+ *            (counts calls).
  *   t.counter (process type) methods count_to: yields t.echo {"i": k} n times,
  *            then done with {"count": n}; create refuses n < 0.
  *
@@ -32,17 +34,19 @@
 static const struct jd_host *tp_host;
 static _Atomic int tp_echo_calls;
 static _Atomic int tp_hang_cancels;
+static _Atomic int tp_note_calls;
 static _Atomic int tp_hang_started;
 static _Atomic long long tp_attempt_ms[16]; /* wall ms when t.fail attempt k started */
 
-static long long tp_now_ms(void)
+static __attribute__((unused)) long long tp_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int tp_echo_validate(const char *args, char *err, size_t errlen, char *ptr, size_t ptrlen)
+static __attribute__((unused)) int tp_echo_validate(const char *args, char *err, size_t errlen,
+                                                    char *ptr, size_t ptrlen)
 {
     if (strstr(args, "\"bad\"")) {
         snprintf(err, errlen, "bad is not allowed");
@@ -52,13 +56,13 @@ static int tp_echo_validate(const char *args, char *err, size_t errlen, char *pt
     return 0;
 }
 
-static void tp_echo_handle(const struct jd_call_info *info)
+static __attribute__((unused)) void tp_echo_handle(const struct jd_call_info *info)
 {
     atomic_fetch_add_explicit(&tp_echo_calls, 1, memory_order_relaxed);
     tp_host->complete(info->call, info->args_json);
 }
 
-static void tp_fail_handle(const struct jd_call_info *info)
+static __attribute__((unused)) void tp_fail_handle(const struct jd_call_info *info)
 {
     struct jd_pjson *a = jd_pjson_parse(info->args_json, NULL, 0);
     int64_t times = 0;
@@ -76,13 +80,13 @@ static void tp_fail_handle(const struct jd_call_info *info)
     }
 }
 
-static void tp_hang_handle(const struct jd_call_info *info)
+static __attribute__((unused)) void tp_hang_handle(const struct jd_call_info *info)
 {
     (void)info;
     atomic_fetch_add_explicit(&tp_hang_started, 1, memory_order_relaxed);
 }
 
-static void tp_hang_cancel(struct jd_call *call)
+static __attribute__((unused)) void tp_hang_cancel(struct jd_call *call)
 {
     atomic_fetch_add_explicit(&tp_hang_cancels, 1, memory_order_relaxed);
     (tp_host->fail)(call, "cancelled", "cancelled", 0, NULL);
@@ -92,13 +96,13 @@ struct tp_slow {
     struct jd_call *call;
 };
 
-static void tp_slow_fire(void *arg)
+static __attribute__((unused)) void tp_slow_fire(void *arg)
 {
     struct jd_call *call = arg;
     tp_host->complete(call, "{\"slow\":true}");
 }
 
-static void tp_slow_handle(const struct jd_call_info *info)
+static __attribute__((unused)) void tp_slow_handle(const struct jd_call_info *info)
 {
     struct jd_pjson *a = jd_pjson_parse(info->args_json, NULL, 0);
     int64_t ms = 0;
@@ -108,12 +112,22 @@ static void tp_slow_handle(const struct jd_call_info *info)
     tp_host->timer_after((uint64_t)ms, tp_slow_fire, info->call);
 }
 
+static __attribute__((unused)) void tp_note_handle(const struct jd_call_info *info)
+{
+    atomic_fetch_add_explicit(&tp_note_calls, 1, memory_order_relaxed);
+    char buf[160];
+    snprintf(buf, sizeof buf, "{\"attempt\":%u,\"key\":\"%s\"}", info->attempt,
+             info->idempotency_key ? info->idempotency_key : "");
+    tp_host->complete(info->call, buf);
+}
+
 /* t.counter */
 struct tp_counter {
     int64_t n, i;
 };
 
-static void *tp_counter_create(const char *method, const char *input, char *err, size_t errlen)
+static __attribute__((unused)) void *tp_counter_create(const char *method, const char *input,
+                                                       char *err, size_t errlen)
 {
     if (strcmp(method, "count_to") != 0) {
         snprintf(err, errlen, "unknown method");
@@ -133,7 +147,8 @@ static void *tp_counter_create(const char *method, const char *input, char *err,
     return c;
 }
 
-static int tp_counter_step(void *self, const struct jd_plugin_event *ev, size_t n, void *out)
+static __attribute__((unused)) int tp_counter_step(void *self, const struct jd_plugin_event *ev,
+                                                   size_t n, void *out)
 {
     struct tp_counter *c = self;
     for (size_t k = 0; k < n; k++)
@@ -152,7 +167,7 @@ static int tp_counter_step(void *self, const struct jd_plugin_event *ev, size_t 
     return 0;
 }
 
-static void tp_counter_destroy(void *self)
+static __attribute__((unused)) void tp_counter_destroy(void *self)
 {
     free(self);
 }
@@ -162,6 +177,7 @@ static const struct jd_command tp_commands[] = {
     {.name = "t.fail", .handle = tp_fail_handle},
     {.name = "t.hang", .handle = tp_hang_handle, .cancel = tp_hang_cancel},
     {.name = "t.slow", .handle = tp_slow_handle},
+    {.name = "t.note", .handle = tp_note_handle},
 };
 
 static const char *const tp_counter_methods[] = {"count_to", NULL};
@@ -183,13 +199,13 @@ static const struct jd_plugin tp_plugin = {
     .nprocess_types = 1,
 };
 
-static const struct jd_plugin *tp_entry(const struct jd_host *h)
+static __attribute__((unused)) const struct jd_plugin *tp_entry(const struct jd_host *h)
 {
     tp_host = h;
     return &tp_plugin;
 }
 
-static int tp_register(void *arg, struct jd_registry *r)
+static __attribute__((unused)) int tp_register(void *arg, struct jd_registry *r)
 {
     (void)arg;
     return jd_registry_add(r, tp_entry, "test_plugin.h", NULL);
