@@ -356,8 +356,11 @@ fn main() {
         usage();
     }
 
+    // enable_all as Tokio's own bench and #[tokio::main] do: with the I/O
+    // driver one idle worker parks in epoll, which is how users run Tokio.
     let rt = Builder::new_multi_thread()
         .worker_threads(workers)
+        .enable_all()
         .build()
         .expect("tokio runtime");
 
@@ -395,6 +398,7 @@ mod tests {
     fn runtime() -> Runtime {
         Builder::new_multi_thread()
             .worker_threads(2)
+            .enable_all()
             .build()
             .unwrap()
     }
