@@ -185,7 +185,7 @@ run_one() {
         return 0
     fi
     tr ',' '\n' <<<"$samples" >>"$OUT/$key.ns"
-    if [ "${RSS[$key]:-0}" -lt "$rss" ]; then RSS[$key]=$rss; fi
+    if [[ $rss =~ ^[0-9]+$ ]] && [ "${RSS[$key]:-0}" -lt "$rss" ]; then RSS[$key]=$rss; fi
 }
 
 # ---- statistics and formatting ------------------------------------------------
