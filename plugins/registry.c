@@ -444,7 +444,7 @@ static void attempt_ended(struct jd_call_handle *c, uint32_t attempt_no, const s
     delay = jd_retry_delay_ms(&c->retry, attempt_no + 1, rand64());
     atomic_fetch_add_explicit(&r->retries, 1, memory_order_relaxed);
     call_ref(c); /* for the retry timer */
-    tid = r->env.timer_after(r->env.ctx, delay, retry_fire, c);
+    tid = r->env.timer_after ? r->env.timer_after(r->env.ctx, delay, retry_fire, c) : 0;
     if (tid == 0) {
         call_unref(c);
         finish_call(c, o, attempt_no);
@@ -457,7 +457,7 @@ static void attempt_ended(struct jd_call_handle *c, uint32_t attempt_no, const s
     pthread_mutex_unlock(&c->mu);
     /* A cancel that came while the timer was being armed saw no timer to
      * stop: stop it here rather than wait out the backoff. */
-    if (cancelled && r->env.timer_cancel(r->env.ctx, tid) == 0) {
+    if (cancelled && r->env.timer_cancel && r->env.timer_cancel(r->env.ctx, tid) == 0) {
         finish_call(c, &k_cancelled, attempt_no);
         call_unref(c);
     }
@@ -485,7 +485,7 @@ static int end_by_plugin(uint64_t id, const struct outcome *o, bool count)
             count_late(found ? e.reg : current());
         return JD_PLUGIN_ESTALE;
     }
-    if (e.timer_id)
+    if (e.timer_id && e.reg->env.timer_cancel)
         e.reg->env.timer_cancel(e.reg->env.ctx, e.timer_id);
     attempt_ended(c, e.attempt_no, o);
     call_unref(c);
@@ -502,7 +502,7 @@ static bool end_by_host(uint64_t id, const struct outcome *o, bool is_timeout)
         return false;
     if (is_timeout)
         atomic_fetch_add_explicit(&e.reg->timeouts, 1, memory_order_relaxed);
-    else if (e.timer_id)
+    else if (e.timer_id && e.reg->env.timer_cancel)
         e.reg->env.timer_cancel(e.reg->env.ctx, e.timer_id);
     if (hook) {
         e.cmd->cancel(call_ptr(id));
@@ -597,7 +597,7 @@ static void start_attempt(struct jd_call_handle *c, uint32_t attempt_no)
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_unlock(&c->mu);
 
-    if (c->timeout_ms > 0) {
+    if (c->timeout_ms > 0 && r->env.timer_after) {
         tid = r->env.timer_after(r->env.ctx, (uint64_t)c->timeout_ms, on_timeout,
                                  (void *)(uintptr_t)id);
         pthread_mutex_lock(&s->mu);
@@ -607,7 +607,7 @@ static void start_attempt(struct jd_call_handle *c, uint32_t attempt_no)
         else
             stop_timer = true;
         pthread_mutex_unlock(&s->mu);
-        if (stop_timer && tid)
+        if (stop_timer && tid && r->env.timer_cancel)
             r->env.timer_cancel(r->env.ctx, tid);
     }
 
@@ -1225,7 +1225,8 @@ void jd_registry_call_cancel(struct jd_registry *r, struct jd_call_handle *h)
     if (att) {
         /* Lost to a completion racing us: that path sees `cancelled`. */
         end_by_host(att, &k_cancelled, false);
-    } else if (rt && h->reg->env.timer_cancel(h->reg->env.ctx, rt) == 0) {
+    } else if (rt && h->reg->env.timer_cancel &&
+               h->reg->env.timer_cancel(h->reg->env.ctx, rt) == 0) {
         uint32_t n;
         pthread_mutex_lock(&h->mu);
         n = h->next_attempt;
