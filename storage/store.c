@@ -305,6 +305,8 @@ int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, stru
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->pool_mu, NULL);
+    pthread_mutex_init(&s->ckpt_mu, NULL);
+    pthread_cond_init(&s->ckpt_cv, NULL);
 
     int rc = check_directory(s->path, err);
     if (rc == 0)
@@ -330,6 +332,8 @@ int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, stru
         goto fail;
     if ((rc = seed_next_id(s, err)) != 0)
         goto fail;
+    if ((rc = jd_checkpointer_start(s, err)) != 0)
+        goto fail;
     if ((rc = jd_writer_start(s, err)) != 0)
         goto fail;
     *out = s;
@@ -349,6 +353,7 @@ struct jd_rconn {
 static void store_free(struct jd_store *s)
 {
     jd_writer_stop(s);
+    jd_checkpointer_stop(s);
     while (s->pool) {
         struct jd_rconn *c = s->pool;
         s->pool = c->next;
@@ -364,6 +369,8 @@ static void store_free(struct jd_store *s)
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->pool_mu);
+    pthread_mutex_destroy(&s->ckpt_mu);
+    pthread_cond_destroy(&s->ckpt_cv);
     free(s->path);
     free(s->lock_path);
     free(s);

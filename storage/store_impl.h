@@ -84,6 +84,15 @@ struct jd_store {
     atomic_uint_least64_t st_commit_us_hist[10];
     atomic_uint_least64_t st_commit_us_sum;
 
+    /* ---- checkpointer thread (checkpoint.c) ---- */
+    sqlite3 *cdb; /* its own connection */
+    pthread_t ckpt;
+    bool ckpt_started;
+    pthread_mutex_t ckpt_mu;
+    pthread_cond_t ckpt_cv;
+    bool ckpt_wanted, ckpt_stop; /* under ckpt_mu */
+    atomic_uint_least64_t st_checkpoints;
+
     /* ---- readers ---- */
     pthread_mutex_t pool_mu;
     struct jd_rconn *pool; /* idle read connections */
@@ -103,6 +112,12 @@ int jd_schema_migrate(sqlite3 *db, const char *path, struct jd_error *err);
 int jd_writer_start(struct jd_store *s, struct jd_error *err);
 /* writer.c: drain the queue (every done() fires), stop the thread. */
 void jd_writer_stop(struct jd_store *s);
+
+/* checkpoint.c: open the checkpointer's connection, hook the writer's
+ * commits, start the thread. */
+int jd_checkpointer_start(struct jd_store *s, struct jd_error *err);
+/* checkpoint.c: stop the thread and close its connection (idempotent). */
+void jd_checkpointer_stop(struct jd_store *s);
 
 /* Map a SQLite result code to a JD_E* code. */
 int jd_store_sqlite_rc(int rc);
