@@ -145,7 +145,9 @@ struct jd_command {
      * host->is_cancelled(). The host never calls cancel() for a call the
      * plugin has already released: a complete()/fail() racing a running
      * cancel() on another thread waits until cancel() returns (calling
-     * complete()/fail() from inside cancel() is fine). Must not block. */
+     * complete()/fail() from inside cancel() is fine; holding a lock that
+     * cancel() takes while calling complete()/fail() is not). Must not
+     * block. */
     void (*cancel)(struct jd_call *call);
 };
 

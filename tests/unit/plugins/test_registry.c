@@ -20,6 +20,7 @@
 #include "plugins/registry.h"
 #include "scheduler/process.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -91,6 +92,18 @@ static int manual_validate(const char *args, char *err, size_t errlen, char *ptr
     return 0;
 }
 
+/* "slowcancel": a cancel hook that takes 100 ms, to check that a racing
+ * completion waits for it. */
+static _Atomic int slow_hook_state; /* 0 idle, 1 running, 2 returned (seq_cst: test only) */
+
+static void slow_cancel(struct jd_call *call)
+{
+    (void)call;
+    atomic_store(&slow_hook_state, 1);
+    usleep(100000);
+    atomic_store(&slow_hook_state, 2);
+}
+
 static const struct jd_command manual_cmds[] = {
     {.name = "manual",
      .validate = manual_validate,
@@ -98,6 +111,7 @@ static const struct jd_command manual_cmds[] = {
      .cancel = manual_cancel},
     {.name = "manual.deadline", .default_timeout_ms = 50, .handle = manual_handle},
     {.name = "blocker", .flags = JD_CMD_BLOCKING, .handle = blocking_handle},
+    {.name = "slowcancel", .handle = manual_handle, .cancel = slow_cancel},
 };
 
 static const struct jd_plugin manual_plugin = {
@@ -105,7 +119,7 @@ static const struct jd_plugin manual_plugin = {
     .name = "manual",
     .version = "1",
     .commands = manual_cmds,
-    .ncommands = 3,
+    .ncommands = 4,
 };
 
 static const struct jd_plugin *manual_entry(const struct jd_host *h)
@@ -700,6 +714,44 @@ static void test_cancel_during_backoff(void **state)
     prec_fini(&rec);
 }
 
+struct racer_arg {
+    struct jd_call *call;
+    int rc;
+    int hook_state_after;
+};
+
+static void *complete_while_hook_runs(void *arg)
+{
+    struct racer_arg *a = arg;
+    while (atomic_load(&slow_hook_state) != 1)
+        usleep(1000);
+    a->rc = mhost->complete(a->call, "\"late\"");
+    a->hook_state_after = atomic_load(&slow_hook_state);
+    return NULL;
+}
+
+static void test_complete_waits_for_cancel_hook(void **state)
+{
+    struct fx *f = *state;
+    struct precord rec;
+    struct jd_call_handle *h;
+    pthread_t t;
+    prec_init(&rec);
+    atomic_store(&slow_hook_state, 0);
+    struct jd_call_request req = {.command = "slowcancel", .done = prec_done, .arg = &rec};
+    assert_int_equal(jd_registry_call(f->r, &req, &h), 0);
+    struct racer_arg a = {.call = manual_call(0)};
+    pthread_create(&t, NULL, complete_while_hook_runs, &a);
+    jd_registry_call_cancel(f->r, h); /* runs the 100 ms hook on this thread */
+    pthread_join(t, NULL);
+    assert_int_equal(a.rc, JD_PLUGIN_ESTALE);
+    assert_int_equal(a.hook_state_after, 2); /* complete() returned only after the hook */
+    assert_int_equal(rec.done_count, 1);
+    assert_string_equal(rec.kind, "cancelled");
+    jd_registry_call_release(h);
+    prec_fini(&rec);
+}
+
 static void test_blocking_runs_on_pool(void **state)
 {
     struct fx *f = *state;
@@ -771,6 +823,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_non_retryable_not_retried, setup_manual, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_is_retried, setup_manual, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_during_backoff, setup_manual, teardown),
+        cmocka_unit_test_setup_teardown(test_complete_waits_for_cancel_hook, setup_manual,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_blocking_runs_on_pool, setup_manual, teardown),
         cmocka_unit_test_setup_teardown(test_process_type_adapter, setup_fake, teardown),
     };
