@@ -497,7 +497,11 @@ static void exec_handle(const struct jd_call_info *info)
         kill(-pid, SIGKILL); /* cancel() came before the pid existed */
     pthread_mutex_unlock(&tbl_mu);
     if (rc != 0) {
-        snprintf(err, sizeof err, "cannot run %.200s: %s", a.argv[0], strerror(rc));
+        if (a.cwd)
+            snprintf(err, sizeof err, "cannot run %.200s in %.200s: %s", a.argv[0], a.cwd,
+                     strerror(rc));
+        else
+            snprintf(err, sizeof err, "cannot run %.200s: %s", a.argv[0], strerror(rc));
         unregister(&c);
         host->fail(info->call, "spawn_failed", err, 0, NULL);
         goto out;

@@ -11,12 +11,14 @@
  * A 5xx answer fails with kind "http_status", retryable; a 4xx one with
  * kind "http_status", not retryable (both carry the response as details).
  * Connection errors and curl's own timeout fail with kind "http_error",
- * retryable. Redirects are not followed (a 3xx is returned as is). A JSON
- * (non-string) body is sent with Content-Type: application/json, a string
- * body with no Content-Type, unless the headers say otherwise. Response bodies over config
- * "output_cap" bytes (default 64 KiB) are cut and "truncated" is true (a cut JSON body is returned
- * as a string). Config "http_allow" (comma-separated host names) limits the hosts; unset or empty:
- * any host. Only http and https.
+ * retryable. Redirects are not followed (a 3xx is returned as is). The
+ * method defaults to GET, or POST when there is a body. A JSON (non-string)
+ * body is sent with Content-Type: application/json, a string body with no
+ * Content-Type, unless the headers say otherwise. Response bodies over
+ * config "output_cap" bytes (default 64 KiB) are cut and "truncated" is true
+ * (a cut JSON body is returned as a string). Config "http_allow"
+ * (comma-separated host names) limits the hosts; unset or empty: any host.
+ * Only http and https.
  *
  * Threading: one event-loop thread owns a curl multi handle and every easy
  * handle in it (no thread per request). handle() builds the easy handle on
@@ -394,6 +396,8 @@ static void http_handle(const struct jd_call_info *info)
     r->cap = output_cap();
     if ((v = jd_pjson_get(a, "method")))
         method = v->string;
+    else if ((v = jd_pjson_get(a, "body")) && !jd_pjson_is(v, JD_PJSON_NULL))
+        method = "POST"; /* a body without a method: what curl -d does */
     jd_pjson_int(jd_pjson_get(a, "timeout_ms"), &timeout_ms);
     if ((v = jd_pjson_get(a, "headers"))) {
         for (size_t i = 0; i < v->len; i++) {

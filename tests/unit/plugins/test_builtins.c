@@ -726,8 +726,7 @@ static void test_http(void **state)
     jd_pjson_free(v);
     prec_fini(&rec);
 
-    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/echo\",\"method\":\"POST\",\"body\":\"raw\"}",
-              0, &rec);
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/echo\",\"body\":\"raw\"}", 0, &rec);
     assert_non_null(strstr(rec.result, "POST|||raw"));
     prec_fini(&rec);
 
