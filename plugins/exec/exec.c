@@ -498,7 +498,7 @@ static void exec_handle(const struct jd_call_info *info)
     pthread_mutex_unlock(&tbl_mu);
     if (rc != 0) {
         if (a.cwd)
-            snprintf(err, sizeof err, "cannot run %.200s in %.200s: %s", a.argv[0], a.cwd,
+            snprintf(err, sizeof err, "cannot run %.120s in %.120s: %s", a.argv[0], a.cwd,
                      strerror(rc));
         else
             snprintf(err, sizeof err, "cannot run %.200s: %s", a.argv[0], strerror(rc));
