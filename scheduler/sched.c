@@ -131,6 +131,7 @@ struct worker {
     size_t evcap;
     struct jd_step_out out;
     struct jd_link *batch[BATCH + 1];
+    struct proc *deferred, *deferred_tail; /* CONTINUEd processes, oldest first */
     struct proc *overflow[JD_RING_SIZE / 2 + 1];
 };
 
@@ -167,6 +168,7 @@ struct jd_sched {
 };
 
 static _Thread_local struct worker *tls_worker;
+static _Thread_local jd_pid tls_pid; /* the process running on this worker, or 0 */
 
 static inline void cpu_relax(void)
 {
@@ -545,11 +547,36 @@ static struct proc *steal(struct worker *w)
     return take_batch(w, &s->global, BATCH + 1);
 }
 
+/* A cooperative yield (CONTINUE) waits on a private list until the worker
+ * has nothing else to do or the fairness tick comes (as Tokio defers
+ * yield_now), so freshly spawned and woken work runs first. */
+static void defer(struct worker *w, struct proc *p)
+{
+    p->link.next = NULL;
+    if (w->deferred_tail)
+        w->deferred_tail->link.next = &p->link;
+    else
+        w->deferred = p;
+    w->deferred_tail = p;
+}
+
+static void flush_deferred(struct worker *w)
+{
+    struct proc *p = w->deferred;
+    w->deferred = w->deferred_tail = NULL;
+    while (p) {
+        struct proc *next = (struct proc *)p->link.next;
+        push_bottom(w, p);
+        p = next;
+    }
+}
+
 static struct proc *find_work(struct worker *w)
 {
     struct jd_sched *s = w->s;
     struct proc *p;
     if (++w->tick % GLOBAL_INTERVAL == 0) {
+        flush_deferred(w);
         /* fairness: shared queues and the oldest local work first, now and then */
         if ((p = take_batch(w, &w->inject, BATCH + 1)) ||
             (p = take_batch(w, &s->global, BATCH + 1)) || (p = jd_ring_pop_back(&w->ring))) {
@@ -576,8 +603,12 @@ static struct proc *find_work(struct worker *w)
         return p;
     if ((p = take_batch(w, &s->global, BATCH + 1)))
         return p;
-    if (s->nworkers > 1 && enter_searching(w))
-        return steal(w);
+    if (s->nworkers > 1 && enter_searching(w) && (p = steal(w)))
+        return p;
+    if (w->deferred) {
+        flush_deferred(w);
+        return jd_ring_pop(&w->ring);
+    }
     return NULL;
 }
 
@@ -784,9 +815,10 @@ static void dispatch_yields(struct jd_sched *s, jd_pid pid, void *user, struct j
     }
 }
 
+static void run_locked(struct worker *w, struct proc *p, uint64_t nw, uint32_t gen, jd_pid pid);
+
 static void run(struct worker *w, struct proc *p)
 {
-    struct jd_sched *s = w->s;
     uint64_t st = atomic_load_explicit(&p->state, memory_order_relaxed);
     uint64_t nw;
     do {
@@ -799,6 +831,16 @@ static void run(struct worker *w, struct proc *p)
     uint32_t gen = GEN(nw);
     jd_pid pid = (uint64_t)gen << 32 | p->index;
     atomic_store_explicit(&p->last_worker, (int)w->index, memory_order_relaxed);
+    tls_pid = pid;
+    run_locked(w, p, nw, gen, pid);
+    tls_pid = 0;
+}
+
+/* run(), once p is Running and ours. */
+static void run_locked(struct worker *w, struct proc *p, uint64_t nw, uint32_t gen, jd_pid pid)
+{
+    struct jd_sched *s = w->s;
+    uint64_t st;
     if (nw & F_KILL) {
         finish_killed(w, p, gen, NULL);
         return;
@@ -869,7 +911,7 @@ static void run(struct worker *w, struct proc *p)
     }
     if (to == ST_READY) {
         if (target == ST_READY)
-            push_bottom(w, p); /* a cooperative yield goes to the back */
+            defer(w, p); /* a cooperative yield goes to the back */
         else
             push_top(w, p); /* woken while running: it has events to handle */
     } else if (jd_mpsc_nonempty(&p->events)) {
@@ -1204,6 +1246,11 @@ int jd_sched_kill(struct jd_sched *s, jd_pid pid, const char *error)
         return JD_ENOENT;
     return post_event(s, pid, EV_KILL, 0, 0, jd_xstrdup(error ? error : "{\"kind\":\"killed\"}"),
                       NULL, JD_ENOENT);
+}
+
+jd_pid jd_sched_self(void)
+{
+    return tls_pid;
 }
 
 int jd_sched_current_worker(void)

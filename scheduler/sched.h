@@ -93,6 +93,10 @@ int jd_sched_kill(struct jd_sched *s, jd_pid pid, const char *error);
 
 /* The worker index (0..W-1) of the calling thread, or -1 outside workers. */
 int jd_sched_current_worker(void);
+/* The pid of the process whose init/step (or hooks.stepped/dispatch) is
+ * running on the calling thread, or 0 elsewhere. Lets a process name itself
+ * (e.g. to pass its pid to a child it spawns). */
+jd_pid jd_sched_self(void);
 unsigned jd_sched_workers(const struct jd_sched *s);
 
 /* Timers. fn(arg) runs once on the scheduler's timer thread after delay_ns;
