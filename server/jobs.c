@@ -115,6 +115,7 @@ struct job {
     bool inserted;                     /* insert committed */
     uint32_t run;                      /* attempts: 1 for the first run */
     bool admitted, spawned, finished, cancel_requested, cancel_sent, timed_out;
+    bool slot_free; /* admitted, but waiting for a message: not counted in running */
     jd_pid pid;
     uint64_t run_at_timer, timeout_timer, grace_timer;
     struct rec *recs;
@@ -1009,14 +1010,27 @@ static void hook_stepped(void *ctx, jd_pid pid, void *user, enum jd_step_status 
     struct jd_jobs *j = ctx;
     struct job *jb = user;
     (void)pid;
+    struct job *start = NULL;
     pthread_mutex_lock(&j->mu);
     if (!jb->finished && !j->stopping) {
         if (status == JD_STEP_IDLE && jb->state == JD_JOB_RUNNING)
             record_state(j, jb, JD_JOB_WAITING);
         else if (status != JD_STEP_IDLE && jb->state == JD_JOB_WAITING)
             record_state(j, jb, JD_JOB_RUNNING);
+        /* A job waiting for a message does not hold one of max_running's
+         * slots: thousands of jobs waiting for approval must not stop the
+         * queue. It takes a slot again when it runs. */
+        if (status == JD_STEP_IDLE && jb->admitted && !jb->slot_free) {
+            jb->slot_free = true;
+            j->running--;
+            admit_locked(j, &start);
+        } else if (status != JD_STEP_IDLE && jb->slot_free) {
+            jb->slot_free = false;
+            j->running++;
+        }
     }
     pthread_mutex_unlock(&j->mu);
+    start_list(j, start);
 }
 
 static void hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status status,
@@ -1029,8 +1043,10 @@ static void hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status
     bool record_it = !jb->finished && !j->stopping;
     jb->finished = true;
     if (jb->admitted) {
-        j->running--;
+        if (!jb->slot_free)
+            j->running--;
         jb->admitted = false;
+        jb->slot_free = false;
     }
     if (record_it) {
         enum jd_job_state s = jb->cancel_requested     ? JD_JOB_CANCELLED

@@ -54,7 +54,8 @@ struct jd_jobs_config {
     void *register_arg;
     struct jd_job_limits limits; /* zeros: defaults */
     int64_t cancel_grace_ms;     /* cancel event -> forced termination; 0: 5000 */
-    unsigned max_running;        /* jobs running at once; 0: 10000 */
+    unsigned max_running;        /* jobs running at once; 0: 10000. A job waiting for a
+                                    message does not count until it runs again. */
 };
 
 /* Create the scheduler and registry, load plugins, and resume every
@@ -123,7 +124,11 @@ int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, cha
                       struct jd_error *err);
 
 /* {"events":[{"seq":1,"time":"...","kind":"state","tag":0,"data":{...}}, ...]}
- * for seq > after_seq. JD_ENOENT if no such job. */
+ * for seq > after_seq. JD_ENOENT if no such job. Event data as recorded:
+ * state {"state":..}, dispatch {"command":..,"attempt":n,"args":{..}
+ * [,"deadline_ms":..]}, complete {"result":..} or {"error":{..}}, message
+ * {"topic":..,"data":..}, cancel {}; each also has "run", the job attempt
+ * it belongs to. limit 0: 1000. */
 int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
                         char **json);
 /* One event per element for SSE: fn(arg, seq, kind, event_json) for seq >

@@ -324,6 +324,22 @@ static void test_priority_pause_and_delay(void **state)
     assert_true(started[3] <= started[2]); /* then 3 */
     assert_true(started[2] <= started[0]); /* then 1 */
 
+    /* A job waiting for a message does not hold the only running slot. */
+    int64_t waiter = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    cJSON_Delete(wait_state(e.jobs, waiter, "waiting", 5000));
+    int64_t other = submit(e.jobs, "{\"handler\":\"t.echo\"}");
+    job = wait_terminal(e.jobs, other, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    cJSON_Delete(job);
+    action_wait_init(&aw);
+    struct jd_error merr;
+    const char *go = "{\"topic\":\"go\"}";
+    assert_int_equal(jd_jobs_message(e.jobs, waiter, go, strlen(go), action_cb, &aw, &merr), 0);
+    action_wait_done(&aw);
+    job = wait_terminal(e.jobs, waiter, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    cJSON_Delete(job);
+
     /* delay_ms: not started before the delay */
     int64_t id = submit(e.jobs, "{\"handler\":\"t.echo\",\"delay_ms\":300}");
     job = wait_terminal(e.jobs, id, 5000);
