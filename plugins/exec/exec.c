@@ -139,6 +139,30 @@ static void args_free(struct exec_args *a)
     memset(a, 0, sizeof *a);
 }
 
+/* Turn a number or boolean argv item into a string node in place. */
+static void argv_item_to_text(struct jd_pjson *v)
+{
+    char buf[64];
+    if (jd_pjson_is(v, JD_PJSON_NUMBER)) {
+        if (v->number == (double)(long long)v->number && v->number > -9e15 && v->number < 9e15)
+            snprintf(buf, sizeof buf, "%lld", (long long)v->number);
+        else
+            snprintf(buf, sizeof buf, "%.17g", v->number);
+    } else if (jd_pjson_is(v, JD_PJSON_TRUE)) {
+        snprintf(buf, sizeof buf, "true");
+    } else if (jd_pjson_is(v, JD_PJSON_FALSE)) {
+        snprintf(buf, sizeof buf, "false");
+    } else {
+        return;
+    }
+    free(v->string);
+    v->string = strdup(buf);
+    if (!v->string)
+        abort();
+    v->len = strlen(buf);
+    v->type = JD_PJSON_STRING;
+}
+
 /* Parse and check args; 0, or 1 with a message and a JSON pointer. */
 static int args_parse(const char *json, struct exec_args *a, char *err, size_t errlen, char *ptr,
                       size_t ptrlen)
@@ -164,6 +188,10 @@ static int args_parse(const char *json, struct exec_args *a, char *err, size_t e
         return 1;
     }
     for (size_t i = 0; i < argv->len; i++) {
+        /* Numbers and booleans become their text, so that a substituted
+         * value such as "${steps.a.output.count}" (which keeps its JSON type)
+         * can be an argument. The node owns the new string. */
+        argv_item_to_text(argv->items[i]);
         if (!jd_pjson_is(argv->items[i], JD_PJSON_STRING) ||
             strlen(argv->items[i]->string) != argv->items[i]->len) {
             snprintf(err, errlen, "argv items must be strings without NUL bytes");

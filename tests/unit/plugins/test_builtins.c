@@ -356,6 +356,16 @@ static void test_exec_exit_codes_and_output(void **state)
     jd_pjson_free(v);
     prec_fini(&rec);
 
+    /* Numbers and booleans in argv (e.g. a substituted step output) are
+     * passed as their text. */
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"/bin/echo\",42,2.5,true,false]}", 0, &rec);
+    assert_true(rec.ok);
+    v = parse(rec.result);
+    assert_string_equal(jd_pjson_str(jd_pjson_get(v, "stdout")), "42 2.5 true false\n");
+    jd_pjson_free(v);
+    prec_fini(&rec);
+
     /* Non-zero exit: an exit_status error with the output in details. */
     prec_init(&rec);
     call_wait(f, "exec", "{\"argv\":[\"/bin/sh\",\"-c\",\"echo out; echo oops >&2; exit 3\"]}", 0,
