@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define PREPOPULATED 10000 /* jobs in the table before the run */
@@ -170,8 +171,17 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 struct result {
-    double rps, cps, batch, p50_ms, p99_ms, max_ms;
+    double rps, cps, batch, p50_ms, p99_ms, max_ms, cpu_us;
 };
+
+/* CPU time of the whole process (writer + producers), microseconds. */
+static double cpu_us_now(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 static void prepopulate(struct jd_store *s)
 {
@@ -215,6 +225,7 @@ static int run_once(const char *dir, bool full, unsigned producers, unsigned win
     struct producer *ps = jd_xcalloc(producers, sizeof *ps);
     pthread_t *t = jd_xcalloc(producers, sizeof *t);
     uint64_t start = jd_now_ns();
+    double cpu0 = cpu_us_now();
     for (unsigned i = 0; i < producers; i++) {
         ps[i].s = s;
         ps[i].seed = 1234 + i;
@@ -227,6 +238,7 @@ static int run_once(const char *dir, bool full, unsigned producers, unsigned win
     for (unsigned i = 0; i < producers; i++)
         pthread_join(t[i], NULL);
     double elapsed = (double)(jd_now_ns() - start) / 1e9;
+    double cpu = cpu_us_now() - cpu0;
     jd_store_stats(s, &st1);
 
     size_t n = 0;
@@ -253,6 +265,7 @@ static int run_once(const char *dir, bool full, unsigned producers, unsigned win
     out->p50_ms = n ? (double)all[n / 2] / 1e6 : 0;
     out->p99_ms = n ? (double)all[(size_t)((double)n * 0.99)] / 1e6 : 0;
     out->max_ms = n ? (double)all[n - 1] / 1e6 : 0;
+    out->cpu_us = n ? cpu / (double)n : 0;
     if (failed)
         fprintf(stderr, "warning: %llu records failed\n", (unsigned long long)failed);
     free(all);
@@ -313,10 +326,10 @@ int main(int argc, char **argv)
     static const unsigned nprod[3] = {1, 4, 16};
     printf("storage bench: %.1fs per run, window %u per producer, median of %d interleaved runs\n",
            secs, window, reps);
-    printf("%-7s %9s %12s %11s %8s %9s %9s %9s\n", "sync", "producers", "records/s", "commits/s",
-           "batch", "p50 ms", "p99 ms", "max ms");
+    printf("%-7s %9s %12s %11s %8s %9s %9s %9s %11s\n", "sync", "producers", "records/s",
+           "commits/s", "batch", "p50 ms", "p99 ms", "max ms", "cpu us/rec");
     for (int pi = 0; pi < 3; pi++) {
-        double v[2][6][50];
+        double v[2][7][50];
         if (only_producers && nprod[pi] != only_producers)
             continue;
         for (int r = 0; r < reps; r++) {
@@ -332,14 +345,15 @@ int main(int argc, char **argv)
                 v[m][3][r] = res.p50_ms;
                 v[m][4][r] = res.p99_ms;
                 v[m][5][r] = res.max_ms;
+                v[m][6][r] = res.cpu_us;
             }
         }
         for (int m = 0; m < 2; m++)
             if (only_sync < 0 || only_sync == (m == 0))
-                printf("%-7s %9u %12.0f %11.0f %8.1f %9.2f %9.2f %9.2f\n",
+                printf("%-7s %9u %12.0f %11.0f %8.1f %9.2f %9.2f %9.2f %11.2f\n",
                        m == 0 ? "full" : "normal", nprod[pi], median(v[m][0], reps),
                        median(v[m][1], reps), median(v[m][2], reps), median(v[m][3], reps),
-                       median(v[m][4], reps), median(v[m][5], reps));
+                       median(v[m][4], reps), median(v[m][5], reps), median(v[m][6], reps));
         fflush(stdout);
     }
     return 0;

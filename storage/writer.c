@@ -56,8 +56,8 @@ static const char *const writer_sql[JD_WS_N] = {
     /* A change that sets no field (a history append); changes that set
      * fields use update_stmt(), one statement per JD_SET_* combination, so
      * an append never rewrites the state indexes or fires the count trigger. */
-    [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = version + 1, updated_ms = ?2"
-                         " WHERE id = ?1 RETURNING version",
+    [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = ?3, updated_ms = ?2 WHERE id = ?1",
+    [JD_WS_VERSION_GET] = "SELECT version FROM jobs WHERE id = ?1",
     [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [JD_WS_QUEUE_UPSERT] = "INSERT INTO queues(name, paused) VALUES (?1, ?2)"
@@ -194,7 +194,7 @@ static sqlite3_stmt *update_stmt(struct jd_store *s, unsigned set)
         return s->wst[JD_WS_JOB_UPDATE];
     if (s->upd[set])
         return s->upd[set];
-    char sql[512] = "UPDATE jobs SET version = version + 1, updated_ms = ?2";
+    char sql[512] = "UPDATE jobs SET version = ?3, updated_ms = ?2";
     static const char *const cols[7] = {
         ", state = ?4",     ", output = ?6",      ", error = ?8",        ", run_at_ms = ?10",
         ", attempts = ?12", ", started_ms = ?14", ", finished_ms = ?16",
@@ -204,7 +204,7 @@ static sqlite3_stmt *update_stmt(struct jd_store *s, unsigned set)
             strcat(sql, cols[i]);
     if ((set & JD_SET_STATE) && !(set & JD_SET_FINISHED))
         strcat(sql, ", finished_ms = iif(?4 >= 3 AND finished_ms = 0, ?2, finished_ms)");
-    strcat(sql, " WHERE id = ?1 RETURNING version");
+    strcat(sql, " WHERE id = ?1");
     if (sqlite3_prepare_v3(s->wdb, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->upd[set], NULL) !=
         SQLITE_OK) {
         jd_log(JD_LOG_ERROR, "storage: preparing an update failed", "db", s->path, "error",
@@ -223,8 +223,20 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
     sqlite3_stmt *st = update_stmt(s, set);
     if (!st)
         return JD_EIO;
+    /* Read the version, then write version + 1: cheaper in SQLite than
+     * UPDATE ... RETURNING, and a missing job is found before any write. */
+    sqlite3_stmt *vs = s->wst[JD_WS_VERSION_GET];
+    sqlite3_bind_int64(vs, 1, w->job_id);
+    int rc = sqlite3_step(vs);
+    int64_t version = rc == SQLITE_ROW ? sqlite3_column_int64(vs, 0) + 1 : 0;
+    sqlite3_reset(vs);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (version == 0)
+        return JD_ENOENT;
     sqlite3_bind_int64(st, 1, w->job_id);
     sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_int64(st, 3, version);
     if (set & JD_SET_STATE)
         sqlite3_bind_int(st, 4, (int)w->state);
     if (set & JD_SET_OUTPUT)
@@ -239,17 +251,8 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
         sqlite3_bind_int64(st, 14, w->started_ms);
     if (set & JD_SET_FINISHED)
         sqlite3_bind_int64(st, 16, w->finished_ms);
-    int64_t version = 0;
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW) {
-        version = sqlite3_column_int64(st, 0);
-        rc = sqlite3_step(st);
-    }
-    sqlite3_reset(st);
-    if (rc != SQLITE_DONE)
+    if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
-    if (version == 0)
-        return JD_ENOENT;
 
     const char *data = w->data;
     char buf[48];
