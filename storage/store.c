@@ -412,6 +412,7 @@ void jd_store_stats(struct jd_store *s, struct jd_store_stats *out)
         out->commit_us_hist[i] =
             atomic_load_explicit(&s->st_commit_us_hist[i], memory_order_relaxed);
     out->commit_us_sum = atomic_load_explicit(&s->st_commit_us_sum, memory_order_relaxed);
+    out->checkpoints = atomic_load_explicit(&s->st_checkpoints, memory_order_relaxed);
 }
 
 /* ---- reads ---- */

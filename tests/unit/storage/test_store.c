@@ -661,6 +661,45 @@ static void test_close_drains_queue_and_fires_every_callback(void **state)
     jd_job_clear(&got);
 }
 
+static void test_wal_is_checkpointed_in_the_background(void **state)
+{
+    struct fx *f = *state;
+    jd_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f, false, 0), 0);
+    char *def = malloc(8001);
+    memset(def, ' ', 8000);
+    def[0] = '[';
+    def[7999] = ']';
+    def[8000] = '\0';
+    /* ~3 pages per insert: past the 2000-frame mark that wakes the checkpointer */
+    enum { N = 1200 };
+    static struct jd_job jobs[N];
+    static struct jd_write ws[N];
+    for (int i = 0; i < N; i++) {
+        jobs[i] = make_job(jd_store_next_id(f->s), "default", NULL);
+        jobs[i].definition = def;
+        ws[i] = (struct jd_write){.op = JD_W_JOB_INSERT, .job = &jobs[i]};
+        assert_int_equal(jd_store_submit(f->s, &ws[i]), 0);
+        if (i % 50 == 49)
+            assert_int_equal(jd_store_sync(f->s), 0); /* many commits, not one */
+    }
+    assert_int_equal(jd_store_sync(f->s), 0);
+    struct jd_store_stats st;
+    for (int t = 0; t < 300; t++) {
+        jd_store_stats(f->s, &st);
+        if (st.checkpoints > 0)
+            break;
+        usleep(10000);
+    }
+    assert_true(st.checkpoints > 0);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, jobs[N - 1].id, &got), 0);
+    assert_int_equal(strlen(got.definition), 8000);
+    jd_job_clear(&got);
+    free(def);
+}
+
 /* ---- retention ---- */
 
 static void test_retention_deletes_old_terminal_jobs_and_their_history(void **state)
@@ -776,6 +815,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stats_count_commits_records_and_latency, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_close_drains_queue_and_fires_every_callback, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_wal_is_checkpointed_in_the_background, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_retention_deletes_old_terminal_jobs_and_their_history,
                                         setup, teardown),

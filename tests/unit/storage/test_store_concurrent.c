@@ -26,7 +26,7 @@
 static int records_per_producer(void)
 {
     const char *s = getenv("JD_STRESS");
-    return s && strcmp(s, "long") == 0 ? 100000 : 3000;
+    return s && strcmp(s, "long") == 0 ? 100000 : 1500;
 }
 
 struct prod;
