@@ -73,6 +73,26 @@ bool jd_ring_push_back(struct jd_ring *r, void *item)
     }
 }
 
+size_t jd_ring_push_back_many(struct jd_ring *r, void *const *items, size_t n)
+{
+    uint64_t w = atomic_load_explicit(&r->word, memory_order_acquire);
+    for (;;) {
+        uint16_t s = f_steal(w), h = f_head(w), t = f_tail(w);
+        size_t room = JD_RING_SIZE - (uint16_t)(t - s);
+        if (s != h || room == 0)
+            return 0;
+        size_t k = n < room ? n : room;
+        for (size_t i = 0; i < k; i++)
+            atomic_store_explicit(&r->slot[(uint16_t)(h - 1 - i) & MASK], items[i],
+                                  memory_order_relaxed);
+        uint16_t nh = (uint16_t)(h - k);
+        /* release: publishes the slots; fails if a thief claimed meanwhile */
+        if (atomic_compare_exchange_weak_explicit(&r->word, &w, pack(nh, nh, t),
+                                                  memory_order_acq_rel, memory_order_acquire))
+            return k;
+    }
+}
+
 void *jd_ring_pop(struct jd_ring *r)
 {
     uint64_t w = atomic_load_explicit(&r->word, memory_order_acquire);

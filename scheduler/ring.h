@@ -47,6 +47,11 @@ bool jd_ring_push(struct jd_ring *r, void *item);
  * first). false when full or while a steal is in progress. */
 bool jd_ring_push_back(struct jd_ring *r, void *item);
 
+/* Owner: push up to n items at the head, items[0] nearest the owner's end
+ * (as n calls of jd_ring_push_back). Returns how many fitted (0 while a
+ * steal is in progress). One CAS for the lot. */
+size_t jd_ring_push_back_many(struct jd_ring *r, void *const *items, size_t n);
+
 /* Owner: pop the newest item, or NULL. */
 void *jd_ring_pop(struct jd_ring *r);
 

@@ -110,8 +110,9 @@ struct proc {
 struct worker {
     struct jd_ring ring;
     struct jd_lqueue inject;
-    _Alignas(64) _Atomic uint32_t parked; /* futex word: 1 while asleep */
-    _Atomic(struct proc *) lifo;
+    _Alignas(64) _Atomic uint32_t parked; /* futex word: 1 while asleep; others CAS it */
+    /* owner-written, read by others only when the monitor flags a stuck step */
+    _Alignas(64) _Atomic(struct proc *) lifo;
     _Atomic uint64_t stepseq; /* odd while a step runs (the monitor reads it) */
     _Atomic bool stuck;       /* set by the monitor: thieves may empty lifo/inject */
     /* owner-written counters (relaxed, read by statistics) */
@@ -133,6 +134,7 @@ struct worker {
     struct jd_link *batch[BATCH + 1];
     struct proc *deferred, *deferred_tail; /* CONTINUEd processes, oldest first */
     struct proc *overflow[JD_RING_SIZE / 2 + 1];
+    struct proc *flushbuf[JD_RING_SIZE / 2];
 };
 
 struct jd_sched {
@@ -560,15 +562,33 @@ static void defer(struct worker *w, struct proc *p)
     w->deferred_tail = p;
 }
 
+/* Move every deferred process to the oldest end of the ring (stealable),
+ * in batches of one CAS each. */
 static void flush_deferred(struct worker *w)
 {
     struct proc *p = w->deferred;
     w->deferred = w->deferred_tail = NULL;
     while (p) {
-        struct proc *next = (struct proc *)p->link.next;
-        push_bottom(w, p);
-        p = next;
+        size_t n = 0;
+        while (p && n < JD_RING_SIZE / 2) {
+            w->flushbuf[n++] = p;
+            p = (struct proc *)p->link.next;
+        }
+        size_t k = jd_ring_push_back_many(&w->ring, (void *const *)w->flushbuf, n);
+        for (size_t i = k; i < n; i++)
+            push_bottom(w, w->flushbuf[i]);
     }
+    notify_local(w->s);
+}
+
+/* The oldest deferred process, run directly: only this worker sees it. */
+static struct proc *pop_deferred(struct worker *w)
+{
+    struct proc *p = w->deferred;
+    w->deferred = (struct proc *)p->link.next;
+    if (!w->deferred)
+        w->deferred_tail = NULL;
+    return p;
 }
 
 static struct proc *find_work(struct worker *w)
@@ -592,8 +612,13 @@ static struct proc *find_work(struct worker *w)
                 BUMP(w, c_lifo_hits, 1);
                 return p;
             }
-            /* a chain of self-waking processes: let the others run first */
+            /* a chain of self-waking processes: let the others run first,
+             * shared queues included (they are starved by such chains) */
             push_bottom(w, p);
+            w->lifo_run = 0;
+            if ((p = take_batch(w, &w->inject, BATCH + 1)) ||
+                (p = take_batch(w, &s->global, BATCH + 1)))
+                return p;
         }
     }
     w->lifo_run = 0;
@@ -606,8 +631,16 @@ static struct proc *find_work(struct worker *w)
     if (s->nworkers > 1 && enter_searching(w) && (p = steal(w)))
         return p;
     if (w->deferred) {
-        flush_deferred(w);
-        return jd_ring_pop(&w->ring);
+        /* Nothing else to do: run the yielded processes. Run them from the
+         * private list (no ring traffic) unless another worker is idle and
+         * could take some, then share them through the ring. */
+        if (s->nworkers > 1 && (atomic_load_explicit(&s->nparked, memory_order_relaxed) ||
+                                atomic_load_explicit(&s->nsearching, memory_order_relaxed) >
+                                    (w->searching ? 1u : 0u))) {
+            flush_deferred(w);
+            return jd_ring_pop(&w->ring);
+        }
+        return pop_deferred(w);
     }
     return NULL;
 }

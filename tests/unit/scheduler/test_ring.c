@@ -56,6 +56,29 @@ static void test_push_back_and_pop_back(void **state)
     free(r);
 }
 
+static void test_push_back_many(void **state)
+{
+    (void)state;
+    struct jd_ring *r = new_ring();
+    void *items[300];
+    for (int i = 0; i < 300; i++)
+        items[i] = ITEM(i);
+    assert_true(jd_ring_push(r, ITEM(1000)));
+    /* like repeated push_back: items[0] nearest the owner's end */
+    assert_int_equal(jd_ring_push_back_many(r, items, 3), 3);
+    assert_int_equal(NUM(jd_ring_pop(r)), 1000);
+    assert_int_equal(NUM(jd_ring_pop(r)), 0);
+    assert_int_equal(NUM(jd_ring_pop_back(r)), 2);
+    assert_int_equal(NUM(jd_ring_pop(r)), 1);
+    assert_null(jd_ring_pop(r));
+    /* only what fits */
+    assert_int_equal(jd_ring_push_back_many(r, items, 300), JD_RING_SIZE);
+    assert_int_equal(jd_ring_push_back_many(r, items, 1), 0);
+    assert_int_equal(NUM(jd_ring_pop(r)), 0);
+    assert_int_equal(NUM(jd_ring_pop_back(r)), JD_RING_SIZE - 1);
+    free(r);
+}
+
 static void test_full_and_wraparound(void **state)
 {
     (void)state;
@@ -282,6 +305,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pop_lifo),
         cmocka_unit_test(test_push_back_and_pop_back),
+        cmocka_unit_test(test_push_back_many),
         cmocka_unit_test(test_full_and_wraparound),
         cmocka_unit_test(test_take_half_overflow),
         cmocka_unit_test(test_steal_half),
