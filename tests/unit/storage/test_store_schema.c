@@ -411,8 +411,10 @@ static void test_database_held_by_another_jackdaw_is_refused(void **state)
 }
 
 /* Fill the database until commits fail; every record whose done() said 0
- * must be there after a reopen, none whose done() said JD_EIO. */
-static void fill_until_full(const char *path, uint64_t max_bytes)
+ * must be there after a reopen, none whose done() said JD_EIO. With a
+ * filler file, free its space after the failure: the same store must then
+ * commit again. */
+static void fill_until_full(const char *path, uint64_t max_bytes, const char *filler)
 {
     struct jd_store_config cfg = {.path = path, .sync_full = true, .max_bytes = max_bytes};
     struct jd_store *s;
@@ -446,6 +448,12 @@ static void fill_until_full(const char *path, uint64_t max_bytes)
     struct jd_job got;
     assert_int_equal(jd_store_job_get(s, ok_ids[0], &got), 0);
     jd_job_clear(&got);
+    if (filler) {
+        assert_int_equal(unlink(filler), 0);
+        struct jd_job j = make_job(jd_store_next_id(s), "default", NULL);
+        assert_int_equal(insert_wait(s, &j, NULL, &r), 0);
+        ok_ids[n_ok++] = j.id;
+    }
     jd_store_close(s);
 
     cfg.max_bytes = 0;
@@ -463,13 +471,13 @@ static void fill_until_full(const char *path, uint64_t max_bytes)
 static void test_full_database_fails_commits_with_eio_and_loses_nothing(void **state)
 {
     char *dir = scratch_dir(), *path = db_path(dir);
-    fill_until_full(path, 256 * 1024);
+    fill_until_full(path, 256 * 1024, NULL);
     rm_tree(dir);
     free(dir);
     free(path);
 }
 
-static void test_full_disk_fails_commits_with_eio_and_loses_nothing(void **state)
+static void test_full_disk_fails_commits_with_eio_loses_nothing_and_recovers(void **state)
 {
     char *dir = scratch_dir();
     if (geteuid() != 0 || mount("tmpfs", dir, "tmpfs", 0, "size=400k") != 0) {
@@ -478,7 +486,14 @@ static void test_full_disk_fails_commits_with_eio_and_loses_nothing(void **state
         skip(); /* needs mount rights; the max_bytes test covers the same path */
     }
     char *path = db_path(dir);
-    fill_until_full(path, 0);
+    char *filler = jd_xasprintf("%s/filler", dir);
+    FILE *fp = fopen(filler, "w");
+    assert_non_null(fp);
+    for (int i = 0; i < 64 * 1024; i++)
+        fputc('f', fp);
+    assert_int_equal(fclose(fp), 0);
+    fill_until_full(path, 0, filler);
+    free(filler);
     umount(dir);
     rm_tree(dir);
     free(dir);
@@ -498,7 +513,7 @@ int main(void)
         cmocka_unit_test(test_newer_schema_is_refused),
         cmocka_unit_test(test_database_held_by_another_jackdaw_is_refused),
         cmocka_unit_test(test_full_database_fails_commits_with_eio_and_loses_nothing),
-        cmocka_unit_test(test_full_disk_fails_commits_with_eio_and_loses_nothing),
+        cmocka_unit_test(test_full_disk_fails_commits_with_eio_loses_nothing_and_recovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
