@@ -889,6 +889,11 @@ static bool queue_name_ok(const char *q)
     return true;
 }
 
+static bool route_takes_json_body(enum jd_route rt)
+{
+    return rt == JD_ROUTE_JOB_SUBMIT || rt == JD_ROUTE_JOB_BATCH || rt == JD_ROUTE_JOB_MESSAGE;
+}
+
 static enum MHD_Result route_post(struct req *r)
 {
     struct jd_http *h = r->h;
@@ -899,6 +904,12 @@ static enum MHD_Result route_post(struct req *r)
     /* seq_cst: a request arriving after drain began must not start work */
     if (atomic_load(&h->draining))
         return respond_problem(r, 503, "the server is shutting down", NULL);
+    if (route_takes_json_body(r->m.route)) {
+        if (r->len == 0)
+            return respond_problem(r, 400, "the request needs a JSON body", NULL);
+        if (!jd_utf8_valid(r->body, r->len))
+            return respond_problem(r, 400, "the body is not valid UTF-8", NULL);
+    }
     switch (r->m.route) {
     case JD_ROUTE_JOB_SUBMIT: {
         const char *key = header(r, "Idempotency-Key");
@@ -953,11 +964,6 @@ static enum MHD_Result route_post(struct req *r)
     default:
         return respond_problem(r, 500, "unrouted POST", NULL);
     }
-}
-
-static bool route_takes_json_body(enum jd_route rt)
-{
-    return rt == JD_ROUTE_JOB_SUBMIT || rt == JD_ROUTE_JOB_BATCH || rt == JD_ROUTE_JOB_MESSAGE;
 }
 
 static enum MHD_Result dispatch(struct req *r)

@@ -120,3 +120,44 @@ int jd_content_type_is_json(const char *ct)
         return 1;
     return 0;
 }
+
+int jd_utf8_valid(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        unsigned cp, min;
+        if (c >= 0xc2 && c <= 0xdf) {
+            len = 2;
+            cp = c & 0x1f;
+            min = 0x80;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            len = 3;
+            cp = c & 0x0f;
+            min = 0x800;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            len = 4;
+            cp = c & 0x07;
+            min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (n - i < len)
+            return 0;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += len;
+    }
+    return 1;
+}

@@ -31,4 +31,8 @@ int jd_auth_bearer_ok(const char *header, const char *token);
  * with no -H); anything else (form, text/plain, ...) does not. */
 int jd_content_type_is_json(const char *ct);
 
+/* Is s[0..n) well-formed UTF-8 (no overlong forms, surrogates or code
+ * points over U+10FFFF)? JSON text must be (RFC 8259 section 8.1). */
+int jd_utf8_valid(const char *s, size_t n);
+
 #endif

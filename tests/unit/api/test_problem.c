@@ -76,6 +76,20 @@ static void test_content_type(void **state)
     assert_false(jd_content_type_is_json("multipart/form-data; boundary=x"));
 }
 
+static void test_utf8(void **state)
+{
+    assert_true(jd_utf8_valid("", 0));
+    assert_true(jd_utf8_valid("plain", 5));
+    assert_true(jd_utf8_valid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x90\xa6", 14));
+    assert_false(jd_utf8_valid("\xff", 1));
+    assert_false(jd_utf8_valid("\xc3", 1));             /* truncated */
+    assert_false(jd_utf8_valid("\xc0\xaf", 2));         /* overlong '/' */
+    assert_false(jd_utf8_valid("\xe0\x80\xaf", 3));     /* overlong */
+    assert_false(jd_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
+    assert_false(jd_utf8_valid("\xf4\x90\x80\x80", 4)); /* over U+10FFFF */
+    assert_false(jd_utf8_valid("a\x80", 2));            /* stray continuation */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -83,6 +97,7 @@ int main(void)
         cmocka_unit_test(test_problem_omits_empty_and_escapes),
         cmocka_unit_test(test_bearer),
         cmocka_unit_test(test_content_type),
+        cmocka_unit_test(test_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
