@@ -23,7 +23,8 @@
 # Environment: JD_BUILD (build dir, default build), W (workers, default 2),
 # QUICK=1 (under 2 minutes: fewer rounds and iterations), ROUNDS, ITERS,
 # SKYNET_ITERS, LIMIT and BUSY2_LIMIT (seconds per invocation), SHAPES (a
-# space-separated subset). Raw samples are kept in $JD_BUILD/bench-compare/.
+# space-separated subset). Raw samples, table.txt and table.md (the same
+# table in Markdown) are kept in $JD_BUILD/bench-compare/.
 #
 # Threading: sequential; one benchmark process at a time, so the programs never
 # compete with each other for the machine's cores.
@@ -328,7 +329,7 @@ done
 
 {
     echo "# bench-compare: W=$W workers, $ROUNDS rounds interleaved (jackdaw, tokio, go), $ITERS iterations per round ($SKYNET_ITERS for skynet)$([ "$QUICK" = 1 ] && echo ", QUICK")"
-    echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo); Linux $(uname -r)"
+    echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo); Linux $(uname -r); load average $(cut -d' ' -f1-3 /proc/loadavg)"
     tv=$(compgen -G '/usr/share/cargo/registry/tokio-1.*' | sed 's/.*tokio-//' | sort -V | tail -1 || true)
     gv=""
     if [ -n "$GO" ]; then gv=$("$GO" version | awk '{ print $3 }'); fi
@@ -366,5 +367,17 @@ done
     worst_line go
     worst_line tokio
 } | tee "$OUT/table.txt"
+
+# The same table as Markdown, for README.md and bench/RESULTS.md.
+awk -F' *[|] *' '
+    { sub(/ +$/, "") }
+    /^#/ { sub(/^# /, ""); print $0 "  "; next }
+    /^shape / { print ""; print "| " $1 " | " $2 " | " $3 " | " $4 " | " $5 " | " $6 " |"
+                print "|---|---|---|---|---|---|"; next }
+    /^---/ { next }
+    NF == 6 { print "| " $1 " | " $2 " | " $3 " | " $4 " | " $5 " | " $6 " |"; next }
+    { if (!tail++) print ""; print $0 "  " }
+' "$OUT/table.txt" >"$OUT/table.md"
+say "compare: table in $OUT/table.txt and $OUT/table.md"
 
 exit "$ERRORS"
