@@ -15,6 +15,16 @@
  * the consumer drops events of another generation and completions whose tag
  * is not outstanding (stale_dropped).
  *
+ * Run order (find_work): every 61st tick the inject queue, the global
+ * queue, then the oldest local item first; otherwise the LIFO slot (the
+ * process this worker just spawned or woke, at most 3 in a row; an evicted
+ * chain also triggers a look at the shared queues), the ring's newest item,
+ * the inject queue (one plus up to 16 moved), the global queue (likewise),
+ * stealing half of a random victim's ring (searchers only), and last the
+ * processes that yielded (CONTINUE), which wait on a private list until the
+ * worker has nothing else (as Tokio defers yield_now) and then go back to
+ * the ring, stealable, in batches of one CAS.
+ *
  * Memory: control blocks live in 4096-slot chunks that are never freed
  * before destroy, so a stale pid can always be looked at safely; a finished
  * slot gets generation + 1 and goes to a per-worker cache (then a global
@@ -581,16 +591,6 @@ static void flush_deferred(struct worker *w)
     notify_local(w->s);
 }
 
-/* The oldest deferred process, run directly: only this worker sees it. */
-static struct proc *pop_deferred(struct worker *w)
-{
-    struct proc *p = w->deferred;
-    w->deferred = (struct proc *)p->link.next;
-    if (!w->deferred)
-        w->deferred_tail = NULL;
-    return p;
-}
-
 static struct proc *find_work(struct worker *w)
 {
     struct jd_sched *s = w->s;
@@ -631,16 +631,11 @@ static struct proc *find_work(struct worker *w)
     if (s->nworkers > 1 && enter_searching(w) && (p = steal(w)))
         return p;
     if (w->deferred) {
-        /* Nothing else to do: run the yielded processes. Run them from the
-         * private list (no ring traffic) unless another worker is idle and
-         * could take some, then share them through the ring. */
-        if (s->nworkers > 1 && (atomic_load_explicit(&s->nparked, memory_order_relaxed) ||
-                                atomic_load_explicit(&s->nsearching, memory_order_relaxed) >
-                                    (w->searching ? 1u : 0u))) {
-            flush_deferred(w);
-            return jd_ring_pop(&w->ring);
-        }
-        return pop_deferred(w);
+        /* Nothing else to do: the yielded processes go back to the ring
+         * (one CAS per batch), where thieves can take them too: a worker
+         * preempted by the OS or stuck in a step must not hold them. */
+        flush_deferred(w);
+        return jd_ring_pop(&w->ring);
     }
     return NULL;
 }
