@@ -40,7 +40,7 @@ struct jd_job_limits {
 };
 
 struct jd_jobs_config {
-    struct jd_store *store;  /* borrowed, open; outlives the job layer */
+    struct jd_store *store; /* borrowed, open; outlives the job layer */
     /* The layer creates and owns the scheduler and the plugin registry. */
     unsigned workers;          /* scheduler workers; 0: one per core */
     unsigned blocking_threads; /* blocking pool bound; 0: scheduler default */
@@ -79,11 +79,11 @@ struct jd_registry *jd_jobs_registry(struct jd_jobs *j);
 
 /* What a submit produced; borrowed for the callback. */
 struct jd_submit_result {
-    int rc;               /* 0, or a JD_E* code (storage failure) */
-    struct jd_error err;  /* detail when rc != 0 */
-    int64_t job_id;       /* single submit */
-    const char *json;     /* single: the job rendered; batch: {"jobs":[...]} */
-    bool existing;        /* idempotency key matched an earlier job (same body) */
+    int rc;              /* 0, or a JD_E* code (storage failure) */
+    struct jd_error err; /* detail when rc != 0 */
+    int64_t job_id;      /* single submit */
+    const char *json;    /* single: the job rendered; batch: {"jobs":[...]} */
+    bool existing;       /* idempotency key matched an earlier job (same body) */
 };
 typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res);
 
@@ -110,14 +110,13 @@ int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_
 
 /* ---- reading (rendered JSON; caller frees with free()) ---- */
 
-int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *version,
-                     bool *terminal);
+int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *version, bool *terminal);
 
 struct jd_jobs_list_query {
-    const char *state; /* or NULL; unknown state: JD_EINVAL */
-    const char *queue; /* or NULL */
-    unsigned limit;    /* 0: 50; max 1000 */
-    const char *cursor;/* opaque, from a previous page's next_cursor; or NULL */
+    const char *state;  /* or NULL; unknown state: JD_EINVAL */
+    const char *queue;  /* or NULL */
+    unsigned limit;     /* 0: 50; max 1000 */
+    const char *cursor; /* opaque, from a previous page's next_cursor; or NULL */
 };
 /* {"jobs":[...],"next_cursor":"..."|null} */
 int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, char **json,
@@ -170,8 +169,7 @@ int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_ac
  * JD_ESHUTDOWN when the layer drains. JD_ENOENT if no such job (fn not
  * called). *watch_id (may be NULL) names the watch for unwatch. */
 int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
-                  void (*fn)(void *arg, int rc, int64_t version), void *arg,
-                  uint64_t *watch_id);
+                  void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id);
 /* Withdraw a watch (e.g. on long-poll timeout). When it returns, fn is not
  * running and never will. Returns true if fn never ran, false if it already
  * fired. Unknown or already fired ids are fine. */
