@@ -51,9 +51,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REQ_ID_MAX 64          /* longer client ids are replaced by ours */
-#define IDEM_KEY_MAX 255       /* as the common SaaS limits */
-#define DISCARD_LIMIT_FACTOR 4 /* read at most this times --max-body of a rejected body */
+#define REQ_ID_MAX 64                    /* longer client ids are replaced by ours */
+#define IDEM_KEY_MAX 255                 /* as the common SaaS limits */
+#define DISCARD_LIMIT ((size_t)64 << 20) /* bytes of a rejected chunked body read before closing   \
+                                          */
 
 struct jd_http {
     struct MHD_Daemon *daemon;
@@ -1093,11 +1094,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             size_t n = *upload_data_size;
             *upload_data_size = 0;
             if (r->too_big || r->len + n > h->max_body) {
+                /* libmicrohttpd 0.9.75 cannot queue a response mid-upload,
+                 * so an oversized chunked body is read and dropped, and the
+                 * 413 goes out at its end; a body that keeps coming past
+                 * the discard limit gets its connection closed instead. */
                 r->too_big = true;
                 r->discarded += n;
-                /* A chunked body keeps coming: after a few times the limit,
-                 * stop reading and drop the connection. */
-                if (r->discarded > h->max_body * DISCARD_LIMIT_FACTOR) {
+                if (r->discarded > DISCARD_LIMIT) {
                     r->status = 413;
                     return MHD_NO;
                 }

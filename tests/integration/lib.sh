@@ -117,6 +117,7 @@ req() {
     local method=$1 path=$2
     shift 2
     local out
+    rm -f "$WORK/body" "$WORK/hdrs"
     out=$(curl -s -S -X "$method" -o "$WORK/body" -D "$WORK/hdrs" -w '%{http_code}' \
         --max-time "${REQ_TIMEOUT:-20}" "$@" "$BASE$path" 2>"$WORK/curlerr")
     STATUS=${out:-000}
