@@ -214,18 +214,24 @@ static void futex_wake(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* Wake worker i if it is parked; it wakes as a searcher. */
+/* Wake worker i if it is parked; it wakes as a searcher. The searcher
+ * count goes up before the CAS so the woken worker's later decrement can
+ * never run first (a brief over-count only delays a notification that the
+ * awake worker's own queue checks make unnecessary). */
 static bool unpark_worker(struct jd_sched *s, unsigned i)
 {
     struct worker *v = &s->workers[i];
     uint32_t one = 1;
     /* seq_cst: part of the parking Dekker pattern (see the file comment) */
-    if (atomic_load_explicit(&v->parked, memory_order_seq_cst) != 1 ||
-        !atomic_compare_exchange_strong_explicit(&v->parked, &one, 0, memory_order_seq_cst,
-                                                 memory_order_relaxed))
+    if (atomic_load_explicit(&v->parked, memory_order_seq_cst) != 1)
         return false;
-    atomic_fetch_sub_explicit(&s->nparked, 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&s->nsearching, 1, memory_order_seq_cst);
+    if (!atomic_compare_exchange_strong_explicit(&v->parked, &one, 0, memory_order_seq_cst,
+                                                 memory_order_relaxed)) {
+        atomic_fetch_sub_explicit(&s->nsearching, 1, memory_order_seq_cst);
+        return false;
+    }
+    atomic_fetch_sub_explicit(&s->nparked, 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&s->unparks, 1, memory_order_relaxed);
     futex_wake(&v->parked);
     return true;
