@@ -1748,19 +1748,17 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
     pthread_mutex_lock(&j->mu);
     int64_t version = 0;
     bool terminal = false;
-    struct job *jb = job_find(j, id);
-    if (jb) {
-        version = jb->version;
-        terminal = jb->inserted && jd_job_state_terminal(jb->committed_state);
-    } else {
-        struct jd_job row = {0};
-        if (jd_store_job_get(j->store, id, &row) != 0) {
-            pthread_mutex_unlock(&j->mu);
-            return JD_ENOENT;
-        }
+    /* The store is the truth of what is committed: a reader may already see
+     * a version whose commit callback has not run yet. Commits after this
+     * read call wrec_done, which takes mu, so none is missed. */
+    struct jd_job row = {0};
+    if (jd_store_job_get(j->store, id, &row) == 0) {
         version = row.version;
         terminal = jd_job_state_terminal(row.state);
         jd_job_clear(&row);
+    } else if (!job_find(j, id)) {
+        pthread_mutex_unlock(&j->mu);
+        return JD_ENOENT;
     }
     if (version > since_version && (!terminal_only || terminal)) {
         pthread_mutex_unlock(&j->mu);
