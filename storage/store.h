@@ -8,8 +8,12 @@
  * the commit is durable (as --sync says) or with an error: nothing is
  * reported durable that is not.
  *
- * Reads: on read-only connections (one per calling thread, opened lazily),
- * safe from any thread, never blocked by the writer (WAL).
+ * Reads: on read-only connections from a small pool (as many as threads
+ * read at once, opened lazily, each with its prepared statements), safe from
+ * any thread, never blocked by the writer (WAL).
+ *
+ * Layout and performance notes are in storage/schema.c and storage/writer.c;
+ * WAL checkpoints run on a background thread (storage/checkpoint.c).
  *
  * Ids: job ids are positive 64-bit integers handed out by jd_store_next_id
  * (monotonic, seeded from the database at open), so callers know a job's id
@@ -99,7 +103,8 @@ struct jd_store_config {
  * missing or read-only directory, a corrupt or foreign file, a newer schema,
  * or a database another running Jackdaw holds. */
 int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, struct jd_error *err);
-/* Drain the queue (every done() fires), stop the writer, close. */
+/* Drain the queue (every done() fires), stop the writer, close. Call it
+ * after every producer and reader has stopped, never from a done(). */
 void jd_store_close(struct jd_store *s);
 
 /* The schema version this binary migrates to. */

@@ -20,6 +20,10 @@
  * writer_sleeping before re-checking the stack. Both sides use seq_cst, so at
  * least one of them sees the other's write (Dekker); the signal is sent under
  * mu, which the writer holds while it re-checks and waits.
+ *
+ * Threading: jd_store_submit, jd_store_submit_many and jd_store_sync from any
+ * thread (sync never from a done()); everything else here runs on the writer
+ * thread, except jd_writer_start/stop (the opening/closing thread).
  */
 #include "storage/store_impl.h"
 
