@@ -7,6 +7,7 @@ void jd_lqueue_init(struct jd_lqueue *q)
 {
     pthread_mutex_init(&q->mu, NULL);
     q->head = q->tail = NULL;
+    atomic_init(&q->arrivals, NULL);
     atomic_init(&q->len, 0);
 }
 
@@ -15,49 +16,87 @@ void jd_lqueue_destroy(struct jd_lqueue *q)
     pthread_mutex_destroy(&q->mu);
 }
 
-void jd_lqueue_push_chain(struct jd_lqueue *q, struct jd_link *first, struct jd_link *last,
-                          size_t n)
+/* Under mu: move the lock-free arrivals, oldest first, to the list's tail. */
+static void absorb_arrivals(struct jd_lqueue *q)
 {
-    last->next = NULL;
-    pthread_mutex_lock(&q->mu);
+    if (!atomic_load_explicit(&q->arrivals, memory_order_relaxed))
+        return;
+    /* acquire: pairs with the pushers' release CAS (element contents) */
+    struct jd_link *e = atomic_exchange_explicit(&q->arrivals, NULL, memory_order_acquire);
+    struct jd_link *first = NULL, *last = e;
+    while (e) {
+        struct jd_link *next = e->next;
+        e->next = first;
+        first = e;
+        e = next;
+    }
+    if (!first)
+        return;
     if (q->tail)
         q->tail->next = first;
     else
         q->head = first;
     q->tail = last;
-    /* seq_cst: ordered before the pusher's read of the parked-worker counts */
-    atomic_store_explicit(&q->len, atomic_load_explicit(&q->len, memory_order_relaxed) + n,
-                          memory_order_seq_cst);
+}
+
+void jd_lqueue_push_chain(struct jd_lqueue *q, struct jd_link *first, struct jd_link *last,
+                          size_t n)
+{
+    last->next = NULL;
+    pthread_mutex_lock(&q->mu);
+    absorb_arrivals(q); /* older single pushes stay ahead of the chain */
+    if (q->tail)
+        q->tail->next = first;
+    else
+        q->head = first;
+    q->tail = last;
     pthread_mutex_unlock(&q->mu);
+    /* seq_cst: ordered before the pusher's read of the parked-worker counts */
+    atomic_fetch_add_explicit(&q->len, (long)n, memory_order_seq_cst);
 }
 
 void jd_lqueue_push(struct jd_lqueue *q, struct jd_link *e)
 {
-    jd_lqueue_push_chain(q, e, e, 1);
+    struct jd_link *top = atomic_load_explicit(&q->arrivals, memory_order_relaxed);
+    do {
+        e->next = top;
+        /* release: the element is complete before a consumer can take it */
+    } while (!atomic_compare_exchange_weak_explicit(&q->arrivals, &top, e, memory_order_release,
+                                                    memory_order_relaxed));
+    /* seq_cst: ordered before the pusher's read of the parked-worker counts */
+    atomic_fetch_add_explicit(&q->len, 1, memory_order_seq_cst);
 }
 
 size_t jd_lqueue_pop_batch(struct jd_lqueue *q, struct jd_link **out, size_t max)
 {
     /* relaxed: an unlocked emptiness hint; a miss is caught by the parking re-check */
-    if (atomic_load_explicit(&q->len, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&q->len, memory_order_relaxed) <= 0)
         return 0;
     size_t n = 0;
     pthread_mutex_lock(&q->mu);
-    while (n < max && q->head) {
+    if (!q->head)
+        absorb_arrivals(q);
+    while (n < max) {
+        if (!q->head) {
+            absorb_arrivals(q);
+            if (!q->head)
+                break;
+        }
         out[n++] = q->head;
         q->head = q->head->next;
+        if (!q->head)
+            q->tail = NULL;
     }
-    if (!q->head)
-        q->tail = NULL;
-    atomic_store_explicit(&q->len, atomic_load_explicit(&q->len, memory_order_relaxed) - n,
-                          memory_order_relaxed);
     pthread_mutex_unlock(&q->mu);
+    if (n)
+        atomic_fetch_sub_explicit(&q->len, (long)n, memory_order_relaxed);
     return n;
 }
 
 size_t jd_lqueue_len(struct jd_lqueue *q)
 {
-    return atomic_load_explicit(&q->len, memory_order_seq_cst);
+    long n = atomic_load_explicit(&q->len, memory_order_seq_cst);
+    return n > 0 ? (size_t)n : 0;
 }
 
 void jd_mpsc_init(struct jd_mpsc *m)

@@ -2,11 +2,16 @@
  * The scheduler's two queue kinds, both intrusive (an element embeds a
  * struct jd_link, so queueing never allocates):
  *
- * - struct jd_lqueue: a mutex-protected FIFO with an atomic length, for the
- *   global queue and the per-worker inject queues. Any thread may push or
- *   pop. The length is stored seq_cst after every change so a worker about
- *   to park and a producer about to notify agree (see sched.c, parking).
- *   Batch pops take up to a given count under one lock.
+ * - struct jd_lqueue: a FIFO for the global queue and the per-worker inject
+ *   queues. Any thread may push or pop. Single pushes are lock-free (a
+ *   Treiber stack of arrivals); pops and chain pushes take the mutex and
+ *   first move the arrivals, reversed, to the tail of the locked list, so
+ *   the order stays FIFO. The length is a seq_cst counter raised after an
+ *   element is visible and lowered by pops (it may read one low for a
+ *   moment while a push is between its two steps; that pusher then makes
+ *   its own notification), so a worker about to park and a producer about
+ *   to notify agree (see sched.c, parking). Batch pops take up to a given
+ *   count under one lock.
  *
  * - struct jd_mpsc: a lock-free multi-producer stack drained all at once by
  *   its single consumer (the worker running the process), which reverses it
@@ -28,8 +33,9 @@ struct jd_link {
 
 struct jd_lqueue {
     pthread_mutex_t mu;
-    struct jd_link *head, *tail; /* guarded by mu */
-    _Atomic size_t len;          /* written under mu, read anywhere */
+    struct jd_link *head, *tail;        /* guarded by mu */
+    _Atomic(struct jd_link *) arrivals; /* lock-free pushes, newest first */
+    _Atomic long len;                   /* see above; read anywhere */
 };
 
 void jd_lqueue_init(struct jd_lqueue *q);

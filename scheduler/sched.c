@@ -149,6 +149,7 @@ struct worker {
 
 struct jd_sched {
     struct jd_sched_hooks hooks;
+    uint64_t id; /* unique per process lifetime: keys tls_pcache */
     unsigned nworkers;
     uint64_t stuck_ns;
     struct worker *workers;
@@ -181,6 +182,19 @@ struct jd_sched {
 
 static _Thread_local struct worker *tls_worker;
 static _Thread_local jd_pid tls_pid; /* the process running on this worker, or 0 */
+
+/* Free control blocks cached by a non-worker thread that spawns (HTTP or
+ * timer threads), so a remote spawn takes the table lock once per
+ * TLS_PCACHE spawns. Keyed by the scheduler's unique id: a cache of another
+ * (or a destroyed) scheduler is dropped, never used; the slots it held stay
+ * Free in their own table. */
+#define TLS_PCACHE 32
+static _Atomic uint64_t sched_ids;
+static _Thread_local struct {
+    uint64_t id;
+    unsigned n;
+    struct proc *p[TLS_PCACHE];
+} tls_pcache;
 
 static inline void cpu_relax(void)
 {
@@ -320,6 +334,19 @@ static struct proc *proc_alloc(struct jd_sched *s, struct worker *w)
 {
     if (w && w->npcache)
         return w->pcache[--w->npcache];
+    if (!w) {
+        if (tls_pcache.id != s->id) {
+            tls_pcache.id = s->id;
+            tls_pcache.n = 0;
+        }
+        if (!tls_pcache.n) {
+            pthread_mutex_lock(&s->pid_mu);
+            while (tls_pcache.n < TLS_PCACHE)
+                tls_pcache.p[tls_pcache.n++] = pfree_pop_locked(s);
+            pthread_mutex_unlock(&s->pid_mu);
+        }
+        return tls_pcache.p[--tls_pcache.n];
+    }
     pthread_mutex_lock(&s->pid_mu);
     struct proc *p = pfree_pop_locked(s);
     if (w)
@@ -1062,6 +1089,7 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out)
     *out = NULL;
     struct jd_sched *s = jd_xcalloc(1, sizeof(*s));
     s->hooks = cfg->hooks;
+    s->id = atomic_fetch_add_explicit(&sched_ids, 1, memory_order_relaxed) + 1;
     unsigned nw = cfg->workers;
     if (nw == 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
