@@ -244,6 +244,61 @@ static void test_lqueue_fifo_batches(void **state)
     jd_lqueue_destroy(&q);
 }
 
+/* Producers push singly (lock-free) and in chains (locked) while the test
+ * thread pops batches: each element once, each producer's order kept. */
+#define LQ_PRODUCERS 3
+#define LQ_PER 30000
+static struct jd_lqueue lq;
+
+static void *lq_producer(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    struct qitem *items = calloc(LQ_PER, sizeof(*items));
+    for (int i = 0; i < LQ_PER; i++)
+        items[i].v = id * LQ_PER + i;
+    for (int i = 0; i < LQ_PER;) {
+        if (i % 10 == 0 && i + 4 <= LQ_PER) {
+            for (int k = 0; k < 3; k++)
+                items[i + k].link.next = &items[i + k + 1].link;
+            jd_lqueue_push_chain(&lq, &items[i].link, &items[i + 3].link, 4);
+            i += 4;
+        } else {
+            jd_lqueue_push(&lq, &items[i].link);
+            i++;
+        }
+    }
+    return items;
+}
+
+static void test_lqueue_concurrent_fifo(void **state)
+{
+    (void)state;
+    jd_lqueue_init(&lq);
+    pthread_t t[LQ_PRODUCERS];
+    for (int i = 0; i < LQ_PRODUCERS; i++)
+        pthread_create(&t[i], NULL, lq_producer, (void *)(intptr_t)i);
+    int last[LQ_PRODUCERS] = {-1, -1, -1};
+    int got = 0;
+    struct jd_link *out[17];
+    while (got < LQ_PRODUCERS * LQ_PER) {
+        size_t n = jd_lqueue_pop_batch(&lq, out, 17);
+        for (size_t i = 0; i < n; i++) {
+            int v = ((struct qitem *)out[i])->v;
+            int p = v / LQ_PER;
+            assert_int_equal(v % LQ_PER, last[p] + 1);
+            last[p] = v % LQ_PER;
+            got++;
+        }
+    }
+    for (int i = 0; i < LQ_PRODUCERS; i++) {
+        void *items;
+        pthread_join(t[i], &items);
+        free(items);
+    }
+    assert_int_equal(jd_lqueue_len(&lq), 0);
+    jd_lqueue_destroy(&lq);
+}
+
 #define MPSC_PRODUCERS 3
 #define MPSC_PER 20000
 static struct jd_mpsc mq;
@@ -311,6 +366,7 @@ int main(void)
         cmocka_unit_test(test_steal_half),
         cmocka_unit_test(test_concurrent_steal_exactly_once),
         cmocka_unit_test(test_lqueue_fifo_batches),
+        cmocka_unit_test(test_lqueue_concurrent_fifo),
         cmocka_unit_test(test_mpsc_order_and_concurrency),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
