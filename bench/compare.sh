@@ -40,9 +40,9 @@ W=${W:-2}
 QUICK=${QUICK:-0}
 
 if [ "$QUICK" = 1 ]; then
-    ROUNDS=${ROUNDS:-3}
-    ITERS=${ITERS:-6}
-    SKYNET_ITERS=${SKYNET_ITERS:-3}
+    ROUNDS=${ROUNDS:-2}
+    ITERS=${ITERS:-8}
+    SKYNET_ITERS=${SKYNET_ITERS:-2}
     LIMIT=${LIMIT:-30}
     BUSY2_LIMIT=${BUSY2_LIMIT:-5}
 else
