@@ -557,6 +557,45 @@ static void test_kill_idle_and_running(void **state)
     jd_sched_destroy(s);
 }
 
+static void test_kill_ready_process(void **state)
+{
+    (void)state;
+    struct jd_sched *s = make(2, false);
+    /* it is Ready (queued) or Running at any moment: kill still ends it */
+    jd_pid pid = spawn(s, K_FOREVER);
+    assert_int_equal(jd_sched_kill(s, pid, "{\"kind\":\"stop\"}"), 0);
+    assert_true(wait_for(&nfinished, 1));
+    assert_int_equal(last_status, JD_STEP_FAIL);
+    assert_string_equal(last_error, "{\"kind\":\"stop\"}");
+    assert_true(wait_for(&nclosed, 1));
+    assert_int_equal(jd_sched_kill(s, pid, NULL), JD_ENOENT);
+    jd_sched_destroy(s);
+}
+
+static jd_pid self_seen;
+static int self_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)self;
+    (void)ev;
+    (void)n;
+    self_seen = jd_sched_self();
+    jd_step_done(out, NULL);
+    return 0;
+}
+static const struct jd_process_ops self_ops = {.step = self_step};
+
+static void test_self_pid(void **state)
+{
+    (void)state;
+    struct jd_sched *s = make(1, false);
+    assert_true(jd_sched_self() == 0);
+    jd_pid pid;
+    assert_int_equal(jd_sched_spawn(s, &self_ops, NULL, NULL, NULL, NULL, &pid), 0);
+    assert_true(wait_for(&nfinished, 1));
+    assert_true(self_seen == pid);
+    jd_sched_destroy(s);
+}
+
 static void test_continue_and_worker_index(void **state)
 {
     (void)state;
@@ -809,6 +848,8 @@ int main(void)
         cmocka_unit_test(test_message_to_blocked),
         cmocka_unit_test(test_cancel_event),
         cmocka_unit_test(test_kill_idle_and_running),
+        cmocka_unit_test(test_kill_ready_process),
+        cmocka_unit_test(test_self_pid),
         cmocka_unit_test(test_continue_and_worker_index),
         cmocka_unit_test(test_timers_fire_and_cancel),
         cmocka_unit_test(test_blocking_pool_bound),
