@@ -51,7 +51,7 @@ BUILD_OPTS=()
 if command -v docker >/dev/null 2>&1 && timeout 10 docker info >/dev/null 2>&1; then
     ENGINE=(docker)
 else
-    tools/deps.sh podman runc debootstrap uidmap
+    tools/deps.sh podman runc debootstrap uidmap iptables
     ENGINE=(podman --runtime runc)
     BUILD_OPTS=(--format docker)
     RUN_OPTS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
