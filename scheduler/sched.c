@@ -523,6 +523,17 @@ static struct proc *take_batch(struct worker *w, struct jd_lqueue *q, size_t max
     return (struct proc *)w->batch[0];
 }
 
+/* Move up to BATCH + 1 from a shared queue to the bottom of our ring. */
+static size_t pull_batch(struct worker *w, struct jd_lqueue *q)
+{
+    size_t room = JD_RING_SIZE - jd_ring_len(&w->ring);
+    size_t max = room < BATCH + 1 ? room : BATCH + 1;
+    size_t n = jd_lqueue_pop_batch(q, w->batch, max);
+    for (size_t i = 0; i < n; i++)
+        push_bottom(w, (struct proc *)w->batch[i]);
+    return n;
+}
+
 /* ---------- searching and stealing ---------- */
 
 static bool enter_searching(struct worker *w)
@@ -645,13 +656,13 @@ static struct proc *find_work(struct worker *w)
                 BUMP(w, c_lifo_hits, 1);
                 return p;
             }
-            /* a chain of self-waking processes: let the others run first,
-             * shared queues included (they are starved by such chains) */
+            /* A chain of self-waking processes: let the others run first,
+             * shared queues included (such chains starve them). The ring
+             * then holds, top to bottom: what was there, a batch from the
+             * inject or global queue, and the chain. */
+            if (!pull_batch(w, &w->inject))
+                pull_batch(w, &s->global);
             push_bottom(w, p);
-            w->lifo_run = 0;
-            if ((p = take_batch(w, &w->inject, BATCH + 1)) ||
-                (p = take_batch(w, &s->global, BATCH + 1)))
-                return p;
         }
     }
     w->lifo_run = 0;
