@@ -64,7 +64,8 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out);
  * returns an error (JD_ESHUTDOWN after shutdown began). method and input are
  * borrowed (copied when non-NULL). `user` is handed to the hooks untouched.
  * From a worker thread the process goes to that worker's local ring; from
- * elsewhere to the global queue.
+ * elsewhere to the global queue. The process may run, and its hooks fire,
+ * before this returns (*pid_out is written before it is queued).
  */
 int jd_sched_spawn(struct jd_sched *s, const struct jd_process_ops *ops, void *self, void *user,
                    const char *method, const char *input, jd_pid *pid_out);
@@ -86,9 +87,11 @@ int jd_sched_send(struct jd_sched *s, jd_pid pid, uint64_t value, char *data);
  * JD_ENOENT if gone. */
 int jd_sched_cancel(struct jd_sched *s, jd_pid pid);
 
-/* Force the process to complete as failed with `error` (JSON text, copied)
- * without running another step: at once if it is not Running, else as soon
- * as its current step returns. hooks.finished sees JD_STEP_FAIL. JD_ENOENT if gone. */
+/* Force the process to complete as failed with `error` (JSON text, copied;
+ * NULL: {"kind":"killed"}) without running another step: at once if it is
+ * not Running (a worker finishes it as its next item), else as soon as its
+ * current step returns (that step's yields are not dispatched).
+ * hooks.finished sees JD_STEP_FAIL. JD_ENOENT if gone. */
 int jd_sched_kill(struct jd_sched *s, jd_pid pid, const char *error);
 
 /* The worker index (0..W-1) of the calling thread, or -1 outside workers. */
