@@ -51,10 +51,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define REQ_ID_MAX 64                    /* longer client ids are replaced by ours */
-#define IDEM_KEY_MAX 255                 /* as the common SaaS limits */
-#define DISCARD_LIMIT ((size_t)64 << 20) /* bytes of a rejected chunked body read before closing   \
-                                          */
+#define REQ_ID_MAX 64    /* longer client ids are replaced by ours */
+#define IDEM_KEY_MAX 255 /* as the common SaaS limits */
+#define DISCARD_LIMIT                                                                              \
+    ((size_t)64 << 20) /* bytes of a rejected chunked body read before closing                     \
+                        */
 
 struct jd_http {
     struct MHD_Daemon *daemon;
@@ -998,12 +999,20 @@ static enum MHD_Result dispatch(struct req *r)
             src.sched = &ss;
             src.registry = &rs;
         }
+        struct jd_queue_counts *qc = NULL;
+        size_t nq = 0;
         if (h->store != NULL) {
             jd_store_stats(h->store, &st);
             src.store = &st;
+            if (jd_store_queue_counts(h->store, &qc, &nq) == 0) {
+                src.queues = qc;
+                src.nqueues = nq;
+            }
         }
         src.ready = j != NULL && !atomic_load(&h->draining);
         text = jd_metrics_render(&src);
+        if (qc != NULL)
+            jd_queue_counts_free(qc, nq);
         return respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text), NULL,
                        NULL, NULL, NULL);
     }
@@ -1293,6 +1302,12 @@ void jd_http_stop(struct jd_http *h, int64_t timeout_ms)
         nanosleep(&ts, NULL);
     }
     wake_all_parked(h);
+    unsigned left = atomic_load_explicit(&h->inflight, memory_order_acquire);
+    if (left > 0) {
+        char n[16];
+        snprintf(n, sizeof n, "%u", left);
+        jd_log(JD_LOG_WARN, "stopping HTTP with requests still in flight", "requests", n, NULL);
+    }
     if (h->daemon != NULL)
         MHD_stop_daemon(h->daemon);
     if (h->quiesced_fd != MHD_INVALID_SOCKET)

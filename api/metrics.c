@@ -242,6 +242,38 @@ static void render_registry(struct buf *b, const struct jd_registry_stats *r)
            "Completions dropped as late or duplicate.", r->late_dropped);
 }
 
+/* A label value with \\, " and newlines escaped (queue names come from users). */
+static void put_label(struct buf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            put(b, "\\%c", *v);
+        else if (*v == '\n')
+            put(b, "\\n");
+        else
+            put(b, "%c", *v);
+    }
+}
+
+static void render_queues(struct buf *b, const struct jd_queue_counts *q, size_t n)
+{
+    family(b, "jackdaw_queue_jobs", "gauge", "Jobs in the database by queue and state.");
+    for (size_t i = 0; i < n; i++) {
+        for (int st = 0; st < JD_JOB_NSTATES; st++) {
+            put(b, "jackdaw_queue_jobs{queue=\"");
+            put_label(b, q[i].queue ? q[i].queue : "");
+            put(b, "\",state=\"%s\"} %lld\n", jd_job_state_name((enum jd_job_state)st),
+                (long long)q[i].counts[st]);
+        }
+    }
+    family(b, "jackdaw_queue_paused", "gauge", "1 when the queue is paused.");
+    for (size_t i = 0; i < n; i++) {
+        put(b, "jackdaw_queue_paused{queue=\"");
+        put_label(b, q[i].queue ? q[i].queue : "");
+        put(b, "\"} %d\n", q[i].paused ? 1 : 0);
+    }
+}
+
 char *jd_metrics_render(const struct jd_metrics_sources *src)
 {
     struct buf b = {jd_xmalloc(16384), 0, 16384};
@@ -258,5 +290,7 @@ char *jd_metrics_render(const struct jd_metrics_sources *src)
         render_store(&b, src->store);
     if (src->registry)
         render_registry(&b, src->registry);
+    if (src->queues)
+        render_queues(&b, src->queues, src->nqueues);
     return b.p;
 }

@@ -13,12 +13,14 @@
 #include "api/router.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct jd_jobs_stats;
 struct jd_sched_stats;
 struct jd_store_stats;
 struct jd_registry_stats;
+struct jd_queue_counts;
 
 /* Statuses counted per route; anything else lands in the last column. */
 #define JD_METRICS_CODES 20
@@ -45,6 +47,8 @@ struct jd_metrics_sources {
     const struct jd_sched_stats *sched;
     const struct jd_store_stats *store;
     const struct jd_registry_stats *registry;
+    const struct jd_queue_counts *queues; /* durable counts per queue and state */
+    size_t nqueues;
     int ready; /* 1 ready, 0 starting or draining */
 };
 

@@ -81,6 +81,7 @@ fi
 start_server() {
     STARTS=$((STARTS + 1))
     LOG=$WORK/server.$STARTS.log
+    : >"$LOG"
     "$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" --plugin-dir "$BUILD/plugins" "$@" 2>"$LOG" &
     SERVER_PID=$!
     local addr=

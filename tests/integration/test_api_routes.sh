@@ -219,7 +219,8 @@ for fam in jackdaw_jobs_submitted_total 'jackdaw_jobs{state="running"}' jackdaw_
     'jackdaw_http_requests_total{route="/v1/jobs",code="201"}' jackdaw_http_request_duration_seconds_bucket \
     jackdaw_store_batch_size_bucket jackdaw_store_commit_seconds_bucket jackdaw_sched_steals_total \
     jackdaw_sched_parks_total 'jackdaw_sched_queue_depth{queue="global"}' jackdaw_sched_stuck_total \
-    'jackdaw_plugin_calls_total{result="ok"}'; do
+    'jackdaw_plugin_calls_total{result="ok"}' 'jackdaw_queue_jobs{queue="default",state="succeeded"}' \
+    'jackdaw_queue_paused{queue="pz"} 0'; do
     check "metrics: $fam" body_has "$fam"
 done
 

@@ -54,8 +54,15 @@ static void test_all_families(void **state)
     st.batch_hist[1] = 11;
     st.commit_us_hist[3] = 11;
     struct jd_registry_stats rs = {.calls = 6, .ok = 5, .failed = 1};
-    struct jd_metrics_sources src = {
-        .jobs = &js, .sched = &ss, .store = &st, .registry = &rs, .ready = 0};
+    struct jd_queue_counts qc[2] = {{.queue = "default"}, {.queue = "we\"ird\n", .paused = true}};
+    qc[0].counts[JD_JOB_SUCCEEDED] = 12;
+    struct jd_metrics_sources src = {.jobs = &js,
+                                     .sched = &ss,
+                                     .store = &st,
+                                     .registry = &rs,
+                                     .queues = qc,
+                                     .nqueues = 2,
+                                     .ready = 0};
     char *t = jd_metrics_render(&src);
     const char *want[] = {
         "jackdaw_up 0\n",
@@ -74,6 +81,9 @@ static void test_all_families(void **state)
         "jackdaw_store_commit_seconds_bucket{le=\"0.001\"} 11\n",
         "jackdaw_plugin_calls_total{result=\"ok\"} 5\n",
         "jackdaw_plugin_calls_total{result=\"failed\"} 1\n",
+        "jackdaw_queue_jobs{queue=\"default\",state=\"succeeded\"} 12\n",
+        "jackdaw_queue_jobs{queue=\"default\",state=\"queued\"} 0\n",
+        "jackdaw_queue_paused{queue=\"we\\\"ird\\n\"} 1\n",
         NULL,
     };
     for (int i = 0; want[i]; i++)
