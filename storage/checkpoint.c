@@ -36,7 +36,8 @@ static int wal_hook(void *arg, sqlite3 *db, const char *schema, int frames)
         int log = 0, done = 0;
         if (sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done) ==
             SQLITE_OK)
-            atomic_fetch_add_explicit(&s->st_checkpoints, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&s->st_checkpoints, 1,
+                                      memory_order_relaxed); /* a statistic */
         return SQLITE_OK;
     }
     if (frames >= JD_CKPT_SOFT_FRAMES) {
@@ -62,7 +63,7 @@ static void *checkpointer_main(void *arg)
         pthread_mutex_unlock(&s->ckpt_mu);
         int log = 0, done = 0;
         int rc = sqlite3_wal_checkpoint_v2(s->cdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-        if (rc == SQLITE_OK)
+        if (rc == SQLITE_OK) /* relaxed: a statistic */
             atomic_fetch_add_explicit(&s->st_checkpoints, 1, memory_order_relaxed);
         else if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED)
             jd_log(JD_LOG_WARN, "storage checkpoint failed", "db", s->path, "error",

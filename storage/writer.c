@@ -303,6 +303,8 @@ static unsigned bucket(uint64_t v, const uint64_t *bounds, unsigned n)
     return i;
 }
 
+/* Statistics are independent counters (relaxed throughout): a scrape may
+ * see one updated before another, never a torn value. */
 static void note_commit(struct jd_store *s, size_t records, uint64_t us, bool ok)
 {
     static const uint64_t batch_bounds[7] = {1, 4, 16, 64, 256, 1024, 4096};
@@ -398,7 +400,7 @@ done:
         }
     }
     note_commit(s, records, (jd_now_ns() - t0) / 1000, ok);
-    atomic_fetch_add_explicit(&s->st_finished, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_finished, n, memory_order_relaxed); /* a statistic */
     for (size_t i = 0; i < n; i++) {
         struct jd_write *w = b[i]; /* done() may free it */
         if (w->done)
@@ -463,7 +465,8 @@ static bool retention_step(struct jd_store *s)
     if (run(s->wst[JD_WS_COMMIT]) != SQLITE_DONE)
         goto fail;
     ok = true;
-    atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)n,
+                              memory_order_relaxed); /* a statistic */
 
 fail:
     if (!ok) {
@@ -522,6 +525,7 @@ static bool writer_wait(struct jd_store *s)
         }
     }
     pthread_mutex_unlock(&s->mu);
+    /* relaxed: a producer that still sees 1 only sends one needless signal */
     atomic_store_explicit(&s->writer_sleeping, 0, memory_order_relaxed);
     return stop;
 }
@@ -642,7 +646,8 @@ static int push(struct jd_store *s, struct jd_write **ws, size_t n)
         if (i > 0)
             ws[i]->next_ = ws[i - 1];
     }
-    atomic_fetch_add_explicit(&s->st_enqueued, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->st_enqueued, n, memory_order_relaxed); /* a statistic */
+    /* relaxed: only a first guess, the CAS below checks it */
     struct jd_write *old = atomic_load_explicit(&s->head, memory_order_relaxed);
     do {
         ws[0]->next_ = old;
