@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* The built-in plugins live in plugins/ next to the binary (build/plugins). */
@@ -37,6 +38,18 @@ static char *default_plugin_dir(void)
         return jd_xstrdup("plugins");
     exe[n] = '\0';
     return jd_xasprintf("%s/plugins", dirname(exe));
+}
+
+/* Create the database's directory when it is missing (one level, as for
+ * the default ./data), so a fresh checkout starts without a manual mkdir. */
+static void ensure_db_dir(const char *db)
+{
+    char *copy = jd_xstrdup(db);
+    const char *dir = dirname(copy);
+    struct stat st;
+    if (stat(dir, &st) != 0 && mkdir(dir, 0750) == 0)
+        jd_log(JD_LOG_INFO, "created the database directory", "dir", dir, NULL);
+    free(copy);
 }
 
 int main(int argc, char **argv)
@@ -73,6 +86,7 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    ensure_db_dir(cfg.db);
     struct jd_store_config scfg = {
         .path = cfg.db,
         .sync_full = cfg.sync_full,
