@@ -367,6 +367,51 @@ static void test_submit_many_is_all_or_nothing(void **state)
     assert_int_equal(jd_store_submit_many(f->s, NULL, 0), 0);
 }
 
+static void test_max_batch_splits_transactions_but_never_a_group(void **state)
+{
+    struct fx *f = *state;
+    jd_store_close(f->s);
+    f->s = NULL;
+    struct jd_store_config cfg = {.path = f->path, .sync_full = false, .max_batch = 3};
+    struct jd_error err;
+    assert_int_equal(jd_store_open(&cfg, &f->s, &err), 0);
+
+    struct gate g;
+    struct jd_write gw;
+    gate_hold(f->s, &g, &gw);
+    struct jd_store_stats before, after;
+    jd_store_stats(f->s, &before);
+    /* 4 lone records, then a group of 5 (over max_batch), then 2 lone */
+    struct jd_job jobs[11];
+    struct jd_write ws[11];
+    struct tres res[11];
+    memset(res, 0, sizeof res);
+    for (int i = 0; i < 11; i++) {
+        jobs[i] = make_job(jd_store_next_id(f->s), "split", NULL);
+        ws[i] = (struct jd_write){
+            .op = JD_W_JOB_INSERT, .job = &jobs[i], .done = tres_done, .arg = &res[i]};
+    }
+    struct jd_write *group[5] = {&ws[4], &ws[5], &ws[6], &ws[7], &ws[8]};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(jd_store_submit(f->s, &ws[i]), 0);
+    assert_int_equal(jd_store_submit_many(f->s, group, 5), 0);
+    for (int i = 9; i < 11; i++)
+        assert_int_equal(jd_store_submit(f->s, &ws[i]), 0);
+    gate_release(&g);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    jd_store_stats(f->s, &after);
+    for (int i = 0; i < 11; i++) {
+        assert_int_equal(res[i].rc, 0);
+        assert_int_equal(res[i].calls, 1);
+    }
+    /* batches: [0 1 2] [3] [group of 5] [9 10] (+ the sync barrier's) */
+    uint64_t commits = after.commits - before.commits;
+    assert_true(commits >= 4 && commits <= 5);
+    assert_int_equal(after.batch_hist[2] - before.batch_hist[2], 1); /* the group: 5..16 */
+    assert_int_equal(after.batch_hist[1] - before.batch_hist[1], 2); /* 3 and 2: 2..4 */
+    assert_int_equal(after.records - before.records, 11);
+}
+
 struct order_log {
     int64_t seen[64];
     int n;
@@ -803,6 +848,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_submit_many_is_all_or_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_done_callbacks_fire_in_submission_order, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_max_batch_splits_transactions_but_never_a_group, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_list_is_newest_first_with_keyset_pages_and_filters,
                                         setup, teardown),
