@@ -644,7 +644,7 @@ static void test_timers_fire_and_cancel(void **state)
     struct jd_sched_stats st;
     jd_sched_stats(s, &st);
     assert_int_equal(st.timers_pending, 2);
-    for (int i = 0; i < 500 && atomic_load(&fired) < 2; i++) {
+    for (int i = 0; i < 2500 && atomic_load(&fired) < 2; i++) {
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
     }
@@ -691,7 +691,7 @@ static void test_blocking_pool_bound(void **state)
     for (int i = 0; i < 2; i++)
         assert_int_equal(jd_sched_run_blocking(s, blocking_job, NULL), 0);
     /* wait until both run, so the queue is empty */
-    for (int i = 0; i < 1000 && atomic_load(&bactive) < 2; i++) {
+    for (int i = 0; i < 5000 && atomic_load(&bactive) < 2; i++) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
@@ -705,7 +705,7 @@ static void test_blocking_pool_bound(void **state)
     assert_int_equal(st.blocking_queued, 3);
     for (int i = 0; i < 5; i++)
         sem_post(&bgate);
-    for (int i = 0; i < 1000 && atomic_load(&bdone) < 5; i++) {
+    for (int i = 0; i < 5000 && atomic_load(&bdone) < 5; i++) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
@@ -803,10 +803,14 @@ static void test_stuck_worker_detected(void **state)
     assert_int_equal(jd_sched_spawn(s, &stuck_ops, t, NULL, NULL, NULL, NULL), 0);
     /* the 4 spawned processes finish on the other worker while we block */
     assert_true(wait_for(&nfinished, 4));
-    struct timespec ts = {0, 30000000};
-    nanosleep(&ts, NULL);
     struct jd_sched_stats st;
-    jd_sched_stats(s, &st);
+    for (int i = 0; i < 2000; i++) {
+        jd_sched_stats(s, &st);
+        if (st.stuck_events >= 1)
+            break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
     assert_true(st.stuck_events >= 1);
     sem_post(&stuck_gate);
     assert_true(wait_for(&nfinished, 5));
