@@ -89,7 +89,7 @@ int jd_sched_cancel(struct jd_sched *s, jd_pid pid);
 
 /* Force the process to complete as failed with `error` (JSON text, copied;
  * NULL: {"kind":"killed"}) without running another step: at once if it is
- * not Running (a worker finishes it as its next item), else as soon as its
+ * not Running (the worker that next picks it up finishes it), else as soon as its
  * current step returns (that step's yields are not dispatched).
  * hooks.finished sees JD_STEP_FAIL. JD_ENOENT if gone. */
 int jd_sched_kill(struct jd_sched *s, jd_pid pid, const char *error);
