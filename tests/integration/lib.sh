@@ -129,8 +129,10 @@ req() {
 # Helpers for conditions.
 body_ends_with_newline() { [ "$(tail -c 1 "$WORK/body" | od -An -tx1 | tr -d ' ')" = 0a ]; }
 status_is() { [ "$STATUS" = "$1" ]; }
-body_has() { printf '%s' "$BODY" | grep -qF -- "$1"; }
-header_has() { printf '%s\n' "$HDRS" | grep -qiF -- "$1"; }
+# (here-strings, not pipes: with pipefail, grep -q exiting early would
+# fail the pipeline with SIGPIPE on a large body)
+body_has() { grep -qF -- "$1" <<<"$BODY"; }
+header_has() { grep -qiF -- "$1" <<<"$HDRS"; }
 is_problem() {
     status_is "$1" && header_has "Content-Type: application/problem+json" &&
         body_has "\"status\":$1" && body_has '"title":'

@@ -177,7 +177,7 @@ PZ=$(location_id)
 req GET "/v1/jobs/$PZ?wait=700ms"
 check "a job in a paused queue waits" body_has '"state":"queued"'
 req GET /v1/queues
-check "queues list shows the paused queue" eval 'status_is 200 && printf "%s" "$BODY" | grep -q "\"name\":\"pz\",\"paused\":true"'
+check "queues list shows the paused queue" eval 'status_is 200 && body_has "\"name\":\"pz\",\"paused\":true"'
 req POST /v1/queues/pz/resume
 check "resume a queue: 200" status_is 200
 wait_job "$PZ"
@@ -249,5 +249,5 @@ full=$(printf '%s\n' "$reqlines" | grep '"request_id":' | grep '"method":' | gre
     grep '"status":' | grep '"duration_ms":' | grep -c '"time":')
 check "one JSON log line per request with time, request id, method, path, status, duration" \
     eval '[ "$full" -ge 90 ] && [ "$full" = "$(printf "%s\n" "$reqlines" | wc -l)" ]'
-check "request log lines name the job" eval 'printf "%s\n" "$reqlines" | grep "\"job_id\":\"$TASK\"" >/dev/null'
+check "request log lines name the job" eval 'grep -qF "\"job_id\":\"$TASK\"" <<<"$reqlines"'
 finish

@@ -14,7 +14,8 @@ BODY=$OUT
 has() { grep -qF -- "$1" "$WORK/tour.out"; }
 line() { sed -n "${1}p" "$WORK/tour.out"; }
 check "the tour runs to the end (exit $rc)" eval '[ "$rc" = 0 ] && [ ! -s "$WORK/tour.err" ]'
-check "submit prints the queued job" eval 'line 1 | grep -q "\"state\":\"queued\".*\"hello\":\"world\""'
+first=$(line 1)
+check "submit prints the queued job" eval 'grep -q "\"state\":\"queued\".*\"hello\":\"world\"" <<<"$first"'
 check "wait prints it succeeded with its output" has '"state":"succeeded","queue":"default","priority":0,"version":5,"attempts":1,"output":{"hello":"world"}'
 check "events as JSON" has '{"events":[{"seq":1,'
 check "events as SSE, ending with the job" eval 'has "event: dispatch" && has "event: end"'
