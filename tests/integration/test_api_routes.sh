@@ -9,7 +9,7 @@
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-start_server --exec-allow /bin/echo --max-body 64k || exit 1
+start_server --exec-allow /bin/echo --max-body 64k --heartbeat 200ms || exit 1
 
 # ---- health, metrics, spec ----
 req GET /livez
@@ -85,6 +85,8 @@ curl -sN --max-time 20 -H 'Accept: text/event-stream' "$BASE/v1/jobs/$SSEJ/event
 SSE_PID=$!
 for _ in $(seq 1 100); do grep -q '"state":"waiting"' "$WORK/sse.out" && break; sleep 0.05; done
 check "SSE: events arrive live, before the job finishes" grep -q '"state":"waiting"' "$WORK/sse.out"
+for _ in $(seq 1 40); do grep -q '^: heartbeat' "$WORK/sse.out" && break; sleep 0.05; done
+check "SSE: heartbeat comments while the job waits (--heartbeat 200ms)" grep -q '^: heartbeat' "$WORK/sse.out"
 json_post "/v1/jobs/$SSEJ/messages" '{"topic":"go","data":{"n":1}}'
 check "message to a waiting job: 202" status_is 202
 wait "$SSE_PID"
