@@ -226,7 +226,7 @@ static enum MHD_Result respond_problem(struct req *r, int status, const char *de
 
 static enum MHD_Result respond_error(struct req *r, int rc, const struct jd_error *err)
 {
-    int status = rc == JD_ENOMEM ? 413 : jd_error_http_status(rc);
+    int status = jd_error_http_status(rc);
     const char *detail = (err && err->message[0]) ? err->message : jd_strerror(rc);
     return respond_problem(r, status, detail, err ? err->pointer : NULL);
 }
