@@ -192,7 +192,7 @@ const char jd_openapi_yaml[] =
     "      parameters:\n"
     "        - $ref: \"#/components/parameters/JobId\"\n"
     "        - {name: wait, in: query, schema: {type: string}, description: \"e.g. 30s; returns at a terminal state or when the wait (capped by --max-wait) ends\"}\n"
-    "        - {name: since, in: query, schema: {type: integer}, description: with wait, return as soon as the job's version exceeds this}\n"
+    "        - {name: since, in: query, schema: {type: integer}, description: \"with wait, return as soon as the job's version exceeds this\"}\n"
     "      responses:\n"
     "        \"200\":\n"
     "          description: the job (ETag is its version)\n"
