@@ -68,7 +68,8 @@ struct jd_http {
     struct jd_store *store;
 
     _Atomic(struct jd_jobs *) jobs; /* release on attach: handlers see a built layer */
-    atomic_bool draining;           /* seq_cst: checked before parking, set before waking */
+    atomic_bool draining;           /* seq_cst everywhere: checked before parking, set before
+                                       waking, so a waiter either sees it or gets woken */
     atomic_uint inflight;           /* requests between first call and completion */
     atomic_uint parked_count;       /* long-polls parked + SSE streams alive */
     atomic_uint_fast64_t rid_counter;
@@ -220,7 +221,8 @@ static enum MHD_Result respond_problem(struct req *r, int status, const char *de
         hv = "Bearer realm=\"jackdaw\"";
     }
     if (status == 413)
-        atomic_fetch_add_explicit(&r->h->metrics.body_rejected, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&r->h->metrics.body_rejected, 1,
+                                  memory_order_relaxed); /* relaxed: a counter */
     return respond(r, status, "application/problem+json", b, strlen(b), hk, hv, NULL, NULL);
 }
 
@@ -282,8 +284,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_request(r, aborted);
     uint64_t us = (jd_now_ns() - r->start_ns) / 1000;
     jd_http_metrics_observe(&h->metrics, r->m.route, r->status, us);
-    if (r->is_sse) /* relaxed: a gauge */
-        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
+    if (r->is_sse)                                                            /* relaxed: a gauge */
+        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed); /* a soft cap */
+    /* release: jd_http_stop's acquire load then sees this request's frees */
     atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
     req_unref(r);
 }
@@ -566,7 +569,7 @@ static enum MHD_Result route_job_get(struct req *r)
     r->watch_id = wid;
     r->watching = true;
     r->phase = PH_PARKED;
-    atomic_fetch_add_explicit(&h->metrics.parked, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->metrics.parked, 1, memory_order_relaxed); /* a gauge */
     pthread_mutex_lock(&r->mu);
     bool fired = r->fired;
     if (!fired) {
@@ -586,6 +589,7 @@ static enum MHD_Result finish_parked(struct req *r)
 {
     park_list_remove(r);
     watch_cancel(r);
+    /* relaxed: a soft cap and a gauge */
     atomic_fetch_sub_explicit(&r->h->parked_count, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&r->h->metrics.parked, 1, memory_order_relaxed);
     return answer_job(r);
@@ -1094,6 +1098,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         make_request_id(h, r);
         r->match_rc = jd_router_match(method, url, &r->m);
         *con_cls = r;
+        /* relaxed: only the decrement publishes anything (see on_completed) */
         atomic_fetch_add_explicit(&h->inflight, 1, memory_order_relaxed);
         return first_call(r);
     }
