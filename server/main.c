@@ -10,7 +10,9 @@
  *
  * Threading: main() is the only thread here; signals are blocked in every
  * thread and taken synchronously with sigwait, so no handler runs
- * asynchronously.
+ * asynchronously. After the first signal main() unblocks them with their
+ * default action, so a second one ends the process at once (jobs still
+ * resume on the next start: everything acknowledged is durable).
  */
 #include "api/http.h"
 #include "common/alloc.h"
@@ -141,7 +143,13 @@ int main(int argc, char **argv)
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0)
         ;
-    jd_log(JD_LOG_INFO, "shutting down", "signal", sig == SIGINT ? "SIGINT" : "SIGTERM", NULL);
+    jd_log(JD_LOG_INFO, "shutting down", "signal", sig == SIGINT ? "SIGINT" : "SIGTERM", "hint",
+           "a second signal exits at once", NULL);
+    /* A second SIGTERM/SIGINT takes the default action (exit at once):
+     * only this thread unblocks them, so it is the one they reach. */
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
     status = 0;
 
 out:
