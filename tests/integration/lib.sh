@@ -5,7 +5,7 @@
 # remove the temporary directory on exit, whatever happened.
 #
 #   start_server [flags...]   sets BASE (http://127.0.0.1:PORT), SERVER_PID, LOG
-#   stop_server [SIG]         SIGTERM by default; sets SERVER_RC
+#   stop_server [SIG|wait]    SIGTERM by default; sets SERVER_RC
 #   req METHOD PATH [curl args...]   sets STATUS, BODY, HDRS (header text)
 #   check "name" command...   one TAP line from the command's exit status
 #   finish                    exits non-zero when any check failed
@@ -108,7 +108,8 @@ start_server() {
 stop_server() {
     local sig=${1:-TERM}
     [ -n "$SERVER_PID" ] || return 0
-    kill -"$sig" "$SERVER_PID" 2>/dev/null
+    # "wait": the signal was already sent (a second one would exit at once)
+    [ "$sig" = wait ] || kill -"$sig" "$SERVER_PID" 2>/dev/null
     wait "$SERVER_PID"
     SERVER_RC=$?
     SERVER_PID=

@@ -3,7 +3,8 @@
 # a connection already open sees /readyz 503 while the server drains, new
 # connections are refused, the process exits 0, and a workflow that was in
 # flight resumes on the next start without re-running its recorded step.
-# SIGINT behaves the same. Prints TAP.
+# SIGINT behaves the same; a second signal during the drain exits at once.
+# Prints TAP.
 # shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -52,7 +53,7 @@ wait "$LP"
 lp_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "parked long-poll answered with the job's state at shutdown (${lp_ms} ms)" \
     eval 'grep -q "\"id\":\"$WF\"" "$WORK/lp.out" && [ "$lp_ms" -lt 3000 ]'
-stop_server
+stop_server wait
 stop_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "SIGTERM: exit 0 (${stop_ms} ms)" eval '[ "$SERVER_RC" = 0 ] && [ "$stop_ms" -lt 8000 ]'
 check "log says shutting down and stopped" eval 'grep -q "\"msg\":\"shutting down\"" "$LOG" && grep -q "\"msg\":\"stopped\"" "$LOG"'
@@ -65,4 +66,21 @@ wait_job "$BUSY" 20s
 check "the job running at shutdown finishes too" body_has '"state":"succeeded"'
 stop_server INT
 check "SIGINT: exit 0" [ "$SERVER_RC" = 0 ]
+
+# A second signal during the drain ends the process at once.
+start_server --exec-allow /bin/sleep --grace 30s || exit 1
+json_post /v1/jobs '{"handler":"exec","args":{"argv":["/bin/sleep","2"]}}'
+LONGJ=$(location_id)
+sleep 0.3
+t0=$(date +%s%N)
+kill -TERM "$SERVER_PID"
+sleep 0.3
+stop_server TERM
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+check "second SIGTERM during the drain exits at once (${ms} ms)" \
+    eval '[ "$SERVER_RC" = 143 ] && [ "$ms" -lt 3000 ]'
+start_server --exec-allow /bin/sleep || exit 1
+wait_job "$LONGJ" 20s
+check "the job interrupted that way still finishes after restart" body_has '"state":"succeeded"'
+stop_server
 finish
