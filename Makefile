@@ -168,7 +168,7 @@ run: deps
 # Everything a fresh Debian 12 machine needs, then every test, then one summary line.
 # Order: unit tests, the concurrency tests under TSan, integration and crash
 # tests against the real server, a short fuzz run when clang is present.
-TSAN_TESTS = $(STRESS_TESTS) $(scheduler_TESTS) $(plugins_TESTS) $(storage_TESTS) $(server_TESTS)
+TSAN_TESTS = $(STRESS_TESTS) $(scheduler_TESTS) $(plugins_TESTS) $(storage_TESTS) $(server_TESTS) $(api_TESTS)
 TEST_SCRIPTS = $(sort $(wildcard tests/integration/test_*.sh tests/crash/test_*.sh tests/fuzz/test_*.sh))
 
 TSAN_BUILD ?= build/thread
