@@ -21,7 +21,7 @@ CC ?= cc
 PKGS := libmicrohttpd libcjson sqlite3 libcurl
 DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev pkg-config
 
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) cmocka 2>/dev/null)
+PKG_CFLAGS := $(foreach p,$(PKGS) cmocka,$(shell pkg-config --cflags $(p) 2>/dev/null))
 OPT ?= -O2
 CFLAGS := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
           -fno-omit-frame-pointer -MMD -MP -I. $(PKG_CFLAGS) $(EXTRA_CFLAGS)
