@@ -523,14 +523,29 @@ static struct proc *take_batch(struct worker *w, struct jd_lqueue *q, size_t max
     return (struct proc *)w->batch[0];
 }
 
-/* Move up to BATCH + 1 from a shared queue to the bottom of our ring. */
-static size_t pull_batch(struct worker *w, struct jd_lqueue *q)
+/* Move this worker's fair share of a shared queue (its length / W + 1,
+ * at least BATCH + 1, at most the free ring less one) to the bottom of our
+ * ring. Used only when the LIFO cap evicts a self-waking chain: such a
+ * chain gets the worker back after each batch, so a batch of 16 would let
+ * a backlog of remote spawns wait one chain round per 16 of them. */
+static size_t pull_fair_share(struct worker *w, struct jd_lqueue *q)
 {
     size_t room = JD_RING_SIZE - jd_ring_len(&w->ring);
-    size_t max = room < BATCH + 1 ? room : BATCH + 1;
-    size_t n = jd_lqueue_pop_batch(q, w->batch, max);
-    for (size_t i = 0; i < n; i++)
-        push_bottom(w, (struct proc *)w->batch[i]);
+    size_t max = jd_lqueue_len(q) / w->s->nworkers + 1;
+    if (max < BATCH + 1)
+        max = BATCH + 1;
+    if (max + 1 > room)
+        max = room > 0 ? room - 1 : 0; /* leave a slot for the evicted chain */
+    size_t n = 0;
+    while (n < max) {
+        size_t chunk = max - n < BATCH + 1 ? max - n : BATCH + 1;
+        size_t got = jd_lqueue_pop_batch(q, w->batch, chunk);
+        for (size_t i = 0; i < got; i++)
+            push_bottom(w, (struct proc *)w->batch[i]);
+        n += got;
+        if (got < chunk)
+            break;
+    }
     return n;
 }
 
@@ -660,8 +675,8 @@ static struct proc *find_work(struct worker *w)
              * shared queues included (such chains starve them). The ring
              * then holds, top to bottom: what was there, a batch from the
              * inject or global queue, and the chain. */
-            if (!pull_batch(w, &w->inject))
-                pull_batch(w, &s->global);
+            if (!pull_fair_share(w, &w->inject))
+                pull_fair_share(w, &s->global);
             push_bottom(w, p);
         }
     }

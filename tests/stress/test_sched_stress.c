@@ -363,12 +363,15 @@ static int yielding_step(void *self, struct jd_event *ev, size_t n, struct jd_st
         assert_string_equal(ev[i].data, "1");
         atomic_fetch_add(&delivered, 1);
     }
-    if (*count >= yields_per_proc) {
-        out->status = JD_STEP_DONE;
+    /* Woken without our completion (a dropped duplicate may wake us): keep
+     * waiting. This comes first: finishing here would leave the last
+     * completion undelivered. */
+    if (n == 0 && *count > 0) {
+        out->status = JD_STEP_WAIT;
         return 0;
     }
-    if (n == 0 && *count > 0) {
-        out->status = JD_STEP_WAIT; /* woken without our completion: keep waiting */
+    if (*count >= yields_per_proc) {
+        out->status = JD_STEP_DONE;
         return 0;
     }
     ++*count;
