@@ -5,12 +5,14 @@
  * jd_store_submit_many pushes its records as one chain, so a group is always
  * contiguous). The writer takes the whole stack with one exchange, reverses
  * it into submission order and commits up to max_batch records (whole groups)
- * in one BEGIN IMMEDIATE ... COMMIT. Each record, or each group, runs inside
- * its own SAVEPOINT, so a duplicate idempotency key or a change to a missing
- * job fails alone. An error that is not the record's fault (disk full, I/O)
- * rolls the whole transaction back and fails every record in it with JD_EIO.
- * Only after COMMIT returns are the done() callbacks called, in order: nothing
- * is reported durable that is not.
+ * in one BEGIN IMMEDIATE ... COMMIT. The batch is first applied without
+ * savepoints; if a record fails on its own (a duplicate idempotency key, a
+ * change to a missing job) the transaction is rolled back and the batch
+ * redone with each record, or each group, inside its own SAVEPOINT, so the
+ * record fails alone and a group stays all-or-nothing. An error that is not the record's fault
+ * (disk full, I/O) rolls the whole transaction back and fails every record in it with JD_EIO. Only
+ * after COMMIT returns are the done() callbacks called, in order: nothing is reported durable that
+ * is not.
  *
  * Between commits, when due, the writer deletes one small batch of expired
  * terminal jobs (retention), so writers wait at most one small transaction.
@@ -340,8 +342,82 @@ static void log_failure(struct jd_store *s, const char *what)
     jd_log(JD_LOG_ERROR, "storage commit failed", "db", s->path, "error", msg, NULL);
 }
 
+/* The fast path: apply every record of b[0..n) in one transaction without
+ * savepoints. 0: all applied (transaction still open); 1: a record failed
+ * on its own (the transaction is rolled back, the caller redoes the batch
+ * with savepoints); -1: a failure that is not a record's fault (transaction
+ * left for the caller to abort). Records are almost never at fault, and a
+ * SAVEPOINT + RELEASE per record costs about as much as the record's own
+ * UPDATE, so optimism pays. ids[] saves the job_id each record had before,
+ * since apply_insert rewrites it on a duplicate idempotency key. */
+static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, int64_t *ids,
+                            size_t n, int64_t now)
+{
+    for (size_t i = 0; i < n; i++)
+        ids[i] = b[i]->job_id;
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = 0;
+        if (b[i]->op == JD_W_SYNC_)
+            continue;
+        int rc = apply(s, b[i], now);
+        if (rc == 0)
+            continue;
+        if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL)
+            return -1;
+        if (run(s->wst[JD_WS_ROLLBACK]) != SQLITE_DONE)
+            return -1;
+        for (size_t k = 0; k <= i; k++) {
+            b[k]->job_id = ids[k];
+            b[k]->version = 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* The slow path, after a record failed: every record, or group, in its own
+ * SAVEPOINT so that it fails alone. 0, or -1 on a failure that is not a
+ * record's fault. */
+static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
+                            int64_t now)
+{
+    for (size_t i = 0; i < n;) {
+        size_t g = b[i]->group_ ? b[i]->group_ : 1;
+        if (g == 1 && b[i]->op == JD_W_SYNC_) {
+            rcs[i++] = 0;
+            continue;
+        }
+        if (run(s->wst[JD_WS_SAVEPOINT]) != SQLITE_DONE) {
+            log_failure(s, "savepoint");
+            return -1;
+        }
+        int rc = 0;
+        for (size_t k = 0; k < g && rc == 0; k++)
+            rc = apply(s, b[i + k], now);
+        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL) {
+            log_failure(s, "write");
+            return -1;
+        }
+        if (rc != 0 && run(s->wst[JD_WS_ROLLBACK_TO]) != SQLITE_DONE) {
+            log_failure(s, "rollback to savepoint");
+            return -1;
+        }
+        if (run(s->wst[JD_WS_RELEASE]) != SQLITE_DONE) {
+            log_failure(s, "release savepoint");
+            return -1;
+        }
+        for (size_t k = 0; k < g; k++) {
+            rcs[i + k] = rc;
+            if (rc != 0)
+                b[i + k]->version = 0;
+        }
+        i += g;
+    }
+    return 0;
+}
+
 /* Apply and commit b[0..n), then fire every done() in order. */
-static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
+static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int64_t *ids, size_t n)
 {
     uint64_t t0 = jd_now_ns();
     int64_t now = jd_wall_ms();
@@ -352,39 +428,21 @@ static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size
         log_failure(s, "begin");
         goto done;
     }
-    for (size_t i = 0; i < n;) {
-        size_t g = b[i]->group_ ? b[i]->group_ : 1;
-        if (g == 1 && b[i]->op == JD_W_SYNC_) {
-            rcs[i++] = 0;
-            continue;
-        }
-        if (run(s->wst[JD_WS_SAVEPOINT]) != SQLITE_DONE) {
-            log_failure(s, "savepoint");
-            goto done;
-        }
-        int rc = 0;
-        for (size_t k = 0; k < g && rc == 0; k++)
-            rc = apply(s, b[i + k], now);
-        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL) {
-            log_failure(s, "write");
-            goto done;
-        }
-        if (rc != 0 && run(s->wst[JD_WS_ROLLBACK_TO]) != SQLITE_DONE) {
-            log_failure(s, "rollback to savepoint");
-            goto done;
-        }
-        if (run(s->wst[JD_WS_RELEASE]) != SQLITE_DONE) {
-            log_failure(s, "release savepoint");
-            goto done;
-        }
-        for (size_t k = 0; k < g; k++) {
-            rcs[i + k] = rc;
-            if (rc != 0)
-                b[i + k]->version = 0;
-        }
-        records += g;
-        i += g;
+    int fast = apply_optimistic(s, b, rcs, ids, n, now);
+    if (fast < 0) {
+        log_failure(s, "write");
+        goto done;
     }
+    if (fast > 0) {
+        if (run(s->wst[JD_WS_BEGIN]) != SQLITE_DONE) {
+            log_failure(s, "begin");
+            goto done;
+        }
+        if (apply_savepoints(s, b, rcs, n, now) != 0)
+            goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        records += b[i]->op != JD_W_SYNC_ || b[i]->group_ > 1;
     if (run(s->wst[JD_WS_COMMIT]) != SQLITE_DONE) {
         log_failure(s, "commit");
         goto done;
@@ -537,6 +595,7 @@ static void *writer_main(void *arg)
     size_t cap = 0;
     struct jd_write **b = NULL;
     int *rcs = NULL;
+    int64_t *ids = NULL;
 
     for (;;) {
         /* acquire: see the records' contents written before their push. */
@@ -571,6 +630,7 @@ static void *writer_main(void *arg)
                 cap = (n + g) * 2;
                 b = jd_xrealloc(b, cap * sizeof *b);
                 rcs = jd_xrealloc(rcs, cap * sizeof *rcs);
+                ids = jd_xrealloc(ids, cap * sizeof *ids);
             }
             for (size_t k = 0; k < g; k++) {
                 b[n++] = pend;
@@ -579,11 +639,12 @@ static void *writer_main(void *arg)
         }
         if (!pend)
             pend_tail = NULL;
-        commit_batch(s, b, rcs, n);
+        commit_batch(s, b, rcs, ids, n);
         maybe_retention(s);
     }
     free(b);
     free(rcs);
+    free(ids);
     return NULL;
 }
 
