@@ -631,9 +631,7 @@ static void render_and_call(struct jd_jobs *j, int64_t id, int rc, jd_action_don
     if (rc == 0) {
         struct jd_job row = {0};
         if (jd_store_job_get(j->store, id, &row) == 0) {
-            cJSON *o = jd_render_job(&row);
-            json = cJSON_PrintUnformatted(o);
-            cJSON_Delete(o);
+            json = jd_render_job_json(&row);
             jd_job_clear(&row);
         }
     }
@@ -776,12 +774,15 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         } else if (rc) {
             jd_error_set(&res.err, rc, NULL, "storing the job failed: %s", jd_strerror(rc));
         }
-        if (res.rc == 0) {
+        if (rc == 0 && w->op == JD_W_JOB_INSERT && r->row.id == w->job_id) {
+            /* The row as the insert stored it: no read back, no re-parse. */
+            r->row.version = w->version;
+            r->row.updated_ms = r->row.created_ms;
+            json = jd_render_job_json(&r->row);
+        } else if (res.rc == 0) {
             struct jd_job row = {0};
             if (jd_store_job_get(j->store, w->job_id, &row) == 0) {
-                cJSON *o = jd_render_job(&row);
-                json = cJSON_PrintUnformatted(o);
-                cJSON_Delete(o);
+                json = jd_render_job_json(&row);
                 jd_job_clear(&row);
             }
         }
@@ -1382,9 +1383,7 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
             struct jd_submit_result res = {.job_id = existing, .existing = true};
             char *json = NULL;
             if ((res.rc = jd_store_job_get(j->store, existing, &row)) == 0) {
-                cJSON *o = jd_render_job(&row);
-                json = cJSON_PrintUnformatted(o);
-                cJSON_Delete(o);
+                json = jd_render_job_json(&row);
                 jd_job_clear(&row);
             }
             res.json = json;
@@ -1814,14 +1813,12 @@ int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *versio
     int rc = jd_store_job_get(j->store, id, &row);
     if (rc)
         return rc;
-    cJSON *o = jd_render_job(&row);
     if (json)
-        *json = cJSON_PrintUnformatted(o);
+        *json = jd_render_job_json(&row);
     if (version)
         *version = row.version;
     if (terminal)
         *terminal = jd_job_state_terminal(row.state);
-    cJSON_Delete(o);
     jd_job_clear(&row);
     return 0;
 }

@@ -25,6 +25,9 @@
 
 /* Render one stored job as a cJSON object (caller deletes). */
 cJSON *jd_render_job(const struct jd_job *row);
+/* The text of cJSON_PrintUnformatted(jd_render_job(row)), built directly
+ * (caller frees with free). */
+char *jd_render_job_json(const struct jd_job *row);
 /* Render one history event (caller deletes). */
 cJSON *jd_render_event(const struct jd_job_event *ev);
 /* Render the plugins of a frozen registry: {"plugins":[...]} (caller deletes). */

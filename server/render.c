@@ -3,10 +3,19 @@
  * layer (shapes documented in jobs.h). Ids and times are strings; JSON text
  * stored in the database is embedded as JSON, not as strings.
  *
+ * jd_render_job_json writes the same text as printing jd_render_job with
+ * cJSON_PrintUnformatted, byte for byte, without building a tree: it is on
+ * the path of every POST and every long-poll answer. It relies on stored
+ * definitions being compact cJSON output (jobdef.c stores
+ * cJSON_PrintUnformatted of the parsed definition), so the definition and
+ * its "labels" member are copied as text; a definition that does not look
+ * exactly like cJSON's own output is rendered through cJSON instead.
+ *
  * Threading: pure functions; safe from any thread.
  */
 #include "server/jobs_impl.h"
 
+#include "common/alloc.h"
 #include "common/clock.h"
 
 #include <inttypes.h>
@@ -55,6 +64,271 @@ cJSON *jd_render_job(const struct jd_job *row)
     add_time(o, "run_at", row->run_at_ms);
     cJSON_AddItemToObject(o, "definition", def ? def : cJSON_CreateNull());
     return o;
+}
+
+/* ------------------------------------------------- direct text rendering */
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+};
+
+static void sb_reserve(struct sbuf *b, size_t more)
+{
+    if (b->n + more + 1 <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more + 1)
+        cap *= 2;
+    b->p = jd_xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+static void sb_put(struct sbuf *b, const char *s, size_t n)
+{
+    sb_reserve(b, n);
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+static void sb_puts(struct sbuf *b, const char *s)
+{
+    sb_put(b, s, strlen(s));
+}
+
+/* A JSON string, escaped exactly as cJSON prints it. */
+static void sb_string(struct sbuf *b, const char *s)
+{
+    sb_reserve(b, strlen(s) * 6 + 2);
+    char *o = b->p + b->n;
+    *o++ = '"';
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        switch (*c) {
+        case '"':
+            *o++ = '\\', *o++ = '"';
+            break;
+        case '\\':
+            *o++ = '\\', *o++ = '\\';
+            break;
+        case '\b':
+            *o++ = '\\', *o++ = 'b';
+            break;
+        case '\f':
+            *o++ = '\\', *o++ = 'f';
+            break;
+        case '\n':
+            *o++ = '\\', *o++ = 'n';
+            break;
+        case '\r':
+            *o++ = '\\', *o++ = 'r';
+            break;
+        case '\t':
+            *o++ = '\\', *o++ = 't';
+            break;
+        default:
+            if (*c < 32) {
+                o += sprintf(o, "\\u%04x", *c);
+            } else {
+                *o++ = (char)*c;
+            }
+        }
+    }
+    *o++ = '"';
+    *o = '\0';
+    b->n = (size_t)(o - b->p);
+}
+
+/* A number as cJSON prints a double holding v: integers that fit an int
+ * as such, anything else through cJSON itself. */
+static void sb_number(struct sbuf *b, int64_t v)
+{
+    char buf[32];
+    if (v >= -2147483647 - 1 && v <= 2147483647) {
+        sb_put(b, buf, (size_t)snprintf(buf, sizeof buf, "%d", (int)v));
+        return;
+    }
+    cJSON *n = cJSON_CreateNumber((double)v);
+    char *t = cJSON_PrintUnformatted(n);
+    sb_puts(b, t);
+    free(t);
+    cJSON_Delete(n);
+}
+
+static void sb_time(struct sbuf *b, const char *name, int64_t ms)
+{
+    sb_puts(b, name);
+    if (ms <= 0) {
+        sb_puts(b, "null");
+        return;
+    }
+    char buf[40];
+    jd_time_format(ms, buf, sizeof buf);
+    sb_string(b, buf);
+}
+
+/* Embedded JSON text as cJSON would reprint it (NULL or unparsable: null). */
+static void sb_json(struct sbuf *b, const char *text)
+{
+    cJSON *v = text ? cJSON_Parse(text) : NULL;
+    char *t = v ? cJSON_PrintUnformatted(v) : NULL;
+    sb_puts(b, t ? t : "null");
+    free(t);
+    cJSON_Delete(v);
+}
+
+/* A string escape at p (just after the backslash) that cJSON prints back
+ * the same way: the end of the escape, or NULL. */
+static const char *canonical_escape(const char *p)
+{
+    if (strchr("\"\\bfnrt", *p) && *p)
+        return p + 1;
+    /* \u00xx, lowercase, only for control characters without a short form */
+    if (p[0] == 'u' && p[1] == '0' && p[2] == '0' && (p[3] == '0' || p[3] == '1') &&
+        ((p[4] >= '0' && p[4] <= '9') || (p[4] >= 'a' && p[4] <= 'f'))) {
+        int c = (p[3] - '0') * 16 + (p[4] <= '9' ? p[4] - '0' : p[4] - 'a' + 10);
+        if (c != '\b' && c != '\f' && c != '\n' && c != '\r' && c != '\t')
+            return p + 5;
+    }
+    return NULL;
+}
+
+/* End of the JSON value starting at p if it is exactly what cJSON prints
+ * for itself unformatted (no whitespace, integers of at most 9 digits, no
+ * escapes cJSON would print differently), or NULL. NULL sends the caller
+ * to the exact cJSON path, so this may be stricter than needed, never looser. */
+static const char *skip_value(const char *p, int depth)
+{
+    if (depth > 1000)
+        return NULL;
+    switch (*p) {
+    case '"':
+        for (p++; *p != '"';) {
+            if (!*p || (unsigned char)*p < 32)
+                return NULL;
+            if (*p == '\\') {
+                if (!(p = canonical_escape(p + 1)))
+                    return NULL;
+            } else {
+                p++;
+            }
+        }
+        return p + 1;
+    case '{':
+    case '[': {
+        char close = *p == '{' ? '}' : ']';
+        p++;
+        if (*p == close)
+            return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (*p != '"' || !(p = skip_value(p, depth + 1)) || *p++ != ':')
+                    return NULL;
+            }
+            if (!(p = skip_value(p, depth + 1)))
+                return NULL;
+            if (*p == close)
+                return p + 1;
+            if (*p++ != ',')
+                return NULL;
+        }
+    }
+    default:
+        if (*p == '-' || (*p >= '0' && *p <= '9')) {
+            const char *d = *p == '-' ? p + 1 : p;
+            const char *e = d;
+            while (*e >= '0' && *e <= '9')
+                e++;
+            if (e == d || e - d > 9 || (*d == '0' && (e - d > 1 || d != p)))
+                return NULL; /* empty, too long for "%d", leading zero or -0 */
+            if (*e == '.' || *e == 'e' || *e == 'E')
+                return NULL;
+            return e;
+        }
+        if (strncmp(p, "true", 4) == 0)
+            return p + 4;
+        if (strncmp(p, "null", 4) == 0)
+            return p + 4;
+        if (strncmp(p, "false", 5) == 0)
+            return p + 5;
+        return NULL;
+    }
+}
+
+/* In a compact JSON object text: the first top-level "labels" member's
+ * value as [*start, *end). 1 found, 0 absent, -1 not compact JSON. */
+static int find_labels(const char *text, const char **start, const char **end)
+{
+    const char *p = text;
+    if (*p != '{')
+        return -1;
+    p++;
+    if (*p == '}')
+        return p[1] ? -1 : 0;
+    int found = 0;
+    for (;;) {
+        const char *k = p;
+        if (*p != '"' || !(p = skip_value(p, 1)) || *p++ != ':')
+            return -1;
+        const char *v = p;
+        if (!(p = skip_value(p, 1)))
+            return -1;
+        if (!found && p - v > 0 && strncmp(k, "\"labels\":", 9) == 0 && v == k + 9) {
+            *start = v;
+            *end = p;
+            found = 1;
+        }
+        if (*p == '}')
+            return p[1] ? -1 : found;
+        if (*p++ != ',')
+            return -1;
+    }
+}
+
+char *jd_render_job_json(const struct jd_job *row)
+{
+    const char *ls = NULL, *le = NULL;
+    int lab = row->definition ? find_labels(row->definition, &ls, &le) : -1;
+    if (lab < 0) {
+        /* Not in the form cJSON prints: the exact, slower path. */
+        cJSON *o = jd_render_job(row);
+        char *t = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        return t;
+    }
+    struct sbuf b = {0};
+    char id[24];
+    snprintf(id, sizeof id, "%" PRId64, row->id);
+    sb_puts(&b, "{\"id\":");
+    sb_string(&b, id);
+    sb_puts(&b, ",\"state\":");
+    sb_string(&b, jd_job_state_name(row->state));
+    sb_puts(&b, ",\"queue\":");
+    sb_string(&b, row->queue ? row->queue : "default");
+    sb_puts(&b, ",\"priority\":");
+    sb_number(&b, row->priority);
+    sb_puts(&b, ",\"version\":");
+    sb_number(&b, row->version);
+    sb_puts(&b, ",\"attempts\":");
+    sb_number(&b, row->attempts);
+    sb_puts(&b, ",\"output\":");
+    sb_json(&b, row->output);
+    sb_puts(&b, ",\"error\":");
+    sb_json(&b, row->error);
+    sb_puts(&b, ",\"labels\":");
+    if (lab == 1)
+        sb_put(&b, ls, (size_t)(le - ls));
+    else
+        sb_puts(&b, "{}");
+    sb_time(&b, ",\"created_at\":", row->created_ms);
+    sb_time(&b, ",\"updated_at\":", row->updated_ms);
+    sb_time(&b, ",\"started_at\":", row->started_ms);
+    sb_time(&b, ",\"finished_at\":", row->finished_ms);
+    sb_time(&b, ",\"run_at\":", row->run_at_ms);
+    sb_puts(&b, ",\"definition\":");
+    sb_puts(&b, row->definition);
+    sb_puts(&b, "}");
+    return b.p;
 }
 
 cJSON *jd_render_event(const struct jd_job_event *ev)

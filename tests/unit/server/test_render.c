@@ -1,0 +1,138 @@
+/*
+ * Tests of server/render.c's direct job rendering: jd_render_job_json must
+ * produce exactly the text of cJSON_PrintUnformatted(jd_render_job(row)) --
+ * clients see one or the other depending on the path (POST answers and
+ * long-poll answers use the direct one, lists the tree) -- for every field,
+ * labels nested or absent, odd strings, numbers beyond int, and definitions
+ * that are not compact JSON (which take the tree path).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "server/jobs_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void check_same(struct jd_job *row)
+{
+    cJSON *o = jd_render_job(row);
+    char *want = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    char *got = jd_render_job_json(row);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+    free(want);
+}
+
+static char *compact(const char *text)
+{
+    cJSON *v = cJSON_Parse(text);
+    assert_non_null(v);
+    char *t = cJSON_PrintUnformatted(v);
+    cJSON_Delete(v);
+    return t;
+}
+
+static void test_fresh_job_matches_the_tree_rendering(void **state)
+{
+    (void)state;
+    char *def = compact("{\"handler\":\"echo\",\"args\":{\"v\":1}}");
+    struct jd_job row = {.id = 42,
+                         .queue = "default",
+                         .state = JD_JOB_QUEUED,
+                         .definition = def,
+                         .run_at_ms = 1700000000123,
+                         .version = 1,
+                         .created_ms = 1700000000123,
+                         .updated_ms = 1700000000123};
+    check_same(&row);
+    char *got = jd_render_job_json(&row);
+    cJSON *o = cJSON_Parse(got);
+    assert_non_null(o);
+    assert_string_equal(cJSON_GetObjectItem(o, "id")->valuestring, "42");
+    assert_true(cJSON_IsObject(cJSON_GetObjectItem(o, "labels")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "started_at")));
+    cJSON_Delete(o);
+    free(got);
+    free(def);
+}
+
+static void test_every_field_and_odd_values_match(void **state)
+{
+    (void)state;
+    char *def = compact("{\"steps\":[{\"id\":\"a\",\"call\":\"echo\",\"args\":{\"labels\":1}}],"
+                        "\"labels\":{\"team\":\"x\\\"y\\n\\u0001é\",\"n\":[1,2.5,-3e+40,true,"
+                        "null,{}]},\"labels\":{\"dup\":1},\"priority\":5000000000}");
+    struct jd_job row = {.id = INT64_MAX,
+                         .queue = "q\"\\\t\x02z",
+                         .priority = 5000000000,
+                         .state = JD_JOB_SUCCEEDED,
+                         .definition = def,
+                         .run_at_ms = 1,
+                         .attempts = 3,
+                         .version = -7,
+                         .output = "{ \"a\" : [1, 2.50, \"\\u0041\"] }",
+                         .error = "not json",
+                         .created_ms = 5,
+                         .updated_ms = 6,
+                         .started_ms = 7,
+                         .finished_ms = 8};
+    check_same(&row);
+    row.priority = -2147483648LL;
+    row.version = 2147483647;
+    row.output = NULL;
+    row.error = "{\"kind\":\"failed\",\"message\":\"m\"}";
+    check_same(&row);
+    row.priority = -2147483649LL;
+    check_same(&row);
+    free(def);
+}
+
+static void test_definitions_without_labels_or_not_compact_match(void **state)
+{
+    (void)state;
+    struct jd_job row = {.id = 1, .queue = NULL, .state = JD_JOB_RUNNING, .version = 2};
+    const char *defs[] = {
+        "{}",
+        "{\"handler\":\"echo\"}",
+        "{\"labels\":{}}",
+        "{\"labels\":\"text\"}",
+        "{\"labels\":[1,{\"a\":[]}]}",
+        "{\"a\":{\"labels\":{\"inner\":1}}}",
+        "{ \"labels\" : {\"a\": 1} }",
+        "{\"labels\":{\"a\":1.0}}",
+        "{\"labels\":{\"a\":{\"b\":[1,-2,0,true,false,null,\"x\\\"\\u001f\\n\"]}},"
+        "\"labels\":{\"dup\":1}}",
+        "{\"x\":\"\\u0041\",\"labels\":{\"a\":1}}",
+        "{\"labels\":{\"a\":-0,\"b\":0123}}",
+        "{\"labels\":{\"a\":123456789,\"b\":-123456789}}",
+        "{\"labels\":{\"a\":1234567890}}",
+        "[1,2]",
+        "not json",
+        "{\"labels\":{\"a\":1}",
+        "{\"labels\":{\"a\":1}}trailing",
+        "",
+    };
+    for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++) {
+        row.definition = (char *)defs[i];
+        check_same(&row);
+    }
+    row.definition = NULL;
+    check_same(&row);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fresh_job_matches_the_tree_rendering),
+        cmocka_unit_test(test_every_field_and_odd_values_match),
+        cmocka_unit_test(test_definitions_without_labels_or_not_compact_match),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
