@@ -46,7 +46,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#define NBUCKETS 4096 /* job and watch hash buckets; chains stay short for 10^5 live jobs */
+#define NBUCKETS 4096     /* job and watch hash buckets; chains stay short for 10^5 live jobs */
+#define WATCH_ID_SHIFT 12 /* a watch id is (serial << 12) | its bucket */
+_Static_assert(NBUCKETS == 1u << WATCH_ID_SHIFT, "watch ids carry the bucket");
 
 struct job;
 
@@ -384,15 +386,26 @@ static char *with_run(cJSON *o, uint32_t run)
     return t;
 }
 
+/* Close event data being written in b with "run" (the same text as
+ * with_run would give); returns b's text (caller frees). */
+static char *end_with_run(struct jd_sbuf *b, uint32_t run)
+{
+    jd_sb_puts(b, ",\"run\":");
+    jd_sb_number(b, run);
+    jd_sb_puts(b, "}");
+    return b->p;
+}
+
 /* A state-change record for jb (not yet submitted: the caller may add
  * fields, then calls record). */
 static struct wrec *state_rec(struct jd_jobs *j, struct job *jb, enum jd_job_state s,
                               enum after after)
 {
     struct wrec *r = wrec_new(j, jb, JD_W_JOB_CHANGE);
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "state", jd_job_state_name(s));
-    r->data = with_run(d, jb->run);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{\"state\":");
+    jd_sb_string(&b, jd_job_state_name(s));
+    r->data = end_with_run(&b, jb->run);
     r->w.set = JD_SET_STATE;
     r->w.state = s;
     r->w.kind = JD_EVK_STATE;
@@ -1081,10 +1094,10 @@ static void record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag,
                               struct jd_token token, const char *result, const char *error)
 {
     struct wrec *r = wrec_new(j, jb, JD_W_JOB_CHANGE);
-    cJSON *d = cJSON_CreateObject();
-    cJSON *v = cJSON_Parse(error ? error : result ? result : "null");
-    cJSON_AddItemToObject(d, error ? "error" : "result", v ? v : cJSON_CreateNull());
-    r->data = with_run(d, jb->run);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, error ? "{\"error\":" : "{\"result\":");
+    jd_sb_json(&b, error ? error : result ? result : "null", "null");
+    r->data = end_with_run(&b, jb->run);
     r->w.kind = JD_EVK_COMPLETE;
     r->w.tag = tag;
     r->w.data = r->data;
@@ -1100,14 +1113,22 @@ static void record_dispatch(struct jd_jobs *j, struct job *jb, uint32_t tag, con
                             const char *args, uint32_t attempt, int64_t deadline_ms)
 {
     struct wrec *r = wrec_new(j, jb, JD_W_JOB_CHANGE);
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "command", command);
-    cJSON_AddNumberToObject(d, "attempt", attempt);
-    cJSON *a = args ? cJSON_Parse(args) : NULL;
-    cJSON_AddItemToObject(d, "args", a ? a : cJSON_CreateObject());
-    if (deadline_ms)
-        cJSON_AddNumberToObject(d, "deadline_ms", (double)deadline_ms);
-    r->data = with_run(d, jb->run);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{");
+    if (command) {
+        jd_sb_puts(&b, "\"command\":");
+        jd_sb_string(&b, command);
+        jd_sb_puts(&b, ",");
+    }
+    jd_sb_puts(&b, "\"attempt\":");
+    jd_sb_number(&b, attempt);
+    jd_sb_puts(&b, ",\"args\":");
+    jd_sb_json(&b, args, "{}");
+    if (deadline_ms) {
+        jd_sb_puts(&b, ",\"deadline_ms\":");
+        jd_sb_number(&b, deadline_ms);
+    }
+    r->data = end_with_run(&b, jb->run);
     r->w.kind = JD_EVK_DISPATCH;
     r->w.tag = tag;
     r->w.data = r->data;
@@ -1747,17 +1768,24 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
     pthread_mutex_lock(&j->mu);
     int64_t version = 0;
     bool terminal = false;
-    /* The store is the truth of what is committed: a reader may already see
-     * a version whose commit callback has not run yet. Commits after this
-     * read call wrec_done, which takes mu, so none is missed. */
-    struct jd_job row = {0};
-    if (jd_store_job_get(j->store, id, &row) == 0) {
+    /* A live job's version is the one its last commit callback saw: a
+     * commit whose callback has not run yet will run wrec_done, which takes
+     * mu and fires this watch, so none is missed. A job not in the table is
+     * terminal (or unknown) and changes no more unless retried, which takes
+     * mu too: the store is its truth. */
+    struct job *jb = job_find(j, id);
+    if (jb) {
+        version = jb->version;
+        terminal = jd_job_state_terminal(jb->committed_state);
+    } else {
+        struct jd_job row = {0};
+        if (jd_store_job_get(j->store, id, &row) != 0) {
+            pthread_mutex_unlock(&j->mu);
+            return JD_ENOENT;
+        }
         version = row.version;
         terminal = jd_job_state_terminal(row.state);
         jd_job_clear(&row);
-    } else if (!job_find(j, id)) {
-        pthread_mutex_unlock(&j->mu);
-        return JD_ENOENT;
     }
     if (version > since_version && (!terminal_only || terminal)) {
         pthread_mutex_unlock(&j->mu);
@@ -1770,13 +1798,13 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
         return 0;
     }
     struct watch *w = jd_xcalloc(1, sizeof *w);
-    w->id = ++j->next_watch;
+    unsigned b = bucket(id);
+    w->id = (++j->next_watch << WATCH_ID_SHIFT) | b; /* unwatch finds the bucket */
     w->job_id = id;
     w->since = since_version;
     w->terminal_only = terminal_only;
     w->fn = fn;
     w->arg = arg;
-    unsigned b = bucket(id);
     w->next = j->watches[b];
     j->watches[b] = w;
     if (watch_id)
@@ -1790,15 +1818,15 @@ bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id)
     if (!watch_id)
         return false;
     pthread_mutex_lock(&j->mu);
-    for (unsigned b = 0; b < NBUCKETS; b++)
-        for (struct watch **pp = &j->watches[b]; *pp; pp = &(*pp)->next)
-            if ((*pp)->id == watch_id) {
-                struct watch *w = *pp;
-                *pp = w->next;
-                pthread_mutex_unlock(&j->mu);
-                free(w);
-                return true;
-            }
+    unsigned b = (unsigned)(watch_id & (NBUCKETS - 1));
+    for (struct watch **pp = &j->watches[b]; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == watch_id) {
+            struct watch *w = *pp;
+            *pp = w->next;
+            pthread_mutex_unlock(&j->mu);
+            free(w);
+            return true;
+        }
     while (j->firing_watch == watch_id && !pthread_equal(j->firing_thread, pthread_self()))
         pthread_cond_wait(&j->cv, &j->mu);
     pthread_mutex_unlock(&j->mu);

@@ -28,6 +28,21 @@ cJSON *jd_render_job(const struct jd_job *row);
 /* The text of cJSON_PrintUnformatted(jd_render_job(row)), built directly
  * (caller frees with free). */
 char *jd_render_job_json(const struct jd_job *row);
+/* A growing text buffer for rendering JSON without a cJSON tree; p is
+ * NUL-terminated once anything was put (caller frees p). Each function
+ * writes what cJSON_PrintUnformatted would for the same value. */
+struct jd_sbuf {
+    char *p;
+    size_t n, cap;
+};
+void jd_sb_put(struct jd_sbuf *b, const char *s, size_t n); /* raw bytes */
+void jd_sb_puts(struct jd_sbuf *b, const char *s);          /* raw text */
+void jd_sb_string(struct jd_sbuf *b, const char *s);        /* a JSON string */
+void jd_sb_number(struct jd_sbuf *b, int64_t v);            /* v as a cJSON number */
+/* JSON text embedded as cJSON would reprint it; NULL or unparsable text
+ * puts `otherwise` (raw) instead. */
+void jd_sb_json(struct jd_sbuf *b, const char *text, const char *otherwise);
+
 /* Render one history event (caller deletes). */
 cJSON *jd_render_event(const struct jd_job_event *ev);
 /* Render the plugins of a frozen registry: {"plugins":[...]} (caller deletes). */

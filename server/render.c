@@ -68,12 +68,7 @@ cJSON *jd_render_job(const struct jd_job *row)
 
 /* ------------------------------------------------- direct text rendering */
 
-struct sbuf {
-    char *p;
-    size_t n, cap;
-};
-
-static void sb_reserve(struct sbuf *b, size_t more)
+static void sb_reserve(struct jd_sbuf *b, size_t more)
 {
     if (b->n + more + 1 <= b->cap)
         return;
@@ -84,7 +79,7 @@ static void sb_reserve(struct sbuf *b, size_t more)
     b->cap = cap;
 }
 
-static void sb_put(struct sbuf *b, const char *s, size_t n)
+void jd_sb_put(struct jd_sbuf *b, const char *s, size_t n)
 {
     sb_reserve(b, n);
     memcpy(b->p + b->n, s, n);
@@ -92,13 +87,13 @@ static void sb_put(struct sbuf *b, const char *s, size_t n)
     b->p[b->n] = '\0';
 }
 
-static void sb_puts(struct sbuf *b, const char *s)
+void jd_sb_puts(struct jd_sbuf *b, const char *s)
 {
-    sb_put(b, s, strlen(s));
+    jd_sb_put(b, s, strlen(s));
 }
 
 /* A JSON string, escaped exactly as cJSON prints it. */
-static void sb_string(struct sbuf *b, const char *s)
+void jd_sb_string(struct jd_sbuf *b, const char *s)
 {
     sb_reserve(b, strlen(s) * 6 + 2);
     char *o = b->p + b->n;
@@ -141,40 +136,30 @@ static void sb_string(struct sbuf *b, const char *s)
 
 /* A number as cJSON prints a double holding v: integers that fit an int
  * as such, anything else through cJSON itself. */
-static void sb_number(struct sbuf *b, int64_t v)
+void jd_sb_number(struct jd_sbuf *b, int64_t v)
 {
     char buf[32];
     if (v >= -2147483647 - 1 && v <= 2147483647) {
-        sb_put(b, buf, (size_t)snprintf(buf, sizeof buf, "%d", (int)v));
+        jd_sb_put(b, buf, (size_t)snprintf(buf, sizeof buf, "%d", (int)v));
         return;
     }
     cJSON *n = cJSON_CreateNumber((double)v);
     char *t = cJSON_PrintUnformatted(n);
-    sb_puts(b, t);
+    jd_sb_puts(b, t);
     free(t);
     cJSON_Delete(n);
 }
 
-static void sb_time(struct sbuf *b, const char *name, int64_t ms)
+static void sb_time(struct jd_sbuf *b, const char *name, int64_t ms)
 {
-    sb_puts(b, name);
+    jd_sb_puts(b, name);
     if (ms <= 0) {
-        sb_puts(b, "null");
+        jd_sb_puts(b, "null");
         return;
     }
     char buf[40];
     jd_time_format(ms, buf, sizeof buf);
-    sb_string(b, buf);
-}
-
-/* Embedded JSON text as cJSON would reprint it (NULL or unparsable: null). */
-static void sb_json(struct sbuf *b, const char *text)
-{
-    cJSON *v = text ? cJSON_Parse(text) : NULL;
-    char *t = v ? cJSON_PrintUnformatted(v) : NULL;
-    sb_puts(b, t ? t : "null");
-    free(t);
-    cJSON_Delete(v);
+    jd_sb_string(b, buf);
 }
 
 /* A string escape at p (just after the backslash) that cJSON prints back
@@ -255,6 +240,20 @@ static const char *skip_value(const char *p, int depth)
     }
 }
 
+void jd_sb_json(struct jd_sbuf *b, const char *text, const char *otherwise)
+{
+    const char *end = text ? skip_value(text, 0) : NULL;
+    if (end && *end == '\0') {
+        jd_sb_puts(b, text); /* already exactly what cJSON would print */
+        return;
+    }
+    cJSON *v = text ? cJSON_Parse(text) : NULL;
+    char *t = v ? cJSON_PrintUnformatted(v) : NULL;
+    jd_sb_puts(b, t ? t : otherwise);
+    free(t);
+    cJSON_Delete(v);
+}
+
 /* In a compact JSON object text: the first top-level "labels" member's
  * value as [*start, *end). 1 found, 0 absent, -1 not compact JSON. */
 static int find_labels(const char *text, const char **start, const char **end)
@@ -296,38 +295,38 @@ char *jd_render_job_json(const struct jd_job *row)
         cJSON_Delete(o);
         return t;
     }
-    struct sbuf b = {0};
+    struct jd_sbuf b = {0};
     char id[24];
     snprintf(id, sizeof id, "%" PRId64, row->id);
-    sb_puts(&b, "{\"id\":");
-    sb_string(&b, id);
-    sb_puts(&b, ",\"state\":");
-    sb_string(&b, jd_job_state_name(row->state));
-    sb_puts(&b, ",\"queue\":");
-    sb_string(&b, row->queue ? row->queue : "default");
-    sb_puts(&b, ",\"priority\":");
-    sb_number(&b, row->priority);
-    sb_puts(&b, ",\"version\":");
-    sb_number(&b, row->version);
-    sb_puts(&b, ",\"attempts\":");
-    sb_number(&b, row->attempts);
-    sb_puts(&b, ",\"output\":");
-    sb_json(&b, row->output);
-    sb_puts(&b, ",\"error\":");
-    sb_json(&b, row->error);
-    sb_puts(&b, ",\"labels\":");
+    jd_sb_puts(&b, "{\"id\":");
+    jd_sb_string(&b, id);
+    jd_sb_puts(&b, ",\"state\":");
+    jd_sb_string(&b, jd_job_state_name(row->state));
+    jd_sb_puts(&b, ",\"queue\":");
+    jd_sb_string(&b, row->queue ? row->queue : "default");
+    jd_sb_puts(&b, ",\"priority\":");
+    jd_sb_number(&b, row->priority);
+    jd_sb_puts(&b, ",\"version\":");
+    jd_sb_number(&b, row->version);
+    jd_sb_puts(&b, ",\"attempts\":");
+    jd_sb_number(&b, row->attempts);
+    jd_sb_puts(&b, ",\"output\":");
+    jd_sb_json(&b, row->output, "null");
+    jd_sb_puts(&b, ",\"error\":");
+    jd_sb_json(&b, row->error, "null");
+    jd_sb_puts(&b, ",\"labels\":");
     if (lab == 1)
-        sb_put(&b, ls, (size_t)(le - ls));
+        jd_sb_put(&b, ls, (size_t)(le - ls));
     else
-        sb_puts(&b, "{}");
+        jd_sb_puts(&b, "{}");
     sb_time(&b, ",\"created_at\":", row->created_ms);
     sb_time(&b, ",\"updated_at\":", row->updated_ms);
     sb_time(&b, ",\"started_at\":", row->started_ms);
     sb_time(&b, ",\"finished_at\":", row->finished_ms);
     sb_time(&b, ",\"run_at\":", row->run_at_ms);
-    sb_puts(&b, ",\"definition\":");
-    sb_puts(&b, row->definition);
-    sb_puts(&b, "}");
+    jd_sb_puts(&b, ",\"definition\":");
+    jd_sb_puts(&b, row->definition);
+    jd_sb_puts(&b, "}");
     return b.p;
 }
 

@@ -127,12 +127,64 @@ static void test_definitions_without_labels_or_not_compact_match(void **state)
     check_same(&row);
 }
 
+/* jd_sb_json (event data: results, args) embeds text as cJSON reprints it,
+ * whether or not the text is already in cJSON's compact form. */
+static void test_embedded_json_matches_cjson_reprint(void **state)
+{
+    (void)state;
+    const char *texts[] = {
+        "null",
+        "true",
+        "false",
+        "0",
+        "-1",
+        "123456789",
+        "1234567890",
+        "1.5",
+        "-0",
+        "1e3",
+        "\"s\"",
+        "\"a\\\"b\\\\c\\n\\u0001\\u0041\\/\"",
+        "{}",
+        "[]",
+        "{\"a\":[1,{\"b\":null}],\"a\":2}",
+        " {\"a\":1}",
+        "{\"a\":1} ",
+        "[1,]",
+        "{\"a\"}",
+        "nul",
+        "",
+        "{\"v\":\"\\u001F\"}",
+        "{\"v\":\"\\u001f\"}",
+        "{\"v\":\"\\u0008\"}",
+        "\"\xc3\xa9\x7f\"",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        cJSON *v = cJSON_Parse(texts[i]);
+        char *want = v ? cJSON_PrintUnformatted(v) : NULL;
+        cJSON_Delete(v);
+        struct jd_sbuf b = {0};
+        jd_sb_json(&b, texts[i], "OTHER");
+        assert_string_equal(b.p, want ? want : "OTHER");
+        free(b.p);
+        free(want);
+    }
+    struct jd_sbuf b = {0};
+    jd_sb_json(&b, NULL, "{}");
+    jd_sb_number(&b, 3000000000LL);
+    jd_sb_number(&b, -5);
+    jd_sb_string(&b, "x\"");
+    assert_string_equal(b.p, "{}3000000000-5\"x\\\"\"");
+    free(b.p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fresh_job_matches_the_tree_rendering),
         cmocka_unit_test(test_every_field_and_odd_values_match),
         cmocka_unit_test(test_definitions_without_labels_or_not_compact_match),
+        cmocka_unit_test(test_embedded_json_matches_cjson_reprint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
