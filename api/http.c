@@ -79,6 +79,7 @@ struct jd_http {
     pthread_cond_t park_cv;
     struct req *parked_head; /* doubly linked, holds a reference on each */
     bool timer_stop;
+    uint64_t timer_wait_until; /* park_mu: the timer sleeps until this, or 0 if awake */
     pthread_t timer;
     bool timer_started;
 
@@ -345,7 +346,10 @@ static void park_list_add(struct req *r, uint64_t deadline_ns)
         h->parked_head->pprev = r;
     h->parked_head = r;
     r->on_list = true;
-    pthread_cond_signal(&h->park_cv);
+    /* Wake the timer only if it would sleep past this deadline; an awake
+     * timer rescans the whole list before it sleeps again. */
+    if (h->timer_wait_until != 0 && deadline_ns < h->timer_wait_until)
+        pthread_cond_signal(&h->park_cv);
     pthread_mutex_unlock(&h->park_mu);
 }
 
@@ -423,7 +427,9 @@ static void *timer_main(void *arg)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
+        h->timer_wait_until = next;
         pthread_cond_timedwait(&h->park_cv, &h->park_mu, &ts);
+        h->timer_wait_until = 0;
     }
     pthread_mutex_unlock(&h->park_mu);
     return NULL;
