@@ -132,7 +132,65 @@ static int append_event(struct jd_store *s, int64_t job_id, int64_t seq, int64_t
     return rc == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
 }
 
-static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now)
+/* Versions of the jobs written in the current optimistic transaction, so a
+ * job's second and later records in a batch need no version read, and a
+ * history append (a change that sets no field) need not rewrite the jobs
+ * row at once: its version and updated_ms are written once per job when
+ * the batch ends (vc_flush), or by the job's next field-setting UPDATE,
+ * which sets both anyway. Open addressing on job_id, cleared per batch;
+ * not used on the savepoint path (a rollback to a savepoint would make it
+ * stale). */
+struct vslot {
+    int64_t job_id; /* 0: empty */
+    int64_t version;
+    bool dirty; /* the jobs row still has an older version/updated_ms */
+};
+
+struct vcache {
+    struct vslot *t;
+    size_t cap; /* a power of two, at least twice the batch */
+};
+
+static void vc_reset(struct vcache *c, size_t n)
+{
+    size_t want = 64;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > c->cap) {
+        free(c->t);
+        c->t = jd_xmalloc(want * sizeof *c->t);
+        c->cap = want;
+    }
+    memset(c->t, 0, c->cap * sizeof *c->t);
+}
+
+static struct vslot *vc_slot(struct vcache *c, int64_t job_id)
+{
+    size_t i = (size_t)((uint64_t)job_id * 0x9E3779B97F4A7C15ull >> 20) & (c->cap - 1);
+    while (c->t[i].job_id != 0 && c->t[i].job_id != job_id)
+        i = (i + 1) & (c->cap - 1);
+    return &c->t[i];
+}
+
+/* Write the deferred version/updated_ms of every dirty job; SQLite rc. */
+static int vc_flush(struct jd_store *s, struct vcache *c, int64_t now)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_JOB_UPDATE];
+    for (size_t i = 0; i < c->cap; i++) {
+        if (!c->t[i].dirty)
+            continue;
+        sqlite3_bind_int64(st, 1, c->t[i].job_id);
+        sqlite3_bind_int64(st, 2, now);
+        sqlite3_bind_int64(st, 3, c->t[i].version);
+        int rc = run(st);
+        if (rc != SQLITE_DONE)
+            return rc;
+        c->t[i].dirty = false;
+    }
+    return SQLITE_DONE;
+}
+
+static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
     const struct jd_job *j = w->job;
     if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
@@ -184,8 +242,11 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now)
     char data[48];
     snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
     int rc = append_event(s, id, 1, now, JD_EVK_STATE, 0, data);
-    if (rc == 0)
+    if (rc == 0) {
         w->version = 1;
+        if (vc)
+            *vc_slot(vc, id) = (struct vslot){.job_id = id, .version = 1};
+    }
     return rc;
 }
 
@@ -220,7 +281,7 @@ static sqlite3_stmt *update_stmt(struct jd_store *s, unsigned set)
     return s->upd[set];
 }
 
-static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
+static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
     unsigned set = w->set;
     if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL || set >= JD_UPDATE_MASKS ||
@@ -229,17 +290,41 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
     sqlite3_stmt *st = update_stmt(s, set);
     if (!st)
         return JD_EIO;
-    /* Read the version, then write version + 1: cheaper in SQLite than
-     * UPDATE ... RETURNING, and a missing job is found before any write. */
-    sqlite3_stmt *vs = s->wst[JD_WS_VERSION_GET];
-    sqlite3_bind_int64(vs, 1, w->job_id);
-    int rc = sqlite3_step(vs);
-    int64_t version = rc == SQLITE_ROW ? sqlite3_column_int64(vs, 0) + 1 : 0;
-    sqlite3_reset(vs);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-        return record_error(sqlite3_extended_errcode(s->wdb));
-    if (version == 0)
-        return JD_ENOENT;
+    /* Read the version (unless this batch already knows it), then write
+     * version + 1: cheaper in SQLite than UPDATE ... RETURNING, and a
+     * missing job is found before any write. */
+    struct vslot *slot = vc ? vc_slot(vc, w->job_id) : NULL;
+    int64_t version;
+    int rc;
+    if (slot && slot->job_id == w->job_id) {
+        version = slot->version + 1;
+    } else {
+        sqlite3_stmt *vs = s->wst[JD_WS_VERSION_GET];
+        sqlite3_bind_int64(vs, 1, w->job_id);
+        rc = sqlite3_step(vs);
+        version = rc == SQLITE_ROW ? sqlite3_column_int64(vs, 0) + 1 : 0;
+        sqlite3_reset(vs);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+        if (version == 0)
+            return JD_ENOENT;
+    }
+    const char *data = w->data;
+    char buf[48];
+    if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE)) {
+        snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
+        data = buf;
+    }
+    if (slot && set == 0) {
+        /* A history append: the jobs row is brought up to date by vc_flush
+         * or by the job's next UPDATE in this batch. */
+        rc = append_event(s, w->job_id, version, now, w->kind, w->tag, data);
+        if (rc == 0) {
+            w->version = version;
+            *slot = (struct vslot){.job_id = w->job_id, .version = version, .dirty = true};
+        }
+        return rc;
+    }
     sqlite3_bind_int64(st, 1, w->job_id);
     sqlite3_bind_int64(st, 2, now);
     sqlite3_bind_int64(st, 3, version);
@@ -259,16 +344,12 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now)
         sqlite3_bind_int64(st, 16, w->finished_ms);
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
-
-    const char *data = w->data;
-    char buf[48];
-    if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE)) {
-        snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
-        data = buf;
-    }
     rc = append_event(s, w->job_id, version, now, w->kind, w->tag, data);
-    if (rc == 0)
+    if (rc == 0) {
         w->version = version;
+        if (slot)
+            *slot = (struct vslot){.job_id = w->job_id, .version = version};
+    }
     return rc;
 }
 
@@ -282,14 +363,15 @@ static int apply_queue(struct jd_store *s, struct jd_write *w)
     return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
 }
 
-static int apply(struct jd_store *s, struct jd_write *w, int64_t now)
+/* vc: the batch's version cache, or NULL on the savepoint path. */
+static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
     w->version = 0;
     switch (w->op) {
     case JD_W_JOB_INSERT:
-        return apply_insert(s, w, now);
+        return apply_insert(s, w, now, vc);
     case JD_W_JOB_CHANGE:
-        return apply_change(s, w, now);
+        return apply_change(s, w, now, vc);
     case JD_W_QUEUE:
         return apply_queue(s, w);
     default:
@@ -351,15 +433,16 @@ static void log_failure(struct jd_store *s, const char *what)
  * UPDATE, so optimism pays. ids[] saves the job_id each record had before,
  * since apply_insert rewrites it on a duplicate idempotency key. */
 static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, int64_t *ids,
-                            size_t n, int64_t now)
+                            size_t n, int64_t now, struct vcache *vc)
 {
+    vc_reset(vc, n);
     for (size_t i = 0; i < n; i++)
         ids[i] = b[i]->job_id;
     for (size_t i = 0; i < n; i++) {
         rcs[i] = 0;
         if (b[i]->op == JD_W_SYNC_)
             continue;
-        int rc = apply(s, b[i], now);
+        int rc = apply(s, b[i], now, vc);
         if (rc == 0)
             continue;
         if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL)
@@ -372,7 +455,7 @@ static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, i
         }
         return 1;
     }
-    return 0;
+    return vc_flush(s, vc, now) == SQLITE_DONE ? 0 : -1;
 }
 
 /* The slow path, after a record failed: every record, or group, in its own
@@ -393,7 +476,7 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
         }
         int rc = 0;
         for (size_t k = 0; k < g && rc == 0; k++)
-            rc = apply(s, b[i + k], now);
+            rc = apply(s, b[i + k], now, NULL);
         if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL) {
             log_failure(s, "write");
             return -1;
@@ -417,7 +500,8 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
 }
 
 /* Apply and commit b[0..n), then fire every done() in order. */
-static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int64_t *ids, size_t n)
+static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int64_t *ids, size_t n,
+                         struct vcache *vc)
 {
     uint64_t t0 = jd_now_ns();
     int64_t now = jd_wall_ms();
@@ -428,7 +512,7 @@ static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int6
         log_failure(s, "begin");
         goto done;
     }
-    int fast = apply_optimistic(s, b, rcs, ids, n, now);
+    int fast = apply_optimistic(s, b, rcs, ids, n, now, vc);
     if (fast < 0) {
         log_failure(s, "write");
         goto done;
@@ -596,6 +680,7 @@ static void *writer_main(void *arg)
     struct jd_write **b = NULL;
     int *rcs = NULL;
     int64_t *ids = NULL;
+    struct vcache vc = {0};
 
     for (;;) {
         /* acquire: see the records' contents written before their push. */
@@ -639,12 +724,13 @@ static void *writer_main(void *arg)
         }
         if (!pend)
             pend_tail = NULL;
-        commit_batch(s, b, rcs, ids, n);
+        commit_batch(s, b, rcs, ids, n, &vc);
         maybe_retention(s);
     }
     free(b);
     free(rcs);
     free(ids);
+    free(vc.t);
     return NULL;
 }
 

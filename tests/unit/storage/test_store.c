@@ -367,6 +367,105 @@ static void test_submit_many_is_all_or_nothing(void **state)
     assert_int_equal(jd_store_submit_many(f->s, NULL, 0), 0);
 }
 
+/* Several records of one job in one transaction (insert, appends, state
+ * changes): each gets the next version, the history has every seq once, and
+ * the jobs row ends at the last version -- including when the batch is
+ * redone with savepoints because another record in it failed. */
+static void check_job_history(struct jd_store *s, int64_t id, int64_t last, enum jd_job_state st)
+{
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(s, id, &got), 0);
+    assert_int_equal(got.version, last);
+    assert_int_equal(got.state, st);
+    assert_true(got.updated_ms >= got.created_ms);
+    jd_job_clear(&got);
+    struct jd_job_event *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(jd_store_events(s, id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, (size_t)last);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ev[i].seq, (int64_t)i + 1);
+    jd_job_events_free(ev, n);
+}
+
+static void run_mixed_batch(struct fx *f, bool with_failure)
+{
+    struct tres r;
+    struct jd_job old = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &old, NULL, &r), 0);
+
+    struct gate g;
+    struct jd_write gw;
+    gate_hold(f->s, &g, &gw);
+    struct jd_job fresh = make_job(jd_store_next_id(f->s), "default", NULL);
+    enum { N = 8 };
+    struct jd_write w[N];
+    struct tres res[N];
+    memset(res, 0, sizeof res);
+    w[0] = (struct jd_write){.op = JD_W_JOB_INSERT, .job = &fresh};
+    w[1] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                             .job_id = fresh.id,
+                             .kind = JD_EVK_DISPATCH,
+                             .tag = 1,
+                             .data = "{\"command\":\"echo\"}"};
+    w[2] = (struct jd_write){
+        .op = JD_W_JOB_CHANGE, .job_id = old.id, .kind = JD_EVK_DISPATCH, .tag = 1};
+    w[3] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                             .job_id = fresh.id,
+                             .kind = JD_EVK_COMPLETE,
+                             .tag = 1,
+                             .data = "{\"result\":1}"};
+    w[4] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                             .job_id = with_failure ? 987654321 : old.id,
+                             .kind = JD_EVK_COMPLETE,
+                             .tag = 1};
+    w[5] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                             .job_id = fresh.id,
+                             .set = JD_SET_STATE,
+                             .state = JD_JOB_RUNNING,
+                             .kind = JD_EVK_STATE};
+    w[6] = (struct jd_write){
+        .op = JD_W_JOB_CHANGE, .job_id = fresh.id, .kind = JD_EVK_DISPATCH, .tag = 2};
+    w[7] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                             .job_id = old.id,
+                             .set = JD_SET_STATE,
+                             .state = JD_JOB_SUCCEEDED,
+                             .kind = JD_EVK_STATE};
+    for (int i = 0; i < N; i++) {
+        w[i].done = tres_done;
+        w[i].arg = &res[i];
+        assert_int_equal(jd_store_submit(f->s, &w[i]), 0);
+    }
+    gate_release(&g);
+    assert_int_equal(jd_store_sync(f->s), 0);
+
+    const int64_t want_fresh[N] = {1, 2, 0, 3, 0, 4, 5, 0};
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(res[i].calls, 1);
+        if (want_fresh[i]) {
+            assert_int_equal(res[i].rc, 0);
+            assert_int_equal(res[i].version, want_fresh[i]);
+        }
+    }
+    assert_int_equal(res[2].version, 2);
+    if (with_failure) {
+        assert_int_equal(res[4].rc, JD_ENOENT);
+        assert_int_equal(res[7].version, 3);
+        check_job_history(f->s, old.id, 3, JD_JOB_SUCCEEDED);
+    } else {
+        assert_int_equal(res[4].version, 3);
+        assert_int_equal(res[7].version, 4);
+        check_job_history(f->s, old.id, 4, JD_JOB_SUCCEEDED);
+    }
+    check_job_history(f->s, fresh.id, 5, JD_JOB_RUNNING);
+}
+
+static void test_records_of_one_job_in_one_batch_get_consecutive_versions(void **state)
+{
+    run_mixed_batch(*state, false);
+    run_mixed_batch(*state, true);
+}
+
 static void test_max_batch_splits_transactions_but_never_a_group(void **state)
 {
     struct fx *f = *state;
@@ -847,6 +946,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_one_bad_record_fails_alone_in_a_group_commit, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_submit_many_is_all_or_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_records_of_one_job_in_one_batch_get_consecutive_versions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_done_callbacks_fire_in_submission_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_max_batch_splits_transactions_but_never_a_group, setup,
