@@ -43,6 +43,9 @@ void jd_sb_number(struct jd_sbuf *b, int64_t v);            /* v as a cJSON numb
  * puts `otherwise` (raw) instead. */
 void jd_sb_json(struct jd_sbuf *b, const char *text, const char *otherwise);
 
+/* jd_time_format(wall_ms, buf, 32) without gmtime_r and snprintf. */
+void jd_render_time(int64_t wall_ms, char buf[32]);
+
 /* Render one history event (caller deletes). */
 cJSON *jd_render_event(const struct jd_job_event *ev);
 /* Render the plugins of a frozen registry: {"plugins":[...]} (caller deletes). */

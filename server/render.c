@@ -150,6 +150,52 @@ void jd_sb_number(struct jd_sbuf *b, int64_t v)
     cJSON_Delete(n);
 }
 
+static void put2(char *p, int v)
+{
+    p[0] = (char)('0' + v / 10);
+    p[1] = (char)('0' + v % 10);
+}
+
+void jd_render_time(int64_t wall_ms, char buf[32])
+{
+    /* Years 1970..9999 by integer arithmetic (days -> civil date, H.
+     * Hinnant's algorithm); anything else through jd_time_format. */
+    if (wall_ms < 0 || wall_ms >= 253402300800000LL) {
+        jd_time_format(wall_ms, buf, 32);
+        return;
+    }
+    int64_t secs = wall_ms / 1000;
+    int ms = (int)(wall_ms % 1000);
+    int64_t days = secs / 86400;
+    int sod = (int)(secs % 86400);
+    int64_t z = days + 719468;
+    int64_t era = z / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    int d = (int)(doy - (153 * mp + 2) / 5 + 1);
+    int m = (int)(mp < 10 ? mp + 3 : mp - 9);
+    int y = (int)(yoe + era * 400 + (m <= 2));
+    put2(buf, y / 100);
+    put2(buf + 2, y % 100);
+    buf[4] = '-';
+    put2(buf + 5, m);
+    buf[7] = '-';
+    put2(buf + 8, d);
+    buf[10] = 'T';
+    put2(buf + 11, sod / 3600);
+    buf[13] = ':';
+    put2(buf + 14, sod / 60 % 60);
+    buf[16] = ':';
+    put2(buf + 17, sod % 60);
+    buf[19] = '.';
+    buf[20] = (char)('0' + ms / 100);
+    put2(buf + 21, ms % 100);
+    buf[23] = 'Z';
+    buf[24] = '\0';
+}
+
 static void sb_time(struct jd_sbuf *b, const char *name, int64_t ms)
 {
     jd_sb_puts(b, name);
@@ -157,8 +203,8 @@ static void sb_time(struct jd_sbuf *b, const char *name, int64_t ms)
         jd_sb_puts(b, "null");
         return;
     }
-    char buf[40];
-    jd_time_format(ms, buf, sizeof buf);
+    char buf[32];
+    jd_render_time(ms, buf);
     jd_sb_string(b, buf);
 }
 

@@ -15,6 +15,8 @@
 
 #include "server/jobs_impl.h"
 
+#include "common/clock.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,6 +180,39 @@ static void test_embedded_json_matches_cjson_reprint(void **state)
     free(b.p);
 }
 
+static void test_time_format_matches_jd_time_format(void **state)
+{
+    (void)state;
+    int64_t fixed[] = {0,
+                       1,
+                       999,
+                       1000,
+                       86399999,
+                       86400000,
+                       951782400000,
+                       951868800000,
+                       4107542399999,
+                       1700000000123,
+                       -1,
+                       -86400001,
+                       253402300799999,
+                       253402300800000};
+    char want[40], got[32];
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        jd_time_format(fixed[i], want, sizeof want);
+        jd_render_time(fixed[i], got);
+        assert_string_equal(got, want);
+    }
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int64_t ms = (int64_t)(x % 253402300800000ull);
+        jd_time_format(ms, want, sizeof want);
+        jd_render_time(ms, got);
+        assert_string_equal(got, want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +220,7 @@ int main(void)
         cmocka_unit_test(test_every_field_and_odd_values_match),
         cmocka_unit_test(test_definitions_without_labels_or_not_compact_match),
         cmocka_unit_test(test_embedded_json_matches_cjson_reprint),
+        cmocka_unit_test(test_time_format_matches_jd_time_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
