@@ -259,11 +259,13 @@ static void make_request_id(struct jd_http *h, struct req *r)
 
 static void log_request(struct req *r, bool terminated)
 {
+    enum jd_log_level lvl = r->status >= 500 ? JD_LOG_WARN : JD_LOG_INFO;
+    if (lvl < jd_log_get_level())
+        return; /* filtered out: skip the formatting */
     char status[16], dur[32];
     snprintf(status, sizeof status, "%d", r->status);
     double ms = (double)(jd_now_ns() - r->start_ns) / 1e6;
     snprintf(dur, sizeof dur, "%.3f", ms);
-    enum jd_log_level lvl = r->status >= 500 ? JD_LOG_WARN : JD_LOG_INFO;
     const char *msg = terminated ? "request aborted" : "request";
     if (r->job_label[0] != '\0')
         jd_log(lvl, msg, "request_id", r->rid, "method", r->method, "path", r->path ? r->path : "",

@@ -657,17 +657,22 @@ static void batch_finish(struct jd_jobs *j, struct batch *b)
     struct jd_submit_result res = {.rc = b->rc};
     char *json = NULL;
     if (b->rc == 0) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON *arr = cJSON_AddArrayToObject(o, "jobs");
+        /* Every insert committed: render the rows as stored, from memory
+         * (each record still references its job, hence its definition). */
+        struct jd_sbuf sb = {0};
+        jd_sb_puts(&sb, "{\"jobs\":[");
         for (size_t i = 0; i < b->n; i++) {
-            struct jd_job row = {0};
-            if (jd_store_job_get(j->store, b->recs[i]->w.job_id, &row) == 0) {
-                cJSON_AddItemToArray(arr, jd_render_job(&row));
-                jd_job_clear(&row);
-            }
+            struct wrec *r = b->recs[i];
+            r->row.version = r->w.version;
+            r->row.updated_ms = r->row.created_ms;
+            char *one = jd_render_job_json(&r->row);
+            if (i > 0)
+                jd_sb_puts(&sb, ",");
+            jd_sb_puts(&sb, one);
+            free(one);
         }
-        json = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
+        jd_sb_puts(&sb, "]}");
+        json = sb.p;
     } else {
         jd_error_set(&res.err, b->rc, NULL, "storing the batch failed: %s", jd_strerror(b->rc));
     }
@@ -716,6 +721,16 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct fire *fires = NULL;
     struct job *start = NULL;
     struct batch *batch = r->batch; /* its last record frees every record */
+    char *insert_json = NULL;
+
+    if (r->submit_done && rc == 0 && w->op == JD_W_JOB_INSERT && r->row.id == w->job_id) {
+        /* The row as the insert stored it: no read back, no re-parse, and
+         * no lock (the row and jb->def, which r's reference keeps, are
+         * not changed by anyone). */
+        r->row.version = w->version;
+        r->row.updated_ms = r->row.created_ms;
+        insert_json = jd_render_job_json(&r->row);
+    }
 
     pthread_mutex_lock(&j->mu);
     if (rc == 0 && jb) {
@@ -774,6 +789,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     case AFTER_NONE:
         break;
     }
+    if (!batch && jb) {
+        job_unref(jb); /* nothing below uses jb */
+        r->job = NULL;
+    }
     pthread_mutex_unlock(&j->mu);
 
     watches_fire(j, fires, 0);
@@ -787,11 +806,9 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         } else if (rc) {
             jd_error_set(&res.err, rc, NULL, "storing the job failed: %s", jd_strerror(rc));
         }
-        if (rc == 0 && w->op == JD_W_JOB_INSERT && r->row.id == w->job_id) {
-            /* The row as the insert stored it: no read back, no re-parse. */
-            r->row.version = w->version;
-            r->row.updated_ms = r->row.created_ms;
-            json = jd_render_job_json(&r->row);
+        if (insert_json) {
+            json = insert_json;
+            insert_json = NULL;
         } else if (res.rc == 0) {
             struct jd_job row = {0};
             if (jd_store_job_get(j->store, w->job_id, &row) == 0) {
@@ -815,10 +832,6 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     }
     start_list(j, start);
     if (!batch) {
-        pthread_mutex_lock(&j->mu);
-        if (jb)
-            job_unref(jb);
-        pthread_mutex_unlock(&j->mu);
         wrec_free(r);
         return;
     }
