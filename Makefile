@@ -198,13 +198,16 @@ sanitize: deps
 
 unit-build: $(UNIT_TESTS) $(TPLUGIN_SOS) $(PLUGIN_SOS)
 
-bench-sched: $(BUILD)/bench/sched
+bench-sched: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/sched
 	$(BUILD)/bench/sched $(if $(W),--workers $(W)) $(if $(ITERS),--iters $(ITERS))
 
-bench-store: $(BUILD)/bench/store
+bench-store: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/store
 	$(BUILD)/bench/store
 
-bench-compare: $(BUILD)/bench/sched
+bench-compare: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/sched
 	JD_BUILD=$(BUILD) bench/compare.sh
 
 bench-e2e: deps
@@ -215,7 +218,7 @@ crash: deps
 	$(Q)$(MAKE) --no-print-directory all
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
 
-fuzz:
+fuzz: deps
 	JD_BUILD=$(BUILD) tests/fuzz/run.sh $${FUZZ_SECONDS:-60}
 
 docker-smoke:
