@@ -219,6 +219,7 @@ crash: deps
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
 
 fuzz: deps
+	@tools/deps.sh clang
 	JD_BUILD=$(BUILD) tests/fuzz/run.sh $${FUZZ_SECONDS:-60}
 
 docker-smoke:
