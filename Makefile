@@ -163,7 +163,7 @@ deps:
 run: deps
 	$(Q)$(MAKE) --no-print-directory all
 	@mkdir -p data
-	$(BUILD)/jackdawd --listen 127.0.0.1:8080 --db data/jackdaw.db --plugin-dir $(BUILD)/plugins
+	$(BUILD)/jackdawd --listen 127.0.0.1:8080 --db data/jackdaw.db --plugin-dir $(BUILD)/plugins $(ARGS)
 
 # Everything a fresh Debian 12 machine needs, then every test, then one summary line.
 # Order: unit tests, the concurrency tests under TSan, integration and crash
