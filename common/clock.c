@@ -5,6 +5,7 @@
 #include "common/error.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,15 @@ static int digits(const char **p, int n, int *out)
     return 0;
 }
 
+/* timegm() would quietly roll "2026-02-30" over into March: a run_at typo
+ * must be refused, not scheduled on another day. */
+static int days_in_month(int y, int mo)
+{
+    static const int days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return days[mo - 1] + (mo == 2 && leap);
+}
+
 int jd_time_parse(const char *s, int64_t *wall_ms)
 {
     const char *p = s;
@@ -61,10 +71,9 @@ int jd_time_parse(const char *s, int64_t *wall_ms)
         digits(&p, 2, &d) || (*p != 'T' && *p != 't' && *p != ' '))
         return JD_EINVAL;
     p++;
-    if (digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &mi) || *p++ != ':' ||
-        digits(&p, 2, &se))
+    if (digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &mi) || *p++ != ':' || digits(&p, 2, &se))
         return JD_EINVAL;
-    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60)
+    if (mo < 1 || mo > 12 || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || se > 60)
         return JD_EINVAL;
     if (*p == '.') {
         p++;
@@ -87,7 +96,7 @@ int jd_time_parse(const char *s, int64_t *wall_ms)
     } else if (*p == '+' || *p == '-') {
         int sign = *p == '-' ? -1 : 1, oh, om;
         p++;
-        if (digits(&p, 2, &oh) || *p++ != ':' || digits(&p, 2, &om))
+        if (digits(&p, 2, &oh) || *p++ != ':' || digits(&p, 2, &om) || oh > 23 || om > 59)
             return JD_EINVAL;
         offset_min = sign * (oh * 60 + om);
     } else {
@@ -112,8 +121,14 @@ int jd_duration_parse(const char *s, int64_t *ms)
     if (!s || !*s)
         return JD_EINVAL;
     char *end;
+    /* Plain decimal only: strtod alone would also take "nan", "inf", hex,
+     * exponents and leading blanks, and converting NaN to int64_t is
+     * undefined. */
+    size_t n = strspn(s, "0123456789.");
+    if (n == 0)
+        return JD_EINVAL;
     double v = strtod(s, &end);
-    if (end == s || v < 0 || v > 1e12)
+    if (end != s + n || !isfinite(v) || v < 0 || v > 1e12)
         return JD_EINVAL;
     double mul;
     if (!strcmp(end, "") || !strcmp(end, "s"))
@@ -127,6 +142,10 @@ int jd_duration_parse(const char *s, int64_t *ms)
     else if (!strcmp(end, "d"))
         mul = 86400000;
     else
+        return JD_EINVAL;
+    /* 1e12 days does not fit in int64_t ms; the cast would be undefined.
+     * 2^62 ms is some 146 million years: more than any timeout needs. */
+    if (v * mul >= 4.6e18)
         return JD_EINVAL;
     *ms = (int64_t)(v * mul);
     return 0;

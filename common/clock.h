@@ -37,11 +37,13 @@ int64_t jd_clock_real_wall_ms(void);
 void jd_time_format(int64_t wall_ms, char *buf, size_t len);
 
 /* Parse RFC 3339 ("2026-11-21T23:27:37Z", optional fraction, Z or +hh:mm).
+ * A day the month does not have ("2026-02-30") is refused, not rolled over.
  * Returns 0 and sets *wall_ms, or JD_EINVAL. */
 int jd_time_parse(const char *s, int64_t *wall_ms);
 
-/* Parse a duration: "30s", "500ms", "2m", "1h", "7d" or a bare number of
- * seconds. Returns 0 and sets *ms, or JD_EINVAL. */
+/* Parse a duration: "30s", "500ms", "2m", "1h", "7d", "1.5s" or a bare
+ * number of seconds (plain decimal: no sign, exponent, hex, NaN or
+ * infinity). Returns 0 and sets *ms, or JD_EINVAL. */
 int jd_duration_parse(const char *s, int64_t *ms);
 
 #endif

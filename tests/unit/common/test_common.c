@@ -61,8 +61,11 @@ static void test_time_rejects_garbage(void **state)
 {
     (void)state;
     int64_t ms;
-    const char *bad[] = {"", "tomorrow", "2026-13-01T00:00:00Z", "2026-11-21", "2026-11-21T10:00:00",
-                         "2026-11-21T10:00:00Zjunk", "2026-11-21T25:00:00Z"};
+    const char *bad[] = {"", "tomorrow", "2026-13-01T00:00:00Z", "2026-11-21",
+                         "2026-11-21T10:00:00", "2026-11-21T10:00:00Zjunk", "2026-11-21T25:00:00Z",
+                         /* days a month does not have: timegm would roll them over */
+                         "2026-02-29T00:00:00Z", "2026-04-31T00:00:00Z",
+                         "2026-11-21T10:00:00+24:00", "2026-11-21T10:00:00+01:60"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(jd_time_parse(bad[i], &ms), JD_EINVAL);
 }
@@ -83,6 +86,26 @@ static void test_durations(void **state)
     assert_int_equal(jd_duration_parse("5 parsecs", &ms), JD_EINVAL);
 }
 
+/* ?wait= and the duration flags come from users: nothing they type may
+ * reach an undefined float-to-integer conversion. */
+static void test_durations_reject_non_numbers_and_overflow(void **state)
+{
+    (void)state;
+    int64_t ms = 42;
+    const char *bad[] = {"nan",  "NaN",   "inf",   "infinity",       "-0", " 5s", "0x10",
+                         "1e3s", "1e12d", "1e12h", "9999999999999d", "."};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(jd_duration_parse(bad[i], &ms), JD_EINVAL);
+    assert_true(ms == 42);
+    assert_int_equal(jd_duration_parse("1.5s", &ms), 0);
+    assert_true(ms == 1500);
+    assert_int_equal(jd_duration_parse(".5s", &ms), 0);
+    assert_true(ms == 500);
+    assert_int_equal(jd_time_parse("2024-02-29T00:00:00Z", &ms), 0); /* a leap day */
+    assert_int_equal(jd_time_parse("2000-02-29T00:00:00Z", &ms), 0);
+    assert_int_equal(jd_time_parse("1900-02-29T00:00:00Z", &ms), JD_EINVAL);
+}
+
 static void test_asprintf(void **state)
 {
     (void)state;
@@ -99,6 +122,7 @@ int main(void)
         cmocka_unit_test(test_time_roundtrip),
         cmocka_unit_test(test_time_rejects_garbage),
         cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_durations_reject_non_numbers_and_overflow),
         cmocka_unit_test(test_asprintf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
