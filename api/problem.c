@@ -1,7 +1,8 @@
 /*
  * Problem details, bearer-token comparison and content-type checks. The
  * problem JSON is built with cJSON so that any detail text (which may echo
- * user input) is escaped correctly. No shared state.
+ * user input) is escaped correctly. The type is always "about:blank": the
+ * status says what kind of problem it is. No shared state.
  */
 #include "api/problem.h"
 
@@ -17,26 +18,25 @@
 struct status_text {
     int status;
     const char *reason;
-    const char *slug; /* the problem type's last segment */
 };
 
 static const struct status_text statuses[] = {
-    {200, "OK", "ok"},
-    {201, "Created", "created"},
-    {202, "Accepted", "accepted"},
-    {400, "Bad Request", "malformed-request"},
-    {401, "Unauthorized", "unauthorized"},
-    {403, "Forbidden", "forbidden"},
-    {404, "Not Found", "not-found"},
-    {405, "Method Not Allowed", "method-not-allowed"},
-    {409, "Conflict", "conflict"},
-    {413, "Content Too Large", "body-too-large"},
-    {415, "Unsupported Media Type", "unsupported-media-type"},
-    {422, "Unprocessable Content", "invalid-job"},
-    {429, "Too Many Requests", "too-many-requests"},
-    {500, "Internal Server Error", "internal-error"},
-    {503, "Service Unavailable", "unavailable"},
-    {504, "Gateway Timeout", "timeout"},
+    {200, "OK"},
+    {201, "Created"},
+    {202, "Accepted"},
+    {400, "Bad Request"},
+    {401, "Unauthorized"},
+    {403, "Forbidden"},
+    {404, "Not Found"},
+    {405, "Method Not Allowed"},
+    {409, "Conflict"},
+    {413, "Content Too Large"},
+    {415, "Unsupported Media Type"},
+    {422, "Unprocessable Content"},
+    {429, "Too Many Requests"},
+    {500, "Internal Server Error"},
+    {503, "Service Unavailable"},
+    {504, "Gateway Timeout"},
 };
 
 static const struct status_text *find(int status)
@@ -56,13 +56,15 @@ const char *jd_http_reason(int status)
 char *jd_problem_json(int status, const char *detail, const char *pointer, const char *instance,
                       const char *request_id)
 {
-    const struct status_text *s = find(status);
-    char type[96];
-    snprintf(type, sizeof type, "https://jackdaw.dev/problems/%s", s ? s->slug : "error");
     cJSON *o = cJSON_CreateObject();
     if (o == NULL)
         abort();
-    cJSON_AddStringToObject(o, "type", type);
+    /* "about:blank" (RFC 9457 section 4.2.1): the problem means no more than
+     * its HTTP status, and the title is that status's phrase. Every error
+     * here is one per status, so a type URI of our own would add nothing but
+     * a link to a page that does not exist; detail and pointer say what to
+     * fix. */
+    cJSON_AddStringToObject(o, "type", "about:blank");
     cJSON_AddStringToObject(o, "title", jd_http_reason(status));
     cJSON_AddNumberToObject(o, "status", status);
     if (detail != NULL && detail[0] != '\0')
