@@ -43,7 +43,7 @@ static const struct opt opts[] = {
     {"--token", "JACKDAW_TOKEN", OPT_STR, F(token), "T",
      "require 'Authorization: Bearer T' on /v1 (default: open)"},
     {"--exec-allow", "JACKDAW_EXEC_ALLOW", OPT_STR, F(exec_allow), "LIST",
-     "programs the exec handler may run, comma-separated paths (default: none)"},
+     "programs the exec handler may run: comma-separated absolute paths, or * (default: none)"},
     {"--http-allow", "JACKDAW_HTTP_ALLOW", OPT_STR, F(http_allow), "LIST",
      "hosts the http handler may call, comma-separated (default: any)"},
     {"--retention", "JACKDAW_RETENTION", OPT_DURATION, F(retention_ms), "DURATION",

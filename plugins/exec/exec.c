@@ -15,7 +15,9 @@
  * dispositions and an empty signal mask.
  *
  * Only programs named in config "exec_allow" run (comma-separated absolute
- * paths, compared with argv[0] as written; "*" allows any). Unset or empty:
+ * paths or bare names looked up in the server's PATH, compared with argv[0]
+ * as written; "*" allows any; relative paths with a slash never match, as
+ * they would resolve against the job's cwd). Unset or empty:
  * exec refuses everything and says so, at submit time (validate, pointer
  * /argv/0) and again at run time.
  *
@@ -87,13 +89,19 @@ static size_t output_cap(void)
     return *end || v == 0 ? EXEC_DEFAULT_CAP : (size_t)v;
 }
 
-/* 0 if prog may run; else a reason in err. */
+/* 0 if prog may run; else a reason in err.
+ *
+ * An entry matches argv[0] only when it is "*", absolute, or a bare name
+ * (looked up in the server's PATH, which jobs cannot change). A relative
+ * entry with a slash ("./deploy.sh", "bin/tool") never matches: the child
+ * resolves it against the job's own "cwd", so allowing it would let any job
+ * run whatever file of that name sits in any directory it picks. */
 static int allowed(const char *prog, char *err, size_t errlen)
 {
     const char *list = host->config("exec_allow");
     const char *p = list;
     size_t plen = strlen(prog);
-    int any = 0;
+    int any = 0, relative = 0;
     while (p && *p) {
         const char *e = strchr(p, ',');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -103,7 +111,11 @@ static int allowed(const char *prog, char *err, size_t errlen)
             n--;
         if (n) {
             any = 1;
-            if ((n == 1 && *p == '*') || (n == plen && memcmp(p, prog, n) == 0))
+            if (n == 1 && *p == '*')
+                return 0;
+            if (*p != '/' && memchr(p, '/', n))
+                relative = 1; /* never matches; said below when it would have */
+            else if (n == plen && memcmp(p, prog, n) == 0)
                 return 0;
         }
         p = e ? e + 1 : NULL;
@@ -111,6 +123,11 @@ static int allowed(const char *prog, char *err, size_t errlen)
     if (!any)
         snprintf(err, errlen,
                  "exec is disabled: no program is allowed (start jackdawd with --exec-allow)");
+    else if (relative && prog[0] != '/' && strchr(prog, '/'))
+        snprintf(err, errlen,
+                 "program \"%.200s\" is a relative path, which depends on the job's cwd: "
+                 "allow-list entries and argv[0] must be absolute paths (or bare names)",
+                 prog);
     else
         snprintf(err, errlen, "program \"%.200s\" is not in the exec allow-list", prog);
     return 1;

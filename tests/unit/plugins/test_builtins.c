@@ -335,6 +335,33 @@ static void test_exec_allow_list(void **state)
     fx_free(f);
 }
 
+/* A relative allow-list entry would resolve against the job's own cwd, so
+ * a job could run any file of that name anywhere: it must never match. */
+static void test_exec_allow_list_refuses_relative_paths(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    struct precord rec;
+    struct fx *f = fx_new("bin/sh, ./true, /bin/echo", NULL, NULL);
+    assert_int_equal(jd_registry_validate(f->r, "exec",
+                                          "{\"argv\":[\"bin/sh\",\"-c\",\"exit 0\"],\"cwd\":\"/\"}",
+                                          "", &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/argv/0");
+    assert_non_null(strstr(err.message, "must be absolute paths"));
+    assert_int_equal(
+        jd_registry_validate(f->r, "exec", "{\"argv\":[\"./true\"],\"cwd\":\"/bin\"}", "", &err),
+        JD_EINVAL);
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"bin/sh\",\"-c\",\"exit 0\"],\"cwd\":\"/\"}", 0, &rec);
+    assert_false(rec.ok);
+    assert_string_equal(rec.kind, "not_allowed");
+    prec_fini(&rec);
+    /* Absolute entries in the same list still work. */
+    assert_int_equal(jd_registry_validate(f->r, "exec", "{\"argv\":[\"/bin/echo\"]}", "", &err), 0);
+    fx_free(f);
+}
+
 static void test_exec_exit_codes_and_output(void **state)
 {
     (void)state;
@@ -844,6 +871,7 @@ int main(void)
         cmocka_unit_test(test_counter_count_to),
         cmocka_unit_test(test_counter_count_messages),
         cmocka_unit_test(test_exec_allow_list),
+        cmocka_unit_test(test_exec_allow_list_refuses_relative_paths),
         cmocka_unit_test(test_exec_exit_codes_and_output),
         cmocka_unit_test(test_exec_output_cap),
         cmocka_unit_test(test_exec_timeout_kills_group),
