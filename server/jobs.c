@@ -897,12 +897,10 @@ static void start_job(struct jd_jobs *j, struct job *jb, bool resume)
         fail = err_json("invalid_definition", "the stored definition no longer parses");
     } else if (d->shape == JD_JOBDEF_TASK) {
         ops = &jd_task_ops;
-        self = jd_workflow_new(jb->id);
-        input = jd_xstrdup(d->text);
+        self = jd_workflow_new_def(jb->id, d); /* d lives as long as jb's `user` ref */
     } else if (d->shape == JD_JOBDEF_WORKFLOW) {
         ops = &jd_workflow_ops;
-        self = jd_workflow_new(jb->id);
-        input = jd_xstrdup(d->text);
+        self = jd_workflow_new_def(jb->id, d);
     } else {
         const struct jd_process_type *pt = jd_registry_process_type(j->reg, d->process);
         if (!pt) {

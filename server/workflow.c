@@ -28,7 +28,8 @@ struct wf {
     bool task;
     int64_t job_id;
     char job_id_s[24];
-    struct jd_jobdef *def;
+    const struct jd_jobdef *def; /* owned_def, or borrowed (jd_workflow_new_def) */
+    struct jd_jobdef *owned_def; /* parsed by init from its input; freed by close */
     enum sstate *st;
     size_t pos;         /* top-level step in progress */
     cJSON *outputs;     /* id -> output */
@@ -44,20 +45,31 @@ void *jd_workflow_new(int64_t job_id)
     return w;
 }
 
+void *jd_workflow_new_def(int64_t job_id, const struct jd_jobdef *def)
+{
+    struct wf *w = jd_workflow_new(job_id);
+    w->def = def;
+    return w;
+}
+
 static int wf_init_common(struct wf *w, const char *method, const char *input, struct jd_error *err)
 {
     if (!method || strcmp(method, "run") != 0)
         return jd_error_set(err, JD_EINVAL, "/method", "unknown method \"%s\" (use \"run\")",
                             method ? method : "");
-    if (!input)
-        return jd_error_set(err, JD_EINVAL, "", "missing job definition");
-    struct jd_job_limits lim = {.max_definition_bytes = SIZE_MAX / 2,
-                                .max_depth = 1u << 20,
-                                .max_steps = 1u << 20,
-                                .max_string = SIZE_MAX / 2};
-    int rc = jd_jobdef_parse(input, strlen(input), &lim, NULL, &w->def, err);
-    if (rc)
-        return rc;
+    if (!w->def) {
+        /* No definition handed over: parse the input (the definition text). */
+        if (!input)
+            return jd_error_set(err, JD_EINVAL, "", "missing job definition");
+        struct jd_job_limits lim = {.max_definition_bytes = SIZE_MAX / 2,
+                                    .max_depth = 1u << 20,
+                                    .max_steps = 1u << 20,
+                                    .max_string = SIZE_MAX / 2};
+        int rc = jd_jobdef_parse(input, strlen(input), &lim, NULL, &w->owned_def, err);
+        if (rc)
+            return rc;
+        w->def = w->owned_def;
+    }
     if ((w->def->shape == JD_JOBDEF_TASK) != w->task)
         return jd_error_set(err, JD_EINVAL, "", "definition shape does not match process type");
     w->st = jd_xcalloc(w->def->nsteps ? w->def->nsteps : 1, sizeof *w->st);
@@ -85,7 +97,7 @@ static void wf_close(void *self)
     struct wf *w = self;
     if (!w)
         return;
-    jd_jobdef_free(w->def);
+    jd_jobdef_free(w->owned_def);
     free(w->st);
     cJSON_Delete(w->outputs);
     cJSON_Delete(w->messages);

@@ -43,6 +43,13 @@ extern const struct jd_process_ops jd_plugin_process_ops;
  * jd_sched_spawn (takes ownership) or call ops->close to free it. */
 void *jd_workflow_new(int64_t job_id);
 
+struct jd_jobdef;
+
+/* Like jd_workflow_new, but init uses def (borrowed: it must stay valid until
+ * the process finishes; close does not touch it) instead of parsing its
+ * input, which may then be NULL. Saves a parse of the definition per start. */
+void *jd_workflow_new_def(int64_t job_id, const struct jd_jobdef *def);
+
 /* An adapter instance for a plugin process type (borrowed; lives as long as
  * the registry). Freed by jd_plugin_process_ops.close. */
 void *jd_plugin_process_new(const struct jd_process_type *pt);

@@ -287,6 +287,38 @@ static void test_task_output_is_the_call_result(void **state)
     jd_workflow_ops.close(self);
 }
 
+/* A definition handed over already parsed runs without its text (the server
+ * path), gives the same yields as the parsed-from-text path, and close leaves
+ * the borrowed definition to its owner. */
+static void test_a_handed_over_definition_runs_without_its_text(void **state)
+{
+    (void)state;
+    const char *text = "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":"
+                       "{\"n\":\"${input.n}\",\"j\":\"${job.id}\"}}],\"input\":{\"n\":3}}";
+    struct jd_jobdef *d = NULL;
+    struct jd_error err;
+    jd_error_clear(&err);
+    assert_int_equal(jd_jobdef_parse(text, strlen(text), NULL, NULL, &d, &err), 0);
+
+    struct wf_run r = {.ops = &jd_workflow_ops, .self = jd_workflow_new_def(9, d)};
+    assert_int_equal(jd_workflow_ops.init(r.self, "run", NULL, &err), 0);
+    step(&r, NULL, 0);
+    assert_int_equal(r.out.status, JD_STEP_WAIT);
+    expect_yield(&r, 0, 1, "t.echo", "{\"n\":3,\"j\":\"9\"}");
+    struct jd_event e = done_ev(1, "{\"ok\":true}");
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    run_end(&r);
+    /* Still the caller's: usable after close, freed once by its owner. */
+    assert_int_equal(d->nsteps, 1);
+
+    /* The task type refuses a handed-over workflow definition too. */
+    void *self = jd_workflow_new_def(9, d);
+    assert_int_equal(jd_task_ops.init(self, "run", NULL, &err), JD_EINVAL);
+    jd_task_ops.close(self);
+    jd_jobdef_free(d);
+}
+
 static void test_same_events_give_same_yields(void **state)
 {
     (void)state;
@@ -368,6 +400,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequential_steps_run_in_order_with_substitution),
+        cmocka_unit_test(test_a_handed_over_definition_runs_without_its_text),
         cmocka_unit_test(test_parallel_group_dispatches_all_and_waits_for_all),
         cmocka_unit_test(test_a_failed_branch_fails_the_group_and_job),
         cmocka_unit_test(test_wait_takes_the_first_message_of_its_topic),
