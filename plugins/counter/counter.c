@@ -15,8 +15,7 @@
  * restart yields the same tags. Threading: the host never calls one
  * instance from two threads at once; there is no shared state.
  */
-#include "plugins/jackdaw_json.h"
-#include "plugins/jackdaw_plugin.h"
+#include "plugins/builtin.h"
 
 #define COUNTER_MAX_N 1000000 /* keeps a typo from making a job that never ends */
 
@@ -156,16 +155,4 @@ static const struct jd_process_type types[] = {
     },
 };
 
-static const struct jd_plugin plugin = {
-    .abi_version = JD_PLUGIN_ABI_VERSION,
-    .name = "counter",
-    .version = "1.0.0",
-    .process_types = types,
-    .nprocess_types = 1,
-};
-
-const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
-{
-    host = h;
-    return &plugin;
-}
+JD_BUILTIN_PLUGIN("counter", NULL, 0, types, 1)

@@ -5,7 +5,7 @@
  * Threading: handle() completes on the calling thread before returning; no
  * state.
  */
-#include "plugins/jackdaw_plugin.h"
+#include "plugins/builtin.h"
 
 static const struct jd_host *host;
 
@@ -18,16 +18,4 @@ static const struct jd_command commands[] = {
     {.name = "echo", .flags = 0, .default_timeout_ms = 0, .handle = echo_handle},
 };
 
-static const struct jd_plugin plugin = {
-    .abi_version = JD_PLUGIN_ABI_VERSION,
-    .name = "echo",
-    .version = "1.0.0",
-    .commands = commands,
-    .ncommands = 1,
-};
-
-const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
-{
-    host = h;
-    return &plugin;
-}
+JD_BUILTIN_PLUGIN("echo", commands, 1, NULL, 0)

@@ -41,8 +41,7 @@
  * pool (it waits for the child); cancel() runs on any thread and only sends
  * signals. The children table is guarded by one mutex.
  */
-#include "plugins/jackdaw_json.h"
-#include "plugins/jackdaw_plugin.h"
+#include "plugins/builtin.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -78,17 +77,6 @@ static struct child *children;
 
 /* ---- configuration ---- */
 
-static size_t output_cap(void)
-{
-    const char *s = host->config("output_cap");
-    char *end;
-    unsigned long long v;
-    if (!s || !*s)
-        return EXEC_DEFAULT_CAP;
-    v = strtoull(s, &end, 10);
-    return *end || v == 0 ? EXEC_DEFAULT_CAP : (size_t)v;
-}
-
 /* 0 if prog may run; else a reason in err.
  *
  * An entry matches argv[0] only when it is "*", absolute, or a bare name
@@ -99,16 +87,9 @@ static size_t output_cap(void)
 static int allowed(const char *prog, char *err, size_t errlen)
 {
     const char *list = host->config("exec_allow");
-    const char *p = list;
-    size_t plen = strlen(prog);
+    size_t plen = strlen(prog), n;
     int any = 0, relative = 0;
-    while (p && *p) {
-        const char *e = strchr(p, ',');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        while (n && (*p == ' ' || *p == '\t'))
-            p++, n--;
-        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
-            n--;
+    for (const char *cur = list, *p; (p = jd_builtin_list_next(&cur, &n));) {
         if (n) {
             any = 1;
             if (n == 1 && *p == '*')
@@ -118,7 +99,6 @@ static int allowed(const char *prog, char *err, size_t errlen)
             else if (n == plen && memcmp(p, prog, n) == 0)
                 return 0;
         }
-        p = e ? e + 1 : NULL;
     }
     if (!any)
         snprintf(err, errlen,
@@ -186,13 +166,9 @@ static int args_parse(const char *json, struct exec_args *a, char *err, size_t e
 {
     struct jd_pjson *v, *argv, *env;
     memset(a, 0, sizeof *a);
-    a->root = jd_pjson_parse(json, err, errlen);
+    a->root = jd_builtin_parse_args(json, err, errlen);
     if (!a->root)
         return 1;
-    if (!jd_pjson_is(a->root, JD_PJSON_OBJECT)) {
-        snprintf(err, errlen, "args must be an object");
-        return 1;
-    }
     argv = jd_pjson_get(a->root, "argv");
     if (!jd_pjson_is(argv, JD_PJSON_ARRAY) || argv->len == 0) {
         snprintf(err, errlen, "argv must be a non-empty array of strings");
@@ -485,7 +461,7 @@ static void exec_handle(const struct jd_call_info *info)
     posix_spawnattr_t at;
     sigset_t sigs;
     int fa_ok = 0, at_ok = 0, pidfd = -1, status = 0, exited = 0, timed_out = 0, rc;
-    size_t cap = output_cap(), in_off = 0;
+    size_t cap = jd_builtin_output_cap(host, EXEC_DEFAULT_CAP), in_off = 0;
     int64_t start = now_ms(), deadline, drain_until = 0;
     struct jd_pjson_buf res = {0};
     pid_t pid;
@@ -678,17 +654,4 @@ static const struct jd_command commands[] = {
     },
 };
 
-static const struct jd_plugin plugin = {
-    .abi_version = JD_PLUGIN_ABI_VERSION,
-    .name = "exec",
-    .version = "1.0.0",
-    .commands = commands,
-    .ncommands = 1,
-};
-
-const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
-{
-    host = h;
-    signal(SIGPIPE, SIG_IGN); /* a child that stops reading stdin must not kill us */
-    return &plugin;
-}
+JD_BUILTIN_PLUGIN("exec", commands, 1, NULL, 0)

@@ -9,23 +9,18 @@
  * Defaults: message "failed on purpose", retryable false, kind "fail".
  * Threading: handle() finishes on the calling thread; no state.
  */
-#include "plugins/jackdaw_json.h"
-#include "plugins/jackdaw_plugin.h"
+#include "plugins/builtin.h"
 
 static const struct jd_host *host;
 
 static int fail_validate(const char *args_json, char *err, size_t errlen, char *ptr, size_t ptrlen)
 {
-    struct jd_pjson *a = jd_pjson_parse(args_json, err, errlen);
+    struct jd_pjson *a = jd_builtin_parse_args(args_json, err, errlen);
     struct jd_pjson *v;
     int64_t n;
     int rc = 1;
     if (!a)
         return 1;
-    if (!jd_pjson_is(a, JD_PJSON_OBJECT)) {
-        snprintf(err, errlen, "args must be an object");
-        goto out;
-    }
     if ((v = jd_pjson_get(a, "message")) && !jd_pjson_is(v, JD_PJSON_STRING)) {
         snprintf(err, errlen, "message must be a string");
         snprintf(ptr, ptrlen, "/message");
@@ -75,16 +70,4 @@ static const struct jd_command commands[] = {
     {.name = "fail", .validate = fail_validate, .handle = fail_handle},
 };
 
-static const struct jd_plugin plugin = {
-    .abi_version = JD_PLUGIN_ABI_VERSION,
-    .name = "fail",
-    .version = "1.0.0",
-    .commands = commands,
-    .ncommands = 1,
-};
-
-const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
-{
-    host = h;
-    return &plugin;
-}
+JD_BUILTIN_PLUGIN("fail", commands, 1, NULL, 0)

@@ -27,8 +27,7 @@
  * everything else belongs to the loop thread. The loop starts on first use
  * and lives as long as the process (the ABI has no unload hook).
  */
-#include "plugins/jackdaw_json.h"
-#include "plugins/jackdaw_plugin.h"
+#include "plugins/builtin.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -63,17 +62,6 @@ static struct jd_call **q_cancel; /* cancel requests */
 static size_t q_ncancel, q_capcancel;
 static struct req *active; /* loop thread only */
 
-static size_t output_cap(void)
-{
-    const char *s = host->config("output_cap");
-    char *end;
-    unsigned long long v;
-    if (!s || !*s)
-        return HTTP_DEFAULT_CAP;
-    v = strtoull(s, &end, 10);
-    return *end || v == 0 ? HTTP_DEFAULT_CAP : (size_t)v;
-}
-
 /* ---- argument checks ---- */
 
 static int host_allowed(const char *url, char *err, size_t errlen)
@@ -81,6 +69,7 @@ static int host_allowed(const char *url, char *err, size_t errlen)
     const char *list = host->config("http_allow");
     CURLU *u;
     char *h = NULL, *scheme = NULL;
+    size_t n;
     int rc = 1;
     u = curl_url();
     if (!u || curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
@@ -97,18 +86,11 @@ static int host_allowed(const char *url, char *err, size_t errlen)
         rc = 0;
         goto out;
     }
-    for (const char *p = list; p && *p;) {
-        const char *e = strchr(p, ',');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        while (n && *p == ' ')
-            p++, n--;
-        while (n && p[n - 1] == ' ')
-            n--;
+    for (const char *cur = list, *p; (p = jd_builtin_list_next(&cur, &n));) {
         if (n && strlen(h) == n && strncasecmp(p, h, n) == 0) {
             rc = 0;
             goto out;
         }
-        p = e ? e + 1 : NULL;
     }
     snprintf(err, errlen, "host \"%.200s\" is not in the http allow-list", h);
 out:
@@ -120,16 +102,12 @@ out:
 
 static int http_validate(const char *args_json, char *err, size_t errlen, char *ptr, size_t ptrlen)
 {
-    struct jd_pjson *a = jd_pjson_parse(args_json, err, errlen);
+    struct jd_pjson *a = jd_builtin_parse_args(args_json, err, errlen);
     struct jd_pjson *v;
     int64_t t;
     int rc = 1;
     if (!a)
         return 1;
-    if (!jd_pjson_is(a, JD_PJSON_OBJECT)) {
-        snprintf(err, errlen, "args must be an object");
-        goto out;
-    }
     v = jd_pjson_get(a, "url");
     if (!jd_pjson_str(v)) {
         snprintf(err, errlen, "url must be a string");
@@ -393,7 +371,7 @@ static void http_handle(const struct jd_call_info *info)
         goto fail;
     }
     r->call = info->call;
-    r->cap = output_cap();
+    r->cap = jd_builtin_output_cap(host, HTTP_DEFAULT_CAP);
     if ((v = jd_pjson_get(a, "method")))
         method = v->string;
     else if ((v = jd_pjson_get(a, "body")) && !jd_pjson_is(v, JD_PJSON_NULL))
@@ -497,16 +475,4 @@ static const struct jd_command commands[] = {
     {.name = "http", .validate = http_validate, .handle = http_handle, .cancel = http_cancel},
 };
 
-static const struct jd_plugin plugin = {
-    .abi_version = JD_PLUGIN_ABI_VERSION,
-    .name = "http",
-    .version = "1.0.0",
-    .commands = commands,
-    .ncommands = 1,
-};
-
-const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
-{
-    host = h;
-    return &plugin;
-}
+JD_BUILTIN_PLUGIN("http", commands, 1, NULL, 0)

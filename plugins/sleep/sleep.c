@@ -14,8 +14,7 @@
  * Threading: handle() on a worker, the timer callback on the host's timer
  * thread, cancel() on any thread; the table is guarded by one mutex.
  */
-#include "plugins/jackdaw_json.h"
-#include "plugins/jackdaw_plugin.h"
+#include "plugins/builtin.h"
 
 #include <pthread.h>
 
@@ -160,16 +159,4 @@ static const struct jd_command commands[] = {
     {.name = "sleep", .validate = sleep_validate, .handle = sleep_handle, .cancel = sleep_cancel},
 };
 
-static const struct jd_plugin plugin = {
-    .abi_version = JD_PLUGIN_ABI_VERSION,
-    .name = "sleep",
-    .version = "1.0.0",
-    .commands = commands,
-    .ncommands = 1,
-};
-
-const struct jd_plugin *jd_plugin_entry(const struct jd_host *h)
-{
-    host = h;
-    return &plugin;
-}
+JD_BUILTIN_PLUGIN("sleep", commands, 1, NULL, 0)
