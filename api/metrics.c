@@ -1,7 +1,8 @@
 /*
  * /metrics rendering (Prometheus text format 0.0.4) and the HTTP counters.
- * Label values are fixed strings from the route table and status codes, so
- * nothing user-controlled reaches the output and nothing needs escaping.
+ * Label values are fixed strings from the route table and status codes,
+ * except queue names, which come from users and go through put_label()
+ * (backslash, quote and newline escaped, as the text format requires).
  */
 #include "api/metrics.h"
 
@@ -97,7 +98,11 @@ static void histogram(struct buf *b, const char *name, const char *labels, const
         else
             put(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, (unsigned long long)cum);
     }
-    put(b, "%s_sum%s%s%s %g\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", sum);
+    /* %.6f, not %g: %g keeps six significant digits, so once the sum passes
+     * a few days of request time it moves in steps of seconds or more and
+     * rate(_sum) / rate(_count) turns to noise. Sums are in seconds with
+     * microsecond sources: six decimals lose nothing. */
+    put(b, "%s_sum%s%s%s %.6f\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", sum);
     put(b, "%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "",
         (unsigned long long)cum);
 }

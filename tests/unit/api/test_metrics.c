@@ -43,6 +43,21 @@ static void test_http_counters(void **state)
     free(t);
 }
 
+/* A histogram's _sum keeps its precision however large it grows: with six
+ * significant digits it would stop moving and rate(_sum) would be noise. */
+static void test_histogram_sum_keeps_precision(void **state)
+{
+    (void)state;
+    static struct jd_http_metrics m;
+    jd_http_metrics_observe(&m, JD_ROUTE_JOB_GET, 200, 1234567890123ull); /* ~14 days */
+    jd_http_metrics_observe(&m, JD_ROUTE_JOB_GET, 200, 1);
+    struct jd_metrics_sources src = {.http = &m, .ready = 1};
+    char *t = jd_metrics_render(&src);
+    assert_non_null(strstr(
+        t, "jackdaw_http_request_duration_seconds_sum{route=\"/v1/jobs/{id}\"} 1234567.890124\n"));
+    free(t);
+}
+
 static void test_all_families(void **state)
 {
     struct jd_jobs_stats js = {.submitted = 5, .succeeded = 3, .failed = 1, .running = 1};
@@ -100,6 +115,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_http_counters),
+        cmocka_unit_test(test_histogram_sum_keeps_precision),
         cmocka_unit_test(test_all_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
