@@ -6,7 +6,8 @@
 # ("ok N - name" / "not ok N - name"). A program that exits non-zero without
 # reporting a failure (a crash, a sanitizer report) counts as one failure.
 # Output of each program goes to $JD_BUILD/test-logs/<name>.log and is shown
-# when it failed.
+# when it failed. A program that is missing or not executable counts as a
+# failure.
 set -uo pipefail
 BUILD=${JD_BUILD:-build}
 logs="$BUILD/test-logs"
@@ -14,7 +15,13 @@ mkdir -p "$logs"
 passed=0
 failed=0
 for t in "$@"; do
-    [ -x "$t" ] || continue
+    # A test that was not built (or lost its x bit) is a failure, not a
+    # silent skip: otherwise a suite can go green with tests missing.
+    if [ ! -f "$t" ] || [ ! -x "$t" ]; then
+        echo "FAIL $t (missing or not executable)"
+        failed=$((failed + 1))
+        continue
+    fi
     name=$(echo "$t" | tr '/' '_')
     log="$logs/$name.log"
     start=$(date +%s.%N)
