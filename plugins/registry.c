@@ -42,6 +42,7 @@
 #include "scheduler/process.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1037,8 +1038,14 @@ int jd_registry_load_dir(struct jd_registry *r, const char *dir, unsigned *loade
         *loaded = 0;
     n = scandir(dir, &names, so_filter, alphasort);
     if (n < 0) {
-        jd_log(JD_LOG_ERROR, "plugin directory unreadable", "dir", dir, NULL);
-        return jd_error_set(err, JD_EIO, NULL, "cannot read plugin directory %s", dir);
+        /* Say why and what to do: the usual cause is a build directory that
+         * was moved or never built. */
+        const char *why = strerror(errno);
+        jd_log(JD_LOG_ERROR, "plugin directory unreadable", "dir", dir, "error", why, NULL);
+        return jd_error_set(err, JD_EIO, NULL,
+                            "cannot read plugin directory %s: %s (point --plugin-dir at the "
+                            "directory holding the plugin .so files)",
+                            dir, why);
     }
     for (int i = 0; i < n; i++) {
         char *path = jd_xasprintf("%s/%s", dir, names[i]->d_name);

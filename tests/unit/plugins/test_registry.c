@@ -305,6 +305,9 @@ static void test_load_dir(void **state)
     assert_non_null(strstr(err.message, "b_badabi.so"));
     assert_non_null(jd_registry_command(f->r, "tgood"));
     assert_int_equal(jd_registry_load_dir(f->r, "/nonexistent-dir", &loaded, &err), JD_EIO);
+    /* The operator learns why and which flag to fix. */
+    assert_non_null(strstr(err.message, "No such file or directory"));
+    assert_non_null(strstr(err.message, "--plugin-dir"));
     unlink(link1);
     unlink(link2);
     unlink(other);
