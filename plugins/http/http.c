@@ -353,6 +353,7 @@ static void http_handle(const struct jd_call_info *info)
     const char *method = "GET";
     int64_t timeout_ms = 0;
     int has_ctype = 0;
+    struct curl_slist *nl_ctype = NULL;
 
     pthread_once(&loop_once, loop_start);
     if (!loop_ok) {
@@ -395,16 +396,25 @@ static void http_handle(const struct jd_call_info *info)
     }
     if ((v = jd_pjson_get(a, "body")) && !jd_pjson_is(v, JD_PJSON_NULL)) {
         struct jd_pjson_buf b = {0};
+        const char *ctype = NULL;
         if (jd_pjson_is(v, JD_PJSON_STRING)) {
             jd_pjson_buf_raw(&b, v->string, v->len);
-            if (!has_ctype) /* no type given: send none rather than curl's form default */
-                r->headers = curl_slist_append(r->headers, "Content-Type:");
+            ctype = "Content-Type:"; /* none given: send none rather than curl's form default */
         } else {
             jd_pjson_buf_value(&b, v);
-            if (!has_ctype)
-                r->headers = curl_slist_append(r->headers, "Content-Type: application/json");
+            ctype = "Content-Type: application/json";
         }
-        r->body = b.p ? b.p : strdup("");
+        /* jd_pjson_buf aborts on OOM, so b.p is set (b.len may be 0). A failed
+         * append must not drop the list built so far (a leak and lost
+         * headers), and a NULL body would make curl read the body from
+         * stdin. */
+        r->body = b.p;
+        if (!r->body || (!has_ctype && !(nl_ctype = curl_slist_append(r->headers, ctype)))) {
+            host->fail(info->call, "http_error", "out of memory", 1, NULL);
+            goto fail;
+        }
+        if (!has_ctype)
+            r->headers = nl_ctype;
         curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b.len);
         curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
     }
