@@ -144,6 +144,11 @@ static void iter_spawn_many_remote_busy2(void)
     wait_done();
 }
 
+/* Busy steps taken (both loads), read per iteration when JD_BENCH_BUSY_STEPS
+ * is set: a count robust to machine noise, unlike wall time. Relaxed: a
+ * statistic read after the iteration's done signal. */
+static _Atomic uint64_t busy_steps;
+
 /* busy1 background: loop { yield; spin 10 us } while the flag is up */
 static int busy1_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
 {
@@ -156,6 +161,7 @@ static int busy1_step(void *self, struct jd_event *ev, size_t n, struct jd_step_
         return 0;
     }
     stall();
+    atomic_fetch_add_explicit(&busy_steps, 1, memory_order_relaxed);
     out->status = JD_STEP_CONTINUE;
     return 0;
 }
@@ -170,6 +176,7 @@ static int busy2_step(void *self, struct jd_event *ev, size_t n, struct jd_step_
     (void)n;
     if (atomic_load_explicit(&busy_flag, memory_order_relaxed)) {
         stall();
+        atomic_fetch_add_explicit(&busy_steps, 1, memory_order_relaxed);
         spawn_or_die(&busy2_ops, NULL, NULL);
     } else {
         atomic_fetch_sub(&busy_alive, 1);
@@ -403,10 +410,22 @@ static void run_shape(const struct shape *sh, unsigned workers, int iters, uint6
     if (sh->busy)
         start_busy(sh->busy, sh->busy_per_worker * (int)workers);
     sh->iter();
+    bool count = sh->busy && getenv("JD_BENCH_BUSY_STEPS");
+    uint64_t *steps = count ? calloc((size_t)iters, sizeof(*steps)) : NULL;
     for (int i = 0; i < iters; i++) {
+        uint64_t b0 = atomic_load_explicit(&busy_steps, memory_order_relaxed);
         uint64_t t0 = now_ns();
         sh->iter();
         samples[i] = now_ns() - t0;
+        if (steps)
+            steps[i] = atomic_load_explicit(&busy_steps, memory_order_relaxed) - b0;
+    }
+    if (steps) {
+        qsort(steps, (size_t)iters, sizeof(*steps), cmp_u64);
+        fprintf(stderr, "BUSY_STEPS shape=%s median=%llu min=%llu max=%llu\n", sh->name,
+                (unsigned long long)steps[iters / 2], (unsigned long long)steps[0],
+                (unsigned long long)steps[iters - 1]);
+        free(steps);
     }
     if (sh->busy)
         stop_busy();

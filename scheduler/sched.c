@@ -23,7 +23,11 @@
  * stealing half of a random victim's ring (searchers only), and last the
  * processes that yielded (CONTINUE), which wait on a private list until the
  * worker has nothing else (as Tokio defers yield_now) and then go back to
- * the ring, stealable, in batches of one CAS.
+ * the ring, stealable, in batches of one CAS. The fairness tick releases
+ * them too, but while work waits in the shared queues (a flood of remote
+ * spawns) at most once per DEFER_SLICE_NS (at once when a worker is
+ * parked and could run them): they cannot starve, and a flood is not
+ * slowed by a round of every yielder per 61 ticks.
  *
  * Memory: control blocks live in 4096-slot chunks that are never freed
  * before destroy, so a stale pid can always be looked at safely; a finished
@@ -91,8 +95,14 @@ enum {
 #define BATCH 16           /* moved from inject/global per visit, as Go and Tokio */
 #define GLOBAL_INTERVAL 61 /* ticks between forced global-queue checks (Go's 61) */
 #define LIFO_MAX 3         /* LIFO-slot runs in a row (Tokio 1.29's fairness fix) */
-#define SPIN_ROUNDS 4      /* search rounds spinning before sched_yield */
-#define YIELD_ROUNDS 16    /* ... and with sched_yield before parking */
+/* While work waits in the shared queues, yielded (CONTINUE) processes go
+ * back to the run queue at most once per DEFER_SLICE_NS, checked at the
+ * fairness tick: a yielder waits at most this slice plus one fairness
+ * interval, and D yielders of step time t take about D*t/DEFER_SLICE_NS of
+ * a flooded worker. An idle worker runs them at once. */
+#define DEFER_SLICE_NS 1000000u
+#define SPIN_ROUNDS 4   /* search rounds spinning before sched_yield */
+#define YIELD_ROUNDS 16 /* ... and with sched_yield before parking */
 
 struct evnode {
     struct jd_link link; /* first: queues link through it */
@@ -143,6 +153,7 @@ struct worker {
     struct jd_step_out out;
     struct jd_link *batch[BATCH + 1];
     struct proc *deferred, *deferred_tail; /* CONTINUEd processes, oldest first */
+    uint64_t defer_released_ns;            /* last fairness-tick release of deferred */
     struct proc *overflow[JD_RING_SIZE / 2 + 1];
     struct proc *flushbuf[JD_RING_SIZE / 2];
 };
@@ -650,12 +661,34 @@ static void flush_deferred(struct worker *w)
     notify_local(w->s);
 }
 
+/* At the fairness tick, the yielders go back to the ring (as Tokio's
+ * maintenance wakes its deferred tasks every 61 ticks), except while work
+ * waits in the shared queues (remote spawns, new requests: a flood): then
+ * only once their slice has passed, so they still run while the flood
+ * lasts but do not take a round of every yielder per 61 short ticks. A
+ * parked worker could run them in parallel: release them at once
+ * (flush_deferred wakes it). */
+static void release_deferred_if_due(struct worker *w)
+{
+    struct jd_sched *s = w->s;
+    /* relaxed: hints; a wrong guess costs one early or late release */
+    bool flood = jd_lqueue_len(&w->inject) || jd_lqueue_len(&s->global);
+    if (flood && atomic_load_explicit(&s->nparked, memory_order_relaxed) == 0) {
+        uint64_t now = jd_timers_now_ns();
+        if (now - w->defer_released_ns < DEFER_SLICE_NS)
+            return;
+        w->defer_released_ns = now;
+    }
+    flush_deferred(w);
+}
+
 static struct proc *find_work(struct worker *w)
 {
     struct jd_sched *s = w->s;
     struct proc *p;
     if (++w->tick % GLOBAL_INTERVAL == 0) {
-        flush_deferred(w);
+        if (w->deferred)
+            release_deferred_if_due(w);
         /* fairness: shared queues and the oldest local work first, now and then */
         if ((p = take_batch(w, &w->inject, BATCH + 1)) ||
             (p = take_batch(w, &s->global, BATCH + 1)) || (p = jd_ring_pop_back(&w->ring))) {

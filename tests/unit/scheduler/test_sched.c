@@ -16,12 +16,14 @@
 #include "scheduler/sched.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- what the hooks saw ---- */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -818,6 +820,131 @@ static void test_stuck_worker_detected(void **state)
     sem_destroy(&stuck_gate);
 }
 
+/* ---- yielders under a steady flood ---- */
+#define FLOOD_YIELDERS 2
+#define YIELDER_SPIN_NS 50000u /* a yielder's step */
+#define FLOOD_SPIN_NS 1000u    /* a flood process's only step */
+#define FLOOD_LOW 25000        /* refill the backlog below this ... */
+#define FLOOD_HIGH 50000       /* ... up to this: ~25 ms of work in reserve */
+#define FLOOD_WINDOW_NS 200000000u
+static _Atomic uint64_t ysteps[FLOOD_YIELDERS];
+static _Atomic int flood_outstanding, yielders_alive;
+static _Atomic bool flood_stop;
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void spin_ns(uint64_t ns)
+{
+    uint64_t end = mono_ns() + ns;
+    while (mono_ns() < end)
+        ;
+}
+
+static int yielder_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)ev;
+    (void)n;
+    if (atomic_load(&flood_stop)) {
+        atomic_fetch_sub(&yielders_alive, 1);
+        out->status = JD_STEP_DONE;
+        return 0;
+    }
+    spin_ns(YIELDER_SPIN_NS);
+    atomic_fetch_add(&ysteps[(intptr_t)self], 1);
+    out->status = JD_STEP_CONTINUE;
+    return 0;
+}
+static const struct jd_process_ops yielder_ops = {.type_name = "yielder", .step = yielder_step};
+
+static int flood_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)self;
+    (void)ev;
+    (void)n;
+    spin_ns(FLOOD_SPIN_NS);
+    atomic_fetch_sub(&flood_outstanding, 1);
+    out->status = JD_STEP_DONE;
+    return 0;
+}
+static const struct jd_process_ops flood_ops = {.type_name = "flood", .step = flood_step};
+
+static void flood_fill(struct jd_sched *s, int upto)
+{
+    int have = atomic_load(&flood_outstanding);
+    if (have >= upto)
+        return;
+    atomic_fetch_add(&flood_outstanding, upto - have);
+    for (int i = have; i < upto; i++)
+        assert_int_equal(jd_sched_spawn(s, &flood_ops, NULL, NULL, NULL, NULL, NULL), 0);
+}
+
+/* Processes that CONTINUE must keep running while a steady flood of remote
+ * spawns never lets the worker run dry, yet must not take most of the
+ * worker: one worker, two yielders of 50 us steps, and a backlog of 1 us
+ * processes kept above 25,000 for 200 ms. Each yielder must step at least
+ * 3 times in the window (the rule releases them about once per ms), and
+ * together they may use at most a quarter of the window (releasing every
+ * yielder at every 61st tick gave them over half of it). */
+static void test_yielders_under_flood(void **state)
+{
+    (void)state;
+    struct jd_sched_config cfg = {.workers = 1};
+    struct jd_sched *s;
+    assert_int_equal(jd_sched_create(&cfg, &s), 0);
+    atomic_store(&flood_stop, false);
+    atomic_store(&flood_outstanding, 0);
+    atomic_store(&yielders_alive, FLOOD_YIELDERS);
+    for (intptr_t i = 0; i < FLOOD_YIELDERS; i++) {
+        atomic_store(&ysteps[i], 0);
+        assert_int_equal(jd_sched_spawn(s, &yielder_ops, (void *)i, NULL, NULL, NULL, NULL), 0);
+    }
+    uint64_t t = mono_ns();
+    for (int i = 0; i < FLOOD_YIELDERS; i++)
+        while (atomic_load(&ysteps[i]) == 0 && mono_ns() - t < 5000000000u)
+            sched_yield();
+    flood_fill(s, FLOOD_HIGH);
+    uint64_t before[FLOOD_YIELDERS];
+    for (int i = 0; i < FLOOD_YIELDERS; i++)
+        before[i] = atomic_load(&ysteps[i]);
+    uint64_t t0 = mono_ns(), t1;
+    int low = FLOOD_HIGH;
+    while ((t1 = mono_ns()) - t0 < FLOOD_WINDOW_NS) {
+        int have = atomic_load(&flood_outstanding);
+        if (have < low)
+            low = have;
+        if (have < FLOOD_LOW)
+            flood_fill(s, FLOOD_HIGH);
+        else
+            usleep(200);
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < FLOOD_YIELDERS; i++) {
+        uint64_t d = atomic_load(&ysteps[i]) - before[i];
+        total += d;
+        assert_true(d >= 3);
+    }
+    int left = atomic_load(&flood_outstanding);
+    print_message("flood window %.1f ms: yielder steps %llu (%.1f%% of the worker), backlog min %d "
+                  "end %d\n",
+                  (t1 - t0) / 1e6, (unsigned long long)total,
+                  100.0 * (double)(total * YIELDER_SPIN_NS) / (double)(t1 - t0), low, left);
+    assert_true(low > 0 && left > 0); /* the flood was steady: the worker never ran dry */
+    assert_true(total * YIELDER_SPIN_NS <= (t1 - t0) / 4);
+    atomic_store(&flood_stop, true);
+    t = mono_ns();
+    while ((atomic_load(&flood_outstanding) > 0 || atomic_load(&yielders_alive) > 0) &&
+           mono_ns() - t < 10000000000u)
+        usleep(1000);
+    assert_int_equal(atomic_load(&flood_outstanding), 0);
+    assert_int_equal(atomic_load(&yielders_alive), 0);
+    jd_sched_destroy(s);
+}
+
 static void test_misuse(void **state)
 {
     (void)state;
@@ -861,6 +988,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_grace_runs_out),
         cmocka_unit_test(test_shutdown_drains_ready_work),
         cmocka_unit_test(test_stuck_worker_detected),
+        cmocka_unit_test(test_yielders_under_flood),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
