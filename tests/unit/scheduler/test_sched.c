@@ -824,8 +824,8 @@ static void test_stuck_worker_detected(void **state)
 #define FLOOD_YIELDERS 2
 #define YIELDER_SPIN_NS 50000u /* a yielder's step */
 #define FLOOD_SPIN_NS 1000u    /* a flood process's only step */
-#define FLOOD_LOW 25000        /* refill the backlog below this ... */
-#define FLOOD_HIGH 50000       /* ... up to this: ~25 ms of work in reserve */
+#define FLOOD_LOW 40000        /* refill the backlog below this ... */
+#define FLOOD_HIGH 80000       /* ... up to this: >= 40 ms of work in reserve */
 #define FLOOD_WINDOW_NS 200000000u
 static _Atomic uint64_t ysteps[FLOOD_YIELDERS];
 static _Atomic int flood_outstanding, yielders_alive;
@@ -886,7 +886,7 @@ static void flood_fill(struct jd_sched *s, int upto)
 /* Processes that CONTINUE must keep running while a steady flood of remote
  * spawns never lets the worker run dry, yet must not take most of the
  * worker: one worker, two yielders of 50 us steps, and a backlog of 1 us
- * processes kept above 25,000 for 200 ms. Each yielder must step at least
+ * processes kept above 40,000 for 200 ms. Each yielder must step at least
  * 3 times in the window (the rule releases them about once per ms), and
  * together they may use at most a quarter of the window (releasing every
  * yielder at every 61st tick gave them over half of it). */
