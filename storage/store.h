@@ -161,7 +161,8 @@ struct jd_write {
     const char *queue;
     bool paused;
 
-    /* Called on the writer thread after the commit (rc 0) or failure (rc <
+    /* Called on the writer thread (or, after jd_store_done_thread, on the
+     * completion thread) after the commit (rc 0) or failure (rc <
      * 0): JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
      * the existing job), JD_ENOENT for a change to a missing job, JD_EIO when
      * the transaction failed. Must not block; may enqueue more writes. */
@@ -174,6 +175,7 @@ struct jd_write {
 
     struct jd_write *next_; /* writer-owned link */
     size_t group_;          /* writer-owned: size of the all-or-nothing group it starts */
+    int rc_;                /* writer-owned: the rc handed to done() */
 };
 
 /* Enqueue one record; it is applied inside its own savepoint (its failure
@@ -185,6 +187,15 @@ int jd_store_submit(struct jd_store *s, struct jd_write *w);
 int jd_store_submit_many(struct jd_store *s, struct jd_write **ws, size_t n);
 /* Block until everything enqueued so far is committed (tests, shutdown). */
 int jd_store_sync(struct jd_store *s);
+/*
+ * Opt-in: from the next commit on, done() callbacks run on one dedicated
+ * completion thread instead of the writer, so the writer starts the next
+ * transaction while they run. Still one thread, still in enqueue order, still
+ * only after the commit; done() must still not block, and jd_store_close
+ * still drains them all. Call once, from the thread that opened the store,
+ * before jd_store_close. 0 or JD_EIO (thread creation failed: unchanged).
+ */
+int jd_store_done_thread(struct jd_store *s);
 
 /* ---- reads (any thread) ---- */
 

@@ -76,6 +76,14 @@ struct jd_store {
     pthread_cond_t cv;
     bool stop; /* under mu: drain and exit */
 
+    /* ---- writer -> completion thread (jd_store_done_thread; opt-in) ---- */
+    atomic_bool done_async; /* set once, never cleared: batches go to dq */
+    pthread_t done_thr;
+    pthread_mutex_t dq_mu; /* guards dq_*; initialised with done_async */
+    pthread_cond_t dq_cv;
+    struct jd_write *dq_head, *dq_tail; /* committed, done() not yet called, FIFO */
+    bool dq_stop, dq_waiting;           /* under dq_mu */
+
     atomic_int_least64_t next_id;
 
     /* ---- statistics (relaxed: independent counters read for /metrics) ---- */

@@ -23,9 +23,16 @@
  * least one of them sees the other's write (Dekker); the signal is sent under
  * mu, which the writer holds while it re-checks and waits.
  *
+ * Completion thread (opt-in, jd_store_done_thread): after COMMIT the writer
+ * appends the batch, in order, to a mutex-guarded FIFO and goes on with the
+ * next transaction; one completion thread calls the done()s. Ordering and
+ * "only after the commit" are unchanged; done() work (rendering responses,
+ * waking connections, freeing jobs) leaves the serial writer.
+ *
  * Threading: jd_store_submit, jd_store_submit_many and jd_store_sync from any
  * thread (sync never from a done()); everything else here runs on the writer
- * thread, except jd_writer_start/stop (the opening/closing thread).
+ * thread, except jd_writer_start/stop and jd_store_done_thread (the
+ * opening/closing thread) and done_main (the completion thread).
  */
 #include "storage/store_impl.h"
 
@@ -543,11 +550,79 @@ done:
     }
     note_commit(s, records, (jd_now_ns() - t0) / 1000, ok);
     atomic_fetch_add_explicit(&s->st_finished, n, memory_order_relaxed); /* a statistic */
+    /* acquire: pairs with the release in jd_store_done_thread (dq_mu/dq_cv
+     * initialised before it reads true). */
+    if (atomic_load_explicit(&s->done_async, memory_order_acquire)) {
+        /* Hand the batch over in order; the writer no longer touches b[i]
+         * (its next_ is free once the batch was cut). */
+        for (size_t i = 0; i < n; i++) {
+            b[i]->rc_ = rcs[i];
+            b[i]->next_ = i + 1 < n ? b[i + 1] : NULL;
+        }
+        pthread_mutex_lock(&s->dq_mu);
+        if (s->dq_tail)
+            s->dq_tail->next_ = b[0];
+        else
+            s->dq_head = b[0];
+        s->dq_tail = b[n - 1];
+        if (s->dq_waiting)
+            pthread_cond_signal(&s->dq_cv);
+        pthread_mutex_unlock(&s->dq_mu);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         struct jd_write *w = b[i]; /* done() may free it */
         if (w->done)
             w->done(w->arg, w, rcs[i]);
     }
+}
+
+/* The completion thread: calls done() for each handed-over record, in order,
+ * until stopped with the queue empty. */
+static void *done_main(void *arg)
+{
+    struct jd_store *s = arg;
+    pthread_mutex_lock(&s->dq_mu);
+    for (;;) {
+        struct jd_write *w = s->dq_head;
+        if (!w) {
+            if (s->dq_stop)
+                break;
+            s->dq_waiting = true;
+            pthread_cond_wait(&s->dq_cv, &s->dq_mu);
+            s->dq_waiting = false;
+            continue;
+        }
+        s->dq_head = s->dq_tail = NULL;
+        pthread_mutex_unlock(&s->dq_mu);
+        while (w) {
+            struct jd_write *nx = w->next_; /* done() may free w */
+            if (w->done)
+                w->done(w->arg, w, w->rc_);
+            w = nx;
+        }
+        pthread_mutex_lock(&s->dq_mu);
+    }
+    pthread_mutex_unlock(&s->dq_mu);
+    return NULL;
+}
+
+int jd_store_done_thread(struct jd_store *s)
+{
+    if (atomic_load_explicit(&s->done_async, memory_order_relaxed)) /* only this thread sets it */
+        return 0;
+    pthread_mutex_init(&s->dq_mu, NULL);
+    pthread_cond_init(&s->dq_cv, NULL);
+    s->dq_head = s->dq_tail = NULL;
+    s->dq_stop = s->dq_waiting = false;
+    if (pthread_create(&s->done_thr, NULL, done_main, s) != 0) {
+        pthread_cond_destroy(&s->dq_cv);
+        pthread_mutex_destroy(&s->dq_mu);
+        return JD_EIO;
+    }
+    /* release: the writer sees the initialised queue once it sees true. */
+    atomic_store_explicit(&s->done_async, true, memory_order_release);
+    return 0;
 }
 
 /* Delete one batch of expired terminal jobs; true if the batch was full (so
@@ -767,6 +842,17 @@ void jd_writer_stop(struct jd_store *s)
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->writer, NULL);
         s->writer_started = false;
+    }
+    if (atomic_load_explicit(&s->done_async, memory_order_relaxed)) {
+        /* The writer has handed over its last batch: drain, then stop. */
+        pthread_mutex_lock(&s->dq_mu);
+        s->dq_stop = true;
+        pthread_cond_signal(&s->dq_cv);
+        pthread_mutex_unlock(&s->dq_mu);
+        pthread_join(s->done_thr, NULL);
+        pthread_cond_destroy(&s->dq_cv);
+        pthread_mutex_destroy(&s->dq_mu);
+        atomic_store_explicit(&s->done_async, false, memory_order_relaxed);
     }
     for (int i = 0; i < JD_WS_N; i++) {
         sqlite3_finalize(s->wst[i]);

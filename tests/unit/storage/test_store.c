@@ -545,6 +545,59 @@ static void test_done_callbacks_fire_in_submission_order(void **state)
         assert_int_equal(log.seen[i], i + 2);
 }
 
+/* With the completion thread, a slow done() no longer holds the writer: later
+ * records commit (their rows are readable) while it runs, yet their done()s
+ * still wait their turn, and close still fires every one. */
+static void test_completion_thread_keeps_order_and_frees_the_writer(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(jd_store_done_thread(f->s), 0);
+    assert_int_equal(jd_store_done_thread(f->s), 0); /* once is enough */
+    struct gate g;
+    struct jd_write gw;
+    gate_hold(f->s, &g, &gw); /* the completion thread is now inside done() */
+
+    struct order_log log = {0};
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct jd_write w = {.op = JD_W_JOB_INSERT, .job = &j, .done = order_done, .arg = &log};
+    assert_int_equal(jd_store_submit(f->s, &w), 0);
+    struct jd_job got;
+    int rc = JD_ENOENT;
+    for (int i = 0; i < 500 && rc == JD_ENOENT; i++) {
+        rc = jd_store_job_get(f->s, j.id, &got);
+        if (rc == JD_ENOENT)
+            usleep(10000);
+    }
+    assert_int_equal(rc, 0); /* committed while the earlier done() still runs */
+    jd_job_clear(&got);
+    assert_int_equal(log.n, 0); /* but its own done() waits its turn */
+
+    struct jd_write ws[8];
+    for (int i = 0; i < 8; i++) {
+        ws[i] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                  .job_id = j.id,
+                                  .kind = JD_EVK_MESSAGE,
+                                  .data = "{}",
+                                  .done = order_done,
+                                  .arg = &log};
+        assert_int_equal(jd_store_submit(f->s, &ws[i]), 0);
+    }
+    gate_release(&g);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    assert_int_equal(log.n, 9);
+    for (int i = 0; i < 9; i++)
+        assert_int_equal(log.seen[i], i + 1);
+
+    struct jd_write last = {
+        .op = JD_W_JOB_CHANGE, .job_id = j.id, .data = "{}", .done = order_done, .arg = &log};
+    assert_int_equal(jd_store_submit(f->s, &last), 0);
+    jd_store_close(f->s); /* drains the completion thread too */
+    f->s = NULL;
+    assert_int_equal(log.n, 10);
+    assert_int_equal(log.seen[9], 10);
+    assert_int_equal(fx_open(f, true, 0), 0);
+}
+
 /* ---- reads ---- */
 
 static void test_list_is_newest_first_with_keyset_pages_and_filters(void **state)
@@ -950,6 +1003,8 @@ int main(void)
             test_records_of_one_job_in_one_batch_get_consecutive_versions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_done_callbacks_fire_in_submission_order, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_completion_thread_keeps_order_and_frees_the_writer,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_batch_splits_transactions_but_never_a_group, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_list_is_newest_first_with_keyset_pages_and_filters,
