@@ -671,7 +671,8 @@ static void flush_deferred(struct worker *w)
 static void release_deferred_if_due(struct worker *w)
 {
     struct jd_sched *s = w->s;
-    /* relaxed: hints; a wrong guess costs one early or late release */
+    /* hints (queue lengths read seq_cst, nparked relaxed): a wrong guess
+     * costs one early or late release, never a lost one */
     bool flood = jd_lqueue_len(&w->inject) || jd_lqueue_len(&s->global);
     if (flood && atomic_load_explicit(&s->nparked, memory_order_relaxed) == 0) {
         uint64_t now = jd_timers_now_ns();
