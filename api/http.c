@@ -231,7 +231,20 @@ static enum MHD_Result respond_error(struct req *r, int rc, const struct jd_erro
 {
     int status = jd_error_http_status(rc);
     const char *detail = (err && err->message[0]) ? err->message : jd_strerror(rc);
+    char d[64];
+    if (rc == JD_ENOENT && !(err && err->message[0]) && r->job_label[0]) {
+        snprintf(d, sizeof d, "no job with id %s", r->job_label);
+        detail = d;
+    }
     return respond_problem(r, status, detail, err ? err->pointer : NULL);
+}
+
+/* 404 for a job id that is not even a number. */
+static enum MHD_Result respond_bad_job_id(struct req *r)
+{
+    char d[160];
+    snprintf(d, sizeof d, "no job with id \"%.100s\" (job ids are decimal numbers)", r->m.param);
+    return respond_problem(r, 404, d, NULL);
 }
 
 /* ---- request ids and logging ---- */
@@ -541,7 +554,7 @@ static enum MHD_Result route_job_get(struct req *r)
 {
     struct jd_http *h = r->h;
     if (!job_id_from_param(r, &r->job_id))
-        return respond_problem(r, 404, "no such job", NULL);
+        return respond_bad_job_id(r);
     const char *w = query(r, "wait");
     const char *s = query(r, "since");
     if (w == NULL && s == NULL)
@@ -776,7 +789,7 @@ static enum MHD_Result route_job_events(struct req *r)
 {
     struct jd_http *h = r->h;
     if (!job_id_from_param(r, &r->job_id))
-        return respond_problem(r, 404, "no such job", NULL);
+        return respond_bad_job_id(r);
     int64_t after = 0;
     const char *a = query(r, "after");
     const char *leid = header(r, "Last-Event-ID");
@@ -941,7 +954,7 @@ static enum MHD_Result route_post(struct req *r)
         return async_started(r, rc, &err);
     case JD_ROUTE_JOB_CANCEL:
         if (!job_id_from_param(r, &id))
-            return respond_problem(r, 404, "no such job", NULL);
+            return respond_bad_job_id(r);
         arm(r);
         req_ref(r);
         rc = jd_jobs_cancel(j, id, on_action_done, r);
@@ -950,7 +963,7 @@ static enum MHD_Result route_post(struct req *r)
         return async_started(r, rc, &err);
     case JD_ROUTE_JOB_MESSAGE:
         if (!job_id_from_param(r, &id))
-            return respond_problem(r, 404, "no such job", NULL);
+            return respond_bad_job_id(r);
         arm(r);
         req_ref(r);
         rc = jd_jobs_message(j, id, r->body ? r->body : "", r->len, on_action_done, r, &err);
@@ -959,7 +972,7 @@ static enum MHD_Result route_post(struct req *r)
         return async_started(r, rc, &err);
     case JD_ROUTE_JOB_RETRY:
         if (!job_id_from_param(r, &id))
-            return respond_problem(r, 404, "no such job", NULL);
+            return respond_bad_job_id(r);
         arm(r);
         req_ref(r);
         rc = jd_jobs_retry(j, id, on_action_done, r);
@@ -1065,8 +1078,12 @@ static enum MHD_Result dispatch(struct req *r)
 static enum MHD_Result first_call(struct req *r)
 {
     struct jd_http *h = r->h;
-    if (r->match_rc == JD_ENOENT)
-        return respond_problem(r, 404, "no such route", NULL);
+    if (r->match_rc == JD_ENOENT) {
+        char d[200];
+        snprintf(d, sizeof d, "no route for %.16s %.120s (the routes are in /v1/openapi.yaml)",
+                 r->method, r->path ? r->path : "");
+        return respond_problem(r, 404, d, NULL);
+    }
     if (r->match_rc == JD_ECONFLICT)
         return respond_problem(r, 405, "method not allowed on this route", NULL);
     if (h->token != NULL && jd_route_is_v1(r->m.route) &&
@@ -1082,8 +1099,15 @@ static enum MHD_Result first_call(struct req *r)
         }
     }
     if (route_takes_json_body(r->m.route) &&
-        !jd_content_type_is_json(header(r, MHD_HTTP_HEADER_CONTENT_TYPE)))
-        return respond_problem(r, 415, "the body must be application/json", NULL);
+        !jd_content_type_is_json(header(r, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        char d[200];
+        const char *ct = header(r, MHD_HTTP_HEADER_CONTENT_TYPE);
+        snprintf(d, sizeof d,
+                 "the body must be JSON: send it with -H 'Content-Type: application/json' "
+                 "(got %.80s)",
+                 ct ? ct : "no Content-Type");
+        return respond_problem(r, 415, d, NULL);
+    }
     r->phase = PH_BODY;
     return MHD_YES;
 }

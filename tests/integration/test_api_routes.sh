@@ -193,11 +193,15 @@ check "handlers list plugins, commands and process types" eval 'status_is 200 &&
 
 # ---- error statuses ----
 req GET /v1/jobs/999999
-check "unknown job: 404" is_problem 404
+check "unknown job: 404 naming the id" eval 'is_problem 404 && body_has "no job with id 999999"'
 req GET /v1/jobs/abc
-check "non-numeric job id: 404" is_problem 404
+check "non-numeric job id: 404 saying ids are numbers" eval 'is_problem 404 && body_has "decimal numbers"'
 req GET /v2/nothing
-check "unknown route: 404" is_problem 404
+check "unknown route: 404 pointing at the spec" eval 'is_problem 404 && body_has "/v1/openapi.yaml"'
+req POST /v1/jobs -d '{"handler":"echo"}'
+check "curl -d without a Content-Type: 415 saying which header to add" \
+    eval 'is_problem 415 && body_has "Content-Type: application/json"'
+
 req DELETE "/v1/jobs/$TASK"
 check "wrong method: 405 with Allow" eval 'is_problem 405 && header_has "Allow: GET, HEAD"'
 req PUT /v1/jobs/batch
