@@ -2166,6 +2166,11 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
              cfg->output_cap ? cfg->output_cap : (size_t)64 << 10);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
+    /* Commit callbacks (rendering answers, waking connections, starting and
+     * freeing jobs) on the store's completion thread, off the serial writer.
+     * On failure they stay on the writer, which is correct, only slower. */
+    if (jd_store_done_thread(j->store) != 0)
+        jd_log(JD_LOG_WARN, "no completion thread; commit callbacks run on the writer", NULL);
 
     struct jd_sched_config sc = {
         .workers = cfg->workers,

@@ -24,14 +24,18 @@
 #include "server/jobs.h"
 #include "storage/store.h"
 
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 /* ---------------- the fake job layer ---------------- */
@@ -853,6 +857,106 @@ static void test_sse_ends_on_drain(void **state)
     resp_free(&r);
 }
 
+/* ---- a burst of exactly 128 ready keep-alive connections on one thread ---- */
+
+#define BURST 128 /* libmicrohttpd 0.9.75's epoll batch (MAX_EVENTS) */
+
+static int raw_connect(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 5}; /* far below the 30 s connection timeout */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void raw_send_get(int fd)
+{
+    char req[128];
+    int n = snprintf(req, sizeof req, "GET /v1/jobs/1 HTTP/1.1\r\nHost: 127.0.0.1:%u\r\n\r\n",
+                     (unsigned)port);
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+}
+
+/* Read one whole response (headers + Content-Length body); false on a
+ * timeout or a close. */
+static bool raw_read_response(int fd)
+{
+    char buf[4096];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (r <= 0)
+            return false;
+        len += (size_t)r;
+        buf[len] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (end == NULL)
+            continue;
+        const char *cl = strstr(buf, "Content-Length: ");
+        size_t body = cl ? strtoul(cl + 16, NULL, 10) : 0;
+        if (len >= (size_t)(end + 4 - buf) + body)
+            return strncmp(buf, "HTTP/1.1 200", 12) == 0;
+    }
+}
+
+/* The bench stall: when one event-loop thread found exactly 128 connections
+ * ready at once, libmicrohttpd 0.9.75's epoll loop asked the kernel for the
+ * rest with the idle timeout (the 30 s connection timeout) instead of 0 and
+ * slept on the 128 requests it had just been told about, until the timeout
+ * closed them. The server must answer such a burst at once. */
+static void test_burst_of_ready_connections_answered(void **state)
+{
+    (void)state;
+    struct jd_http_config cfg = {.host = "127.0.0.1", .threads = 1, .max_connections = 512};
+    struct jd_http *h = NULL;
+    struct jd_error err = {0};
+    if (jd_http_start(&cfg, &h, &err) != 0)
+        fail_msg("start: %s", err.message);
+    port = jd_http_port(h);
+    memset(fake.state, 0, sizeof fake.state);
+    fake.n = 0;
+    jd_http_attach(h, &fake);
+    new_job();
+
+    int blocker = raw_connect();
+    int fds[BURST];
+    for (int i = 0; i < BURST; i++) { /* every connection accepted and idle */
+        fds[i] = raw_connect();
+        raw_send_get(fds[i]);
+        assert_true(raw_read_response(fds[i]));
+    }
+    raw_send_get(blocker);
+    assert_true(raw_read_response(blocker));
+
+    /* Hold the event-loop thread inside a handler (it needs fake.mu) while
+     * all BURST requests arrive, so it next finds them ready together. */
+    pthread_mutex_lock(&fake.mu);
+    raw_send_get(blocker);
+    usleep(50000);
+    for (int i = 0; i < BURST; i++)
+        raw_send_get(fds[i]);
+    usleep(100000);
+    pthread_mutex_unlock(&fake.mu);
+
+    uint64_t t0 = jd_now_ns();
+    assert_true(raw_read_response(blocker));
+    int answered = 0;
+    for (int i = 0; i < BURST; i++)
+        answered += raw_read_response(fds[i]);
+    uint64_t ms = (jd_now_ns() - t0) / 1000000u;
+    assert_int_equal(answered, BURST);
+    assert_true(ms < 3000);
+
+    for (int i = 0; i < BURST; i++)
+        close(fds[i]);
+    close(blocker);
+    jd_http_stop(h, 2000);
+}
+
 int main(void)
 {
     jd_log_set_level(JD_LOG_WARN);
@@ -871,6 +975,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_parked_cap_and_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sse_live_and_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sse_ends_on_drain, setup, teardown),
+        cmocka_unit_test(test_burst_of_ready_connections_answered),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
