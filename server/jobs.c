@@ -30,7 +30,9 @@
  * call back into this layer on the same thread); the other scheduler and
  * store functions only enqueue and may be called under mu. Hooks run on
  * workers, timer callbacks on the timer thread, commit callbacks on the
- * storage writer.
+ * store's completion thread (jd_store_done_thread, started in
+ * jd_jobs_create; the writer itself if that thread could not start), one
+ * at a time in commit order.
  */
 #include "server/jobs_impl.h"
 #include "server/workflow.h"
