@@ -13,8 +13,9 @@
  *
  * Threading: every function is safe from any thread and never blocks on the
  * database writer; operations that must be durable before the caller answers
- * take a done callback that fires after the commit (on the writer thread;
- * it must not block).
+ * take a done callback that fires after the commit (on the store's
+ * completion thread, in commit order, or on the writer thread if that thread
+ * could not be started; it must not block).
  */
 #ifndef JD_SERVER_JOBS_H
 #define JD_SERVER_JOBS_H
