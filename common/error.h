@@ -14,27 +14,27 @@
 
 enum {
     JD_OK = 0,
-    JD_EINVAL = -1,     /* invalid input (422) */
-    JD_ENOMEM = -2,     /* out of memory or over a size limit the client controls (413) */
-    JD_ENOENT = -3,     /* no such thing (404) */
-    JD_EEXIST = -4,     /* already exists / duplicate (409) */
-    JD_ECONFLICT = -5,  /* state does not allow it (409) */
-    JD_EFULL = -6,      /* queue or pool full, try later (429) */
-    JD_ESHUTDOWN = -7,  /* draining or stopped (503) */
-    JD_EIO = -8,        /* storage or OS failure (500) */
-    JD_ESTALE = -9,     /* stale token, late or duplicate completion: dropped */
-    JD_ETIMEOUT = -10,  /* deadline passed (504 where it reaches HTTP) */
-    JD_ECANCELLED = -11,/* cancelled */
-    JD_EPARSE = -12,    /* malformed input (400) */
-    JD_EBUSY = -13,     /* resource held by someone else (e.g. database locked) */
-    JD_ECORRUPT = -14,  /* corrupt or foreign file */
-    JD_EPERM = -15,     /* not allowed (403) */
-    JD_ETOOBIG = -16,   /* body or field over a limit (413) */
-    JD_EINTERNAL = -17, /* a bug: should not happen (500) */
+    JD_EINVAL = -1,      /* invalid input (422) */
+    JD_ENOMEM = -2,      /* out of memory or over a size limit the client controls (413) */
+    JD_ENOENT = -3,      /* no such thing (404) */
+    JD_EEXIST = -4,      /* already exists / duplicate (409) */
+    JD_ECONFLICT = -5,   /* state does not allow it (409) */
+    JD_EFULL = -6,       /* queue or pool full, try later (429) */
+    JD_ESHUTDOWN = -7,   /* draining or stopped (503) */
+    JD_EIO = -8,         /* storage or OS failure (500) */
+    JD_ESTALE = -9,      /* stale token, late or duplicate completion: dropped */
+    JD_ETIMEOUT = -10,   /* deadline passed (504 where it reaches HTTP) */
+    JD_ECANCELLED = -11, /* cancelled */
+    JD_EPARSE = -12,     /* malformed input (400) */
+    JD_EBUSY = -13,      /* resource held by someone else (e.g. database locked) */
+    JD_ECORRUPT = -14,   /* corrupt or foreign file */
+    JD_EPERM = -15,      /* not allowed (403) */
+    JD_ETOOBIG = -16,    /* body or field over a limit (413) */
+    JD_EINTERNAL = -17,  /* a bug: should not happen (500) */
 };
 
-#define JD_ERROR_MSG_MAX 512  /* a detail line, not a document */
-#define JD_ERROR_PTR_MAX 256  /* JSON pointers into job definitions are short */
+#define JD_ERROR_MSG_MAX 512 /* a detail line, not a document */
+#define JD_ERROR_PTR_MAX 256 /* JSON pointers into job definitions are short */
 
 struct jd_error {
     int code;                       /* the JD_E* code, or 0 */
