@@ -1210,6 +1210,22 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort();
 }
 
+/* Stop the long-poll timer thread (if it was started) and free the server. */
+static void free_server(struct jd_http *h)
+{
+    if (h->timer_started) {
+        pthread_mutex_lock(&h->park_mu);
+        h->timer_stop = true;
+        pthread_cond_signal(&h->park_cv);
+        pthread_mutex_unlock(&h->park_mu);
+        pthread_join(h->timer, NULL);
+    }
+    pthread_cond_destroy(&h->park_cv);
+    pthread_mutex_destroy(&h->park_mu);
+    free(h->token);
+    free(h);
+}
+
 int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct jd_error *err)
 {
     struct jd_http *h = jd_xcalloc(1, sizeof *h);
@@ -1277,17 +1293,7 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     *out = h;
     return 0;
 fail:
-    if (h->timer_started) {
-        pthread_mutex_lock(&h->park_mu);
-        h->timer_stop = true;
-        pthread_cond_signal(&h->park_cv);
-        pthread_mutex_unlock(&h->park_mu);
-        pthread_join(h->timer, NULL);
-    }
-    pthread_cond_destroy(&h->park_cv);
-    pthread_mutex_destroy(&h->park_mu);
-    free(h->token);
-    free(h);
+    free_server(h);
     return rc;
 }
 
@@ -1357,13 +1363,5 @@ void jd_http_stop(struct jd_http *h, int64_t timeout_ms)
         MHD_stop_daemon(h->daemon);
     if (h->quiesced_fd != MHD_INVALID_SOCKET)
         close(h->quiesced_fd);
-    pthread_mutex_lock(&h->park_mu);
-    h->timer_stop = true;
-    pthread_cond_signal(&h->park_cv);
-    pthread_mutex_unlock(&h->park_mu);
-    pthread_join(h->timer, NULL);
-    pthread_cond_destroy(&h->park_cv);
-    pthread_mutex_destroy(&h->park_mu);
-    free(h->token);
-    free(h);
+    free_server(h);
 }
