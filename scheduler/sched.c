@@ -18,7 +18,9 @@
  * Run order (find_work): every 61st tick the inject queue, the global
  * queue, then the oldest local item first; otherwise the LIFO slot (the
  * process this worker just spawned or woke, at most 3 in a row; an evicted
- * chain also triggers a look at the shared queues), the ring's newest item,
+ * chain also pulls its fair share of the shared queues, and while other
+ * work waits it runs one link per turn from then on, not a fresh run of
+ * 3), the ring's newest item,
  * the inject queue (one plus up to 16 moved), the global queue (likewise),
  * stealing half of a random victim's ring (searchers only), and last the
  * processes that yielded (CONTINUE), which wait on a private list until the
@@ -143,6 +145,7 @@ struct worker {
     unsigned index;
     pthread_t thread;
     uint32_t tick, lifo_run, rng;
+    struct proc *evicted; /* a chain the LIFO cap evicted during a flood (a hint) */
     bool searching;
     struct proc *pcache[PCACHE_MAX];
     unsigned npcache;
@@ -683,6 +686,20 @@ static void release_deferred_if_due(struct worker *w)
     flush_deferred(w);
 }
 
+/* p, taken from anywhere but the LIFO slot, runs next: a fresh LIFO run
+ * starts after it, unless p is the chain the LIFO cap evicted, whose
+ * successor then queues at once (see find_work). */
+static struct proc *took(struct worker *w, struct proc *p)
+{
+    if (p == w->evicted) {
+        w->evicted = NULL;
+        w->lifo_run = LIFO_MAX;
+    } else {
+        w->lifo_run = 0;
+    }
+    return p;
+}
+
 static struct proc *find_work(struct worker *w)
 {
     struct jd_sched *s = w->s;
@@ -692,10 +709,8 @@ static struct proc *find_work(struct worker *w)
             release_deferred_if_due(w);
         /* fairness: shared queues and the oldest local work first, now and then */
         if ((p = take_batch(w, &w->inject, BATCH + 1)) ||
-            (p = take_batch(w, &s->global, BATCH + 1)) || (p = jd_ring_pop_back(&w->ring))) {
-            w->lifo_run = 0;
-            return p;
-        }
+            (p = take_batch(w, &s->global, BATCH + 1)) || (p = jd_ring_pop_back(&w->ring)))
+            return took(w, p);
     }
     if (atomic_load_explicit(&w->lifo, memory_order_relaxed)) {
         p = atomic_exchange_explicit(&w->lifo, NULL, memory_order_acq_rel);
@@ -712,23 +727,27 @@ static struct proc *find_work(struct worker *w)
             if (!pull_fair_share(w, &w->inject))
                 pull_fair_share(w, &s->global);
             push_bottom(w, p);
+            /* The chain has had its run: while other work waits, its link
+             * runs once when it comes back round and the next one queues
+             * behind that work again (took()). Alone, it keeps its LIFO run. */
+            w->evicted = jd_ring_len(&w->ring) > 1 ? p : NULL;
         }
     }
-    w->lifo_run = 0;
     if ((p = jd_ring_pop(&w->ring)))
-        return p;
+        return took(w, p);
     if ((p = take_batch(w, &w->inject, BATCH + 1)))
-        return p;
+        return took(w, p);
     if ((p = take_batch(w, &s->global, BATCH + 1)))
-        return p;
+        return took(w, p);
     if (s->nworkers > 1 && enter_searching(w) && (p = steal(w)))
-        return p;
+        return took(w, p);
     if (w->deferred) {
         /* Nothing else to do: the yielded processes go back to the ring
          * (one CAS per batch), where thieves can take them too: a worker
          * preempted by the OS or stuck in a step must not hold them. */
         flush_deferred(w);
-        return jd_ring_pop(&w->ring);
+        if ((p = jd_ring_pop(&w->ring)))
+            return took(w, p);
     }
     return NULL;
 }

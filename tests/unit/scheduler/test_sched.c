@@ -945,6 +945,86 @@ static void test_yielders_under_flood(void **state)
     jd_sched_destroy(s);
 }
 
+/* ---- a self-respawning chain under a flood ---- */
+#define CHAIN_FLOOD 600 /* remote spawns: more than two rings' worth */
+static _Atomic int chain_links, chain_alive;
+static _Atomic bool chain_gate, chain_stop;
+static _Atomic int links_at_drain; /* chain_links when the last flood process ran */
+
+static int drain_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)self;
+    (void)ev;
+    (void)n;
+    if (atomic_fetch_sub(&flood_outstanding, 1) == 1)
+        atomic_store(&links_at_drain, atomic_load(&chain_links));
+    out->status = JD_STEP_DONE;
+    return 0;
+}
+static const struct jd_process_ops drain_ops = {.type_name = "drain", .step = drain_step};
+
+static const struct jd_process_ops link_ops;
+static int link_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)ev;
+    (void)n;
+    if (self) { /* the first link holds the worker until the flood is queued */
+        uint64_t t = mono_ns();
+        while (!atomic_load(&chain_gate) && mono_ns() - t < 5000000000u)
+            ;
+    }
+    atomic_fetch_add(&chain_links, 1);
+    if (atomic_load(&chain_stop)) {
+        atomic_store(&chain_alive, 0);
+    } else {
+        spin_ns(20000);
+        assert_int_equal(jd_sched_spawn(g_sched, &link_ops, NULL, NULL, NULL, NULL, NULL), 0);
+    }
+    out->status = JD_STEP_DONE;
+    return 0;
+}
+static const struct jd_process_ops link_ops = {.type_name = "link", .step = link_step};
+
+/* A chain whose every link spawns the next (20 us each) must not hold back
+ * remote spawns by a run of LIFO links per batch: once the LIFO cap has
+ * evicted it while other work waits, it gets one link per turn. One
+ * worker, 600 queued remote spawns (about 2.4 rings): the chain may run its
+ * first link, its LIFO run of 3, one link per fair-share batch and one
+ * when the fairness tick picks it as the oldest local work: 7-8 links. A
+ * fresh LIFO run per turn took 14. */
+static void test_chain_under_flood(void **state)
+{
+    (void)state;
+    struct jd_sched_config cfg = {.workers = 1};
+    struct jd_sched *s;
+    assert_int_equal(jd_sched_create(&cfg, &s), 0);
+    g_sched = s;
+    atomic_store(&chain_links, 0);
+    atomic_store(&chain_alive, 1);
+    atomic_store(&chain_gate, false);
+    atomic_store(&chain_stop, false);
+    atomic_store(&links_at_drain, -1);
+    atomic_store(&flood_outstanding, CHAIN_FLOOD);
+    assert_int_equal(jd_sched_spawn(s, &link_ops, (void *)1, NULL, NULL, NULL, NULL), 0);
+    for (int i = 0; i < CHAIN_FLOOD; i++)
+        assert_int_equal(jd_sched_spawn(s, &drain_ops, NULL, NULL, NULL, NULL, NULL), 0);
+    atomic_store(&chain_gate, true);
+    uint64_t t = mono_ns();
+    while (atomic_load(&links_at_drain) < 0 && mono_ns() - t < 10000000000u)
+        usleep(200);
+    int links = atomic_load(&links_at_drain);
+    print_message("chain links run while %d remote spawns drained: %d\n", CHAIN_FLOOD, links);
+    assert_true(links > 0);
+    assert_true(links <= 10);
+    atomic_store(&chain_stop, true);
+    t = mono_ns();
+    while (atomic_load(&chain_alive) && mono_ns() - t < 10000000000u)
+        usleep(200);
+    assert_int_equal(atomic_load(&chain_alive), 0);
+    jd_sched_destroy(s);
+    g_sched = NULL;
+}
+
 static void test_misuse(void **state)
 {
     (void)state;
@@ -989,6 +1069,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_drains_ready_work),
         cmocka_unit_test(test_stuck_worker_detected),
         cmocka_unit_test(test_yielders_under_flood),
+        cmocka_unit_test(test_chain_under_flood),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
