@@ -67,7 +67,7 @@ api_DEPS := api server plugins storage scheduler common
 common_LIBS :=
 scheduler_LIBS :=
 storage_LIBS := -lsqlite3
-plugins_LIBS :=
+plugins_LIBS := $(shell pkg-config --libs libcjson 2>/dev/null)
 server_LIBS := $(shell pkg-config --libs libcjson sqlite3 2>/dev/null)
 api_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -4,12 +4,23 @@
  *   {"method": "POST", "url": "http://127.0.0.1:9000/x",
  *    "headers": {"X-Token": "t"}, "body": {"any": "json"} | "text",
  *    "timeout_ms": 5000}
- * ->{"status": 200, "headers": {"content-type": "application/json", ...},
+ * ->{"status": 200, "headers": {"content-type": "application/json",
+ *                               "set-cookie": ["a=1", "b=2"], ...},
  *    "body": <JSON if the response is application/json, else a string>,
  *    "truncated": false}
  *
  * A 5xx answer fails with kind "http_status", retryable; a 4xx one with
  * kind "http_status", not retryable (both carry the response as details).
+ * Response headers: one key per field name, lower-cased, in order of first
+ * appearance. A repeated field is joined with ", " in the order received
+ * (RFC 9110 5.3), except set-cookie, which is always an array of strings,
+ * even for one cookie (its values hold commas, so they cannot be joined:
+ * the special case RFC 9110 5.3 names; RFC 6265 3 says not to fold it).
+ * Only the final response's fields are kept (not those of a 100 Continue
+ * before it); at most HTTP_MAX_HEADERS_BYTES of header lines are kept, the
+ * rest dropped. Values are JSON strings: invalid UTF-8 bytes become U+FFFD,
+ * as in bodies.
+ *
  * Connection errors and curl's own timeout fail with kind "http_error",
  * retryable. Redirects are not followed (a 3xx is returned as is). The
  * method defaults to GET, or POST when there is a body. A JSON (non-string)
@@ -38,14 +49,27 @@
 
 static const struct jd_host *host;
 
+/* One response header line: the name lower-cased, the value with its
+ * surrounding whitespace cut, both as offsets into req.hraw. */
+struct hfield {
+    size_t name, nlen;
+    size_t val, vlen;
+    size_t next; /* next field of the same name (index), or SIZE_MAX */
+    int first;   /* the first field of its name: where its key is written */
+};
+
 struct req {
     struct jd_call *call;
     CURL *easy;
     struct curl_slist *headers;
     char *body; /* request body, owned */
     struct jd_pjson_buf resp_body;
-    struct jd_pjson_buf resp_headers; /* JSON object members, without braces */
-    size_t headers_bytes;
+    struct jd_pjson_buf hraw; /* the current response's names and values, back to back */
+    struct hfield *fields;    /* in order received; offsets into hraw */
+    size_t nfields, capfields;
+    size_t headers_bytes; /* raw header-line bytes seen in the current response */
+    int headers_full;     /* HTTP_MAX_HEADERS_BYTES reached: drop the rest */
+    int last_kept;        /* the previous line was kept: an obs-fold may extend it */
     size_t cap;
     int truncated;
     int cancelled;
@@ -173,40 +197,171 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
     return len; /* keep reading (and discarding) so the connection ends cleanly */
 }
 
+/* RFC 9110 tchar: what a field name may be made of. */
+static int is_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static int is_ows(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+/* Keep one header line of the current response. Lines are stored, not
+ * written as JSON yet, because repeated names are merged at the end
+ * (headers_json). Lines past HTTP_MAX_HEADERS_BYTES, and everything after
+ * them, are dropped, so what is kept is always a prefix of the response's
+ * fields. A line whose name is not a token is dropped (RFC 9112 5.1: such a
+ * response is invalid); a line that starts with whitespace continues the
+ * previous value (obs-fold, which RFC 9112 5.2 says to replace with SP). */
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
 {
     struct req *r = ud;
     size_t len = size * n, klen, vstart, vend;
-    char *colon = memchr(data, ':', len);
+    char *colon;
     if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
-        /* A new response (after 100 Continue, say): forget earlier headers. */
-        r->resp_headers.len = 0;
+        /* A new response (the final one after a 100 Continue or 103 Early
+         * Hints): only the final response's fields are returned. */
+        r->hraw.len = 0;
+        r->nfields = 0;
         r->headers_bytes = 0;
+        r->headers_full = 0;
+        r->last_kept = 0;
         return len;
     }
-    if (!colon || r->headers_bytes + len > HTTP_MAX_HEADERS_BYTES)
-        return len;
-    r->headers_bytes += len;
-    klen = (size_t)(colon - data);
-    vstart = klen + 1;
-    while (vstart < len && (data[vstart] == ' ' || data[vstart] == '\t'))
-        vstart++;
     vend = len;
-    while (vend > vstart &&
-           (data[vend - 1] == '\r' || data[vend - 1] == '\n' || data[vend - 1] == ' '))
+    while (vend > 0 && (data[vend - 1] == '\r' || data[vend - 1] == '\n' || is_ows(data[vend - 1])))
         vend--;
-    char key[256];
-    if (klen == 0 || klen >= sizeof key)
+    if (vend == 0 || r->headers_full)
+        return len; /* the blank line ending the head, or past the cap */
+    if (r->headers_bytes + len > HTTP_MAX_HEADERS_BYTES) {
+        r->headers_full = 1;
         return len;
+    }
+    r->headers_bytes += len;
+    if (is_ows(data[0])) {
+        struct hfield *last;
+        if (!r->last_kept)
+            return len; /* continues a line that was dropped, or none */
+        last = &r->fields[r->nfields - 1];
+        /* The last value is the last thing in hraw, so it can grow in place. */
+        vstart = 1;
+        while (vstart < vend && is_ows(data[vstart]))
+            vstart++;
+        if (last->vlen) {
+            jd_pjson_buf_raw(&r->hraw, " ", 1);
+            last->vlen++;
+        }
+        jd_pjson_buf_raw(&r->hraw, data + vstart, vend - vstart);
+        last->vlen += vend - vstart;
+        return len;
+    }
+    r->last_kept = 0;
+    colon = memchr(data, ':', vend);
+    if (!colon || colon == data)
+        return len;
+    klen = (size_t)(colon - data);
     for (size_t i = 0; i < klen; i++)
-        key[i] = (char)((data[i] >= 'A' && data[i] <= 'Z') ? data[i] + 32 : data[i]);
-    key[klen] = '\0';
-    if (r->resp_headers.len)
-        jd_pjson_buf_cat(&r->resp_headers, ",");
-    jd_pjson_buf_strn(&r->resp_headers, key, klen);
-    jd_pjson_buf_cat(&r->resp_headers, ":");
-    jd_pjson_buf_strn(&r->resp_headers, data + vstart, vend - vstart);
+        if (!is_tchar((unsigned char)data[i]))
+            return len;
+    r->last_kept = 1;
+    vstart = klen + 1;
+    while (vstart < vend && is_ows(data[vstart]))
+        vstart++;
+    if (r->nfields == r->capfields) {
+        r->capfields = r->capfields ? r->capfields * 2 : 16;
+        r->fields = jd_pjson_xrealloc(r->fields, r->capfields * sizeof *r->fields);
+    }
+    struct hfield *f = &r->fields[r->nfields++];
+    f->name = r->hraw.len;
+    f->nlen = klen;
+    f->vlen = vend - vstart;
+    f->next = SIZE_MAX;
+    f->first = 1;
+    jd_pjson_buf_raw(&r->hraw, data, klen);
+    for (size_t i = 0; i < klen; i++) {
+        char *c = &r->hraw.p[f->name + i];
+        if (*c >= 'A' && *c <= 'Z')
+            *c = (char)(*c + ('a' - 'A'));
+    }
+    f->val = r->hraw.len;
+    jd_pjson_buf_raw(&r->hraw, data + vstart, vend - vstart);
     return len;
+}
+
+/* A field's name and index, sorted to group repeated names. */
+struct hkey {
+    const char *name;
+    size_t nlen, i;
+};
+
+/* Order by name, then by arrival. */
+static int hkey_cmp(const void *a, const void *b)
+{
+    const struct hkey *x = a, *y = b;
+    int c = memcmp(x->name, y->name, x->nlen < y->nlen ? x->nlen : y->nlen);
+    if (c == 0 && x->nlen != y->nlen)
+        c = x->nlen < y->nlen ? -1 : 1;
+    if (c == 0)
+        c = x->i < y->i ? -1 : 1;
+    return c;
+}
+
+/* Append the kept fields as a JSON object: one key per name (lower case),
+ * in order of each name's first appearance. Repeated fields are joined with
+ * ", " in order received (RFC 9110 5.3), except set-cookie, whose values
+ * hold commas (the special case 5.3 names): it is always an array.
+ * Grouping goes through a sort, so a response with thousands of fields
+ * stays O(n log n). */
+static void headers_json(struct req *r, struct jd_pjson_buf *out)
+{
+    struct hkey *k = NULL;
+    int any = 0;
+    if (r->nfields) {
+        k = jd_pjson_xrealloc(NULL, r->nfields * sizeof *k);
+        for (size_t i = 0; i < r->nfields; i++)
+            k[i] = (struct hkey){r->hraw.p + r->fields[i].name, r->fields[i].nlen, i};
+        qsort(k, r->nfields, sizeof *k, hkey_cmp);
+        for (size_t j = 1; j < r->nfields; j++) {
+            if (k[j].nlen == k[j - 1].nlen && memcmp(k[j].name, k[j - 1].name, k[j].nlen) == 0) {
+                r->fields[k[j - 1].i].next = k[j].i;
+                r->fields[k[j].i].first = 0;
+            }
+        }
+    }
+    jd_pjson_buf_cat(out, "{");
+    for (size_t i = 0; i < r->nfields; i++) {
+        const struct hfield *f = &r->fields[i];
+        int cookie = f->nlen == 10 && memcmp(r->hraw.p + f->name, "set-cookie", 10) == 0;
+        if (!f->first)
+            continue;
+        if (any++)
+            jd_pjson_buf_cat(out, ",");
+        jd_pjson_buf_strn(out, r->hraw.p + f->name, f->nlen);
+        jd_pjson_buf_cat(out, cookie ? ":[" : ":");
+        if (cookie) {
+            for (size_t j = i; j != SIZE_MAX; j = r->fields[j].next) {
+                if (j != i)
+                    jd_pjson_buf_cat(out, ",");
+                jd_pjson_buf_strn(out, r->hraw.p + r->fields[j].val, r->fields[j].vlen);
+            }
+            jd_pjson_buf_cat(out, "]");
+        } else {
+            /* Join the raw bytes first, so escaping sees one string. */
+            struct jd_pjson_buf v = {0};
+            for (size_t j = i; j != SIZE_MAX; j = r->fields[j].next) {
+                if (j != i)
+                    jd_pjson_buf_raw(&v, ", ", 2);
+                jd_pjson_buf_raw(&v, r->hraw.p + r->fields[j].val, r->fields[j].vlen);
+            }
+            jd_pjson_buf_strn(out, v.p ? v.p : "", v.len);
+            jd_pjson_buf_free(&v);
+        }
+    }
+    jd_pjson_buf_cat(out, "}");
+    free(k);
 }
 
 static void req_free(struct req *r)
@@ -216,7 +371,8 @@ static void req_free(struct req *r)
     curl_slist_free_all(r->headers);
     free(r->body);
     jd_pjson_buf_free(&r->resp_body);
-    jd_pjson_buf_free(&r->resp_headers);
+    jd_pjson_buf_free(&r->hraw);
+    free(r->fields);
     free(r);
 }
 
@@ -239,10 +395,9 @@ static void req_finish(struct req *r, CURLcode code)
     }
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_getinfo(r->easy, CURLINFO_CONTENT_TYPE, &ctype);
-    jd_pjson_buf_printf(&out, "{\"status\":%ld,\"headers\":{", status);
-    if (r->resp_headers.len)
-        jd_pjson_buf_raw(&out, r->resp_headers.p, r->resp_headers.len);
-    jd_pjson_buf_cat(&out, "},\"body\":");
+    jd_pjson_buf_printf(&out, "{\"status\":%ld,\"headers\":", status);
+    headers_json(r, &out);
+    jd_pjson_buf_cat(&out, ",\"body\":");
     if (ctype && strncasecmp(ctype, "application/json", 16) == 0 && !r->truncated)
         json = jd_pjson_parse(jd_pjson_buf_text(&r->resp_body), NULL, 0);
     if (json)

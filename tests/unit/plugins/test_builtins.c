@@ -4,7 +4,8 @@
  * directly), exec (real programs: exit codes, output caps, stdin/env/cwd,
  * timeout and cancel killing the whole process group, allow-list refusal,
  * orphan reaping as a child subreaper) and http (against a loopback HTTP
- * server this test runs on 127.0.0.1:0).
+ * server this test runs on 127.0.0.1:0; response headers are checked with
+ * cJSON, a parser independent of the plugin's own JSON writer).
  *
  * Uses a real timer thread (plugin_env.h), so these tests take real time;
  * every wait is bounded.
@@ -15,6 +16,8 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+
+#include <cjson/cJSON.h>
 
 #include "common/error.h"
 #include "plugin_env.h"
@@ -669,6 +672,44 @@ static void *conn_main(void *arg)
         memset(b, 'x', n);
         respond(fd, 200, "application/json", b, n);
         free(b);
+    } else if (strcmp(path, "/hdrs") == 0) {
+        /* Repeated fields (Vary in two spellings, Set-Cookie with a comma
+         * inside), a value with a quote and a backslash, a control byte, a
+         * byte that is not UTF-8, OWS around a value, an obs-fold, and a
+         * name that is not a token (dropped, with its continuation). */
+        const char *r = "HTTP/1.1 200 OK\r\n"
+                        "Content-Type: text/plain\r\n"
+                        "Set-Cookie: a=1; Path=/\r\n"
+                        "Vary: Accept\r\n"
+                        "X-Quote: say \"hi\" \\ back\r\n"
+                        "Set-Cookie: b=2, c=3; Expires=Wed, 21 Oct 2037 07:28:00 GMT\r\n"
+                        "VARY: Accept-Encoding\r\n"
+                        "X-Ctl: a\x01"
+                        "b\r\n"
+                        "X-Bytes: caf\xe9 \xc3\xa9\r\n"
+                        "X-Ows: \t padded \t\r\n"
+                        "X-Empty:\r\n"
+                        "X-Fold: one\r\n"
+                        "  two\r\n"
+                        "Bad Name: dropped\r\n"
+                        " with its continuation\r\n"
+                        "Content-Length: 2\r\nConnection: close\r\n\r\nok";
+        send_all(fd, r, strlen(r));
+    } else if (strcmp(path, "/continue") == 0) {
+        /* An interim 100 with fields of its own, then the final answer. */
+        const char *r = "HTTP/1.1 100 Continue\r\nX-Interim: yes\r\nSet-Cookie: interim=1\r\n\r\n"
+                        "HTTP/1.1 200 OK\r\nSet-Cookie: only=1\r\nContent-Type: text/plain\r\n"
+                        "Content-Length: 4\r\nConnection: close\r\n\r\nfine";
+        send_all(fd, r, strlen(r));
+    } else if (strcmp(path, "/flood") == 0) {
+        /* 2000 lines of 70 bytes: past the plugin's 64 KiB of header lines. */
+        struct jd_pjson_buf b = {0};
+        jd_pjson_buf_cat(&b, "HTTP/1.1 200 OK\r\nX-First: 1\r\n");
+        for (int i = 0; i < 2000; i++)
+            jd_pjson_buf_printf(&b, "X-Many: %04d-%058d\r\n", i, 0);
+        jd_pjson_buf_cat(&b, "X-Last: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        send_all(fd, b.p, b.len);
+        jd_pjson_buf_free(&b);
     } else if (strcmp(path, "/slow") == 0) {
         /* Never answer; end when the client goes away (or after 10 s). */
         struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -832,6 +873,119 @@ static void test_http(void **state)
     fx_free(f);
 }
 
+/* Member `name` of the result's "headers" object; fails the test unless the
+ * object holds it exactly once (duplicate keys are what this guards). */
+static const cJSON *one_header(const cJSON *root, const char *name)
+{
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(root, "headers");
+    const cJSON *it, *found = NULL;
+    int n = 0;
+    assert_true(cJSON_IsObject(h));
+    cJSON_ArrayForEach(it, h)
+    {
+        if (strcmp(it->string, name) == 0) {
+            found = it;
+            n++;
+        }
+    }
+    assert_int_equal(n, 1);
+    return found;
+}
+
+static int header_count(const cJSON *root)
+{
+    return cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, "headers"));
+}
+
+static void assert_cookies(const cJSON *root, int n, const char *const *want)
+{
+    const cJSON *c = one_header(root, "set-cookie");
+    assert_true(cJSON_IsArray(c));
+    assert_int_equal(cJSON_GetArraySize(c), n);
+    for (int i = 0; i < n; i++)
+        assert_string_equal(cJSON_GetStringValue(cJSON_GetArrayItem(c, i)), want[i]);
+}
+
+static void test_http_response_headers(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    cJSON *root;
+    srv_start(&s);
+    struct fx *f = fx_new(NULL, NULL, NULL);
+
+    /* Repeated fields: one key each; Set-Cookie an array, never comma-joined
+     * (its values hold commas); others joined with ", " in order received,
+     * names compared case-insensitively. Values are escaped, not mangled. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/hdrs\"}", 0, &rec);
+    assert_true(rec.ok);
+    root = cJSON_Parse(rec.result);
+    assert_non_null(root);
+    static const char *const cookies[] = {"a=1; Path=/",
+                                          "b=2, c=3; Expires=Wed, 21 Oct 2037 07:28:00 GMT"};
+    assert_cookies(root, 2, cookies);
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "vary")), "Accept, Accept-Encoding");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-quote")), "say \"hi\" \\ back");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-ctl")), "a\x01"
+                                                                         "b");
+    assert_non_null(strstr(rec.result, "\"a\\u0001b\""));
+    /* Not UTF-8: U+FFFD in its place, as for bodies; valid UTF-8 kept. */
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-bytes")),
+                        "caf\xEF\xBF\xBD \xC3\xA9");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-ows")), "padded");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-empty")), "");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-fold")), "one two");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "content-type")), "text/plain");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "content-length")), "2");
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "connection")), "close");
+    assert_int_equal(header_count(root), 11);
+    cJSON_Delete(root);
+    prec_fini(&rec);
+
+    /* Only the final response's fields survive an interim 100; a single
+     * Set-Cookie is still an array. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/continue\"}", 0, &rec);
+    assert_true(rec.ok);
+    root = cJSON_Parse(rec.result);
+    assert_non_null(root);
+    assert_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "headers"),
+                                                 "x-interim"));
+    static const char *const only[] = {"only=1"};
+    assert_cookies(root, 1, only);
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "content-length")), "4");
+    assert_int_equal(header_count(root), 4); /* set-cookie, content-type, -length, connection */
+    assert_int_equal(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(root, "status")), 200);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "body")),
+                        "fine");
+    cJSON_Delete(root);
+    prec_fini(&rec);
+
+    /* Past 64 KiB of header lines the rest is dropped; what is kept is a
+     * whole prefix, in order, and still one key per name. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/flood\"}", 0, &rec);
+    assert_true(rec.ok);
+    root = cJSON_Parse(rec.result);
+    assert_non_null(root);
+    assert_string_equal(cJSON_GetStringValue(one_header(root, "x-first")), "1");
+    const char *many = cJSON_GetStringValue(one_header(root, "x-many"));
+    assert_non_null(many);
+    assert_int_equal(strncmp(many, "0000-", 5), 0);
+    size_t kept = (strlen(many) + 2) / 65; /* "NNNN-<58 digits>" joined by ", " */
+    assert_int_equal(strlen(many), kept * 65 - 2);
+    assert_true(kept > 800 && kept < 1000); /* 64 KiB / 70-byte lines, about 936 */
+    char last[8];
+    snprintf(last, sizeof last, "%04zu-", kept - 1);
+    assert_int_equal(strncmp(many + (kept - 1) * 65, last, 5), 0);
+    assert_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "headers"),
+                                                 "x-last"));
+    cJSON_Delete(root);
+    prec_fini(&rec);
+
+    srv_stop(&s);
+    fx_free(f);
+}
+
 static void test_http_allow_list(void **state)
 {
     (void)state;
@@ -876,6 +1030,7 @@ int main(void)
         cmocka_unit_test(test_exec_output_cap),
         cmocka_unit_test(test_exec_timeout_kills_group),
         cmocka_unit_test(test_http),
+        cmocka_unit_test(test_http_response_headers),
         cmocka_unit_test(test_http_allow_list),
         cmocka_unit_test(test_exec_reaps_orphans_as_subreaper),
     };
