@@ -187,6 +187,27 @@ static void try_wait(struct wf *w, size_t i)
     }
 }
 
+/* Offer the buffered messages to the running wait steps of the top-level
+ * step in progress, in step order (the same order the loop in wf_step
+ * uses). Called as each message event arrives, so that a wait step takes a
+ * message that came before its timer's completion even when both arrive in
+ * one batch: the outcome depends on the order of events only, never on how
+ * the scheduler batched them, and replay (which delivers the recorded
+ * events in their recorded order, but batched differently) decides the same. */
+static void offer_messages(struct wf *w)
+{
+    if (w->pos >= w->def->nsteps)
+        return;
+    size_t i = w->pos;
+    const struct jd_jobdef_step *s = &w->def->steps[i];
+    if (s->kind != JD_JSTEP_PARALLEL) {
+        try_wait(w, i);
+        return;
+    }
+    for (size_t c = i + 1; c <= i + s->nchildren; c++)
+        try_wait(w, c);
+}
+
 /* A completion for tag: false if it failed the process (FAIL set). */
 static bool on_complete(struct wf *w, const struct jd_event *ev, struct jd_step_out *out)
 {
@@ -257,10 +278,12 @@ static int wf_step(void *self, struct jd_event *events, size_t n, struct jd_step
         }
         if (ev->type == JD_EVENT_MESSAGE) {
             cJSON *m = ev->data ? cJSON_Parse(ev->data) : NULL;
-            if (cJSON_IsObject(m))
+            if (cJSON_IsObject(m)) {
                 cJSON_AddItemToArray(w->messages, m);
-            else
+                offer_messages(w);
+            } else {
                 cJSON_Delete(m);
+            }
             continue;
         }
         if (ev->type == JD_EVENT_YIELD_COMPLETE && !on_complete(w, ev, out))

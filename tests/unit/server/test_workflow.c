@@ -358,6 +358,116 @@ static void test_same_events_give_same_yields(void **state)
     assert_non_null(strstr(trace[0], "5:t.echo:{\"b\":\"r\"}"));
 }
 
+/* Build the event a spec names: "m:<topic>:<json>" a message, "c:<tag>:<json>"
+ * a completion. */
+static struct jd_event spec_ev(const char *spec)
+{
+    char topic[32];
+    const char *json = strchr(spec + 2, ':') + 1;
+    if (spec[0] == 'm') {
+        snprintf(topic, sizeof topic, "%.*s", (int)(json - 1 - (spec + 2)), spec + 2);
+        return msg_ev(topic, json);
+    }
+    return done_ev((uint32_t)atoi(spec + 2), json);
+}
+
+/* Run def: a first step with no events, then evs[0..n) delivered in batches
+ * (a new batch starts before event k when bit k-1 of `cuts` is set). Returns
+ * what the run decided: every step's status and yields, then the result or
+ * error (caller frees). */
+static char *run_batched(const char *def, const char *const *evs, size_t n, unsigned cuts)
+{
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops, def);
+    char *trace = calloc(1, 2048);
+    struct jd_event batch[8];
+    size_t nb = 0;
+    bool yielded[16] = {false};
+    step(&r, NULL, 0);
+    for (size_t k = 0; k <= n && r.out.status != JD_STEP_DONE && r.out.status != JD_STEP_FAIL;
+         k++) {
+        /* The yields of the step just run, then the next batch. */
+        for (size_t y = 0; y < r.out.nyields; y++) {
+            char line[96];
+            snprintf(line, sizeof line, "y%u:%s;", r.out.yields[y].tag, r.out.yields[y].command);
+            strncat(trace, line, 2047 - strlen(trace));
+            if (r.out.yields[y].tag < 16)
+                yielded[r.out.yields[y].tag] = true;
+        }
+        r.out.nyields = 0; /* reported */
+        if (k == n)
+            break;
+        struct jd_event ev = spec_ev(evs[k]);
+        if (ev.type == JD_EVENT_YIELD_COMPLETE && ev.tag < 16 && !yielded[ev.tag] && nb > 0) {
+            /* A completion cannot come before its yield: the batch so far
+             * runs first (its step yields the tag). */
+            step(&r, batch, nb);
+            nb = 0;
+            k--;
+            free(ev.data);
+            continue;
+        }
+        batch[nb++] = ev;
+        if (k + 1 == n || (cuts >> k & 1u)) {
+            step(&r, batch, nb);
+            nb = 0;
+        }
+    }
+    for (size_t i = 0; i < nb; i++) {
+        free(batch[i].data);
+        free(batch[i].error);
+    }
+    char line[512];
+    snprintf(line, sizeof line, "status %d %s", (int)r.out.status,
+             r.out.status == JD_STEP_DONE   ? r.out.result
+             : r.out.status == JD_STEP_FAIL ? r.out.error
+                                            : "");
+    strncat(trace, line, 2047 - strlen(trace));
+    run_end(&r);
+    return trace;
+}
+
+/* Replay delivers the recorded events in their recorded order but batches
+ * them as the scheduler pleases, so a workflow must decide from the order of
+ * events alone: every batching gives what one-event-per-step gives. In
+ * particular a message that came before a wait's timer completion satisfies
+ * the wait even when both arrive in one step (before, the batch [message,
+ * timer] timed out while the same events one by one took the message). */
+static void test_decisions_depend_on_event_order_not_batching(void **state)
+{
+    (void)state;
+    const char *wait_def = "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\",\"timeout_ms\":30},"
+                           "{\"id\":\"n\",\"call\":\"t.echo\"}]}";
+    const char *par_def = "{\"steps\":[{\"id\":\"g\",\"parallel\":[{\"id\":\"a\",\"wait\":\"x\","
+                          "\"timeout_ms\":30},{\"id\":\"b\",\"wait\":\"x\",\"timeout_ms\":30},"
+                          "{\"id\":\"c\",\"call\":\"t.echo\"}]},{\"id\":\"d\",\"wait\":\"x\"}]}";
+    struct {
+        const char *def;
+        const char *evs[4];
+        size_t n;
+        const char *outcome; /* part of the one-by-one result */
+    } cases[] = {
+        {wait_def, {"m:go:true", "c:1:null", "c:2:5"}, 3, "{\"w\":true,\"n\":5}"},
+        {wait_def, {"c:1:null", "m:go:true"}, 2, "\"kind\":\"timeout\""},
+        {par_def, {"m:x:1", "c:2:null", "c:4:7", "m:x:2"}, 4, "y4:t.echo;status 2"},
+        {par_def, {"m:x:1", "c:3:null"}, 2, "\"step\":\"b\""},
+        {par_def, {"m:x:1", "m:x:2", "c:4:7", "m:x:3"}, 4, "{\"a\":1,\"b\":2,\"c\":7,\"d\":3}"},
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        size_t n = cases[t].n;
+        char *one_by_one = run_batched(cases[t].def, cases[t].evs, n, ~0u);
+        if (!strstr(one_by_one, cases[t].outcome))
+            fail_msg("case %zu: one by one gave %s", t, one_by_one);
+        for (unsigned cuts = 0; cuts < 1u << (n - 1); cuts++) {
+            char *got = run_batched(cases[t].def, cases[t].evs, n, cuts);
+            if (strcmp(got, one_by_one) != 0)
+                fail_msg("case %zu, batching %#x: %s\n  one by one: %s", t, cuts, got, one_by_one);
+            free(got);
+        }
+        free(one_by_one);
+    }
+}
+
 static void test_plugin_process_type_adapter(void **state)
 {
     (void)state;
@@ -409,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_task_output_is_the_call_result),
         cmocka_unit_test(test_same_events_give_same_yields),
         cmocka_unit_test(test_plugin_process_type_adapter),
+        cmocka_unit_test(test_decisions_depend_on_event_order_not_batching),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
