@@ -23,7 +23,19 @@
  * again (attempt + 1, idempotency key "<job_id>:<tag>") and timers re-arm at
  * their recorded deadlines. Tags come from the definition (jobdef.h), so a
  * differing command for a recorded tag means the definition or process type
- * changed: the job fails with kind "nondeterminism".
+ * changed: the job fails with kind "nondeterminism". Recorded completions
+ * and messages reach the replayed process in their history order, and live
+ * ones only after them (struct dlv): what the process decided from that
+ * order before a crash, e.g. a wait step timed out because its timer's
+ * completion was recorded before a message, it decides again. A timer's
+ * firing is a recorded completion like any other, delivered only once
+ * committed; a firing that was not committed is free to lose to a message.
+ * (A process that does not yield a recorded tag again leaves the events
+ * behind it waiting; cancel and timeout_ms still end it.)
+ *
+ * Watches: a watch stays findable from jd_jobs_watch until its fn has
+ * returned or it was withdrawn (struct watch), which is what lets unwatch
+ * keep its promise in the window between a commit detaching it and its fn.
  *
  * Threading: one mutex (mu) guards the table, queues, watches and every
  * struct job. Registry calls and jd_sched_kill are made without mu (they may
@@ -60,8 +72,7 @@ struct rec {
     char *command;       /* recorded dispatch command, or NULL if only completed */
     uint32_t attempt;    /* highest recorded attempt */
     int64_t deadline_ms; /* $sleep/$timer: recorded wall deadline */
-    bool completed;
-    char *result, *error;
+    bool completed;      /* its result waits in the job's delivery queue */
     struct rec *next;
 };
 
@@ -87,9 +98,27 @@ struct jtimer {
     struct jtimer *next;
 };
 
-struct pending_msg {
-    char *data; /* {"topic":..,"data":..} */
-    struct pending_msg *next;
+/*
+ * An event for the process, in the job's delivery queue (struct job.dlv).
+ * Events reach a process in the order their records committed, which is the
+ * order of the history: a live completion or message is handed over by the
+ * commit callback (one thread, commit order), and on replay the recorded
+ * completions and messages are queued in history order at recovery, so that
+ * whatever the process decided from them before a crash (a wait step's timer
+ * against a message) it decides again. The head waits while it cannot be
+ * delivered yet: the process is not spawned, or the head is a recorded
+ * completion whose yield the replayed process has not dispatched again
+ * (ready false: no token). Everything behind it waits too, live events
+ * included, which keeps the order. Empty (and bypassed) in the common case.
+ */
+struct dlv {
+    bool message;          /* a message; else a yield completion */
+    bool ready;            /* completion: its token is known */
+    uint32_t tag;          /* completion: its tag */
+    struct jd_token token; /* completion, when ready */
+    char *data;            /* message {"topic":..,"data":..}, or the result */
+    char *error;           /* completion: its error, or NULL */
+    struct dlv *next;
 };
 
 struct queue {
@@ -123,7 +152,7 @@ struct job {
     jd_pid pid;
     uint64_t run_at_timer, timeout_timer, grace_timer;
     struct rec *recs;
-    struct pending_msg *msgs, *msgs_tail;
+    struct dlv *dlv, *dlv_tail; /* delivery queue, commit order */
     struct call *calls;
     struct jtimer *timers;
     struct job *hnext;
@@ -131,10 +160,17 @@ struct job {
     bool in_ready;
 };
 
+/* A watch stays in its bucket (jd_jobs.watches) from jd_jobs_watch until its
+ * fn has returned or it was withdrawn, so that unwatch always finds it:
+ * `fired` once a commit (or drain) detached it for firing, `running` while
+ * fn runs (on `thread`), `cancelled` if unwatch withdrew it before fn began
+ * (the firing thread then skips fn and frees it). */
 struct watch {
     uint64_t id;
     int64_t job_id, since;
     bool terminal_only;
+    bool fired, running, cancelled;
+    pthread_t thread;
     void (*fn)(void *arg, int rc, int64_t version);
     void *arg;
     struct watch *next;
@@ -154,8 +190,6 @@ struct jd_jobs {
     struct job *table[NBUCKETS];
     struct watch *watches[NBUCKETS];
     uint64_t next_watch;
-    uint64_t firing_watch; /* id of a watch whose fn runs now, or 0 */
-    pthread_t firing_thread;
     struct queue *queues;
     unsigned running;
     unsigned inflight_calls;
@@ -197,8 +231,6 @@ static void recs_free(struct rec *r)
     while (r) {
         struct rec *n = r->next;
         free(r->command);
-        free(r->result);
-        free(r->error);
         free(r);
         r = n;
     }
@@ -207,10 +239,11 @@ static void recs_free(struct rec *r)
 static void job_free(struct job *jb)
 {
     recs_free(jb->recs);
-    for (struct pending_msg *m = jb->msgs, *n; m; m = n) {
-        n = m->next;
-        free(m->data);
-        free(m);
+    for (struct dlv *d = jb->dlv, *n; d; d = n) {
+        n = d->next;
+        free(d->data);
+        free(d->error);
+        free(d);
     }
     jd_jobdef_free(jb->def);
     free(jb->queue);
@@ -431,44 +464,66 @@ struct fire {
     struct fire *next;
 };
 
-/* Under mu: detach the watches on job_id that this commit satisfies. */
+/* Depth of watch fns running on this thread: unwatch called from inside one
+ * never waits for another thread's fn (two fns withdrawing each other's
+ * watches would wait for each other forever). */
+static _Thread_local unsigned tls_in_watch_fn;
+
+/* Under mu: mark the watches on job_id that this commit satisfies as fired
+ * and list them for watches_fire (they stay in their bucket; see struct
+ * watch). */
 static void watches_collect(struct jd_jobs *j, int64_t job_id, int64_t version, bool terminal,
                             struct fire **list)
 {
-    struct watch **pp = &j->watches[bucket(job_id)];
-    while (*pp) {
-        struct watch *w = *pp;
-        if (w->job_id == job_id && version > w->since && (!w->terminal_only || terminal)) {
-            *pp = w->next;
+    for (struct watch *w = j->watches[bucket(job_id)]; w; w = w->next) {
+        if (!w->fired && w->job_id == job_id && version > w->since &&
+            (!w->terminal_only || terminal)) {
+            w->fired = true;
             struct fire *f = jd_xcalloc(1, sizeof *f);
             f->w = w;
             f->version = version;
             f->next = *list;
             *list = f;
-        } else {
-            pp = &w->next;
         }
     }
 }
 
-/* Without mu: run the detached watches; unwatch waits while one runs. */
+/* Under mu: take w out of its bucket. */
+static void watch_unlink(struct jd_jobs *j, struct watch *w)
+{
+    for (struct watch **pp = &j->watches[w->id & (NBUCKETS - 1)]; *pp; pp = &(*pp)->next)
+        if (*pp == w) {
+            *pp = w->next;
+            return;
+        }
+}
+
+/* Without mu: run the fired watches (unless withdrawn meanwhile), then drop
+ * them; unwatch from another thread waits while one runs. */
 static void watches_fire(struct jd_jobs *j, struct fire *list, int rc)
 {
     while (list) {
         struct fire *f = list;
+        struct watch *w = f->w;
         list = f->next;
         pthread_mutex_lock(&j->mu);
-        while (j->firing_watch)
-            pthread_cond_wait(&j->cv, &j->mu);
-        j->firing_watch = f->w->id;
-        j->firing_thread = pthread_self();
+        bool run = !w->cancelled;
+        if (run) {
+            w->running = true;
+            w->thread = pthread_self();
+        }
         pthread_mutex_unlock(&j->mu);
-        f->w->fn(f->w->arg, rc ? rc : f->rc, f->version);
+        if (run) {
+            tls_in_watch_fn++;
+            w->fn(w->arg, rc ? rc : f->rc, f->version);
+            tls_in_watch_fn--;
+        }
         pthread_mutex_lock(&j->mu);
-        j->firing_watch = 0;
-        pthread_cond_broadcast(&j->cv);
+        watch_unlink(j, w);
+        if (run)
+            pthread_cond_broadcast(&j->cv); /* an unwatch may wait for this fn */
         pthread_mutex_unlock(&j->mu);
-        free(f->w);
+        free(w);
         free(f);
     }
 }
@@ -623,20 +678,53 @@ static void cancel_inflight(struct jd_jobs *j, struct job *jb)
 
 /* --------------------------------------------------------- commit callback */
 
+/* Under mu: append an event to jb's delivery queue (takes ownership of d). */
+static void dlv_append(struct job *jb, struct dlv *d)
+{
+    d->next = NULL;
+    if (jb->dlv_tail)
+        jb->dlv_tail->next = d;
+    else
+        jb->dlv = d;
+    jb->dlv_tail = d;
+}
+
+/* Under mu: hand the deliverable head of jb's queue to the process, in
+ * order, stopping at the first event that must wait (see struct dlv). */
+static void dlv_pump_locked(struct jd_jobs *j, struct job *jb)
+{
+    if (!jb->spawned || j->stopping)
+        return;
+    struct dlv *d;
+    while ((d = jb->dlv) && (d->message || d->ready)) {
+        jb->dlv = d->next;
+        if (!jb->dlv)
+            jb->dlv_tail = NULL;
+        if (jb->finished) {
+            free(d->data);
+            free(d->error);
+        } else if (d->message) {
+            jd_sched_send(j->sched, jb->pid, 0, d->data);
+        } else {
+            jd_sched_complete(j->sched, d->token, d->data, d->error);
+        }
+        free(d);
+    }
+}
+
+/* Under mu: a committed message (takes ownership of data). */
 static void deliver_message_locked(struct jd_jobs *j, struct job *jb, char *data)
 {
-    if (jb->spawned && !jb->finished) {
-        jd_sched_send(j->sched, jb->pid, 0, data);
-    } else if (!jb->finished) {
-        struct pending_msg *m = jd_xcalloc(1, sizeof *m);
-        m->data = data;
-        if (jb->msgs_tail)
-            jb->msgs_tail->next = m;
-        else
-            jb->msgs = m;
-        jb->msgs_tail = m;
-    } else {
+    if (jb->finished) {
         free(data);
+    } else if (jb->spawned && !jb->dlv) {
+        jd_sched_send(j->sched, jb->pid, 0, data); /* nothing ahead of it */
+    } else {
+        struct dlv *d = jd_xcalloc(1, sizeof *d);
+        d->message = true;
+        d->data = data;
+        dlv_append(jb, d);
+        dlv_pump_locked(j, jb);
     }
 }
 
@@ -750,9 +838,20 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         idem_forget(j, r->idem_key);
     switch (r->after) {
     case AFTER_COMPLETE:
-        if (!j->stopping) {
-            jd_sched_complete(j->sched, r->token, r->res, r->res_err);
+        if (!j->stopping && !jb->dlv) {
+            jd_sched_complete(j->sched, r->token, r->res, r->res_err); /* nothing ahead */
             r->res = r->res_err = NULL;
+        } else if (!j->stopping) {
+            /* Recorded events are still waiting to be replayed: behind them. */
+            struct dlv *d = jd_xcalloc(1, sizeof *d);
+            d->ready = true;
+            d->tag = r->token.tag;
+            d->token = r->token;
+            d->data = r->res;
+            d->error = r->res_err;
+            r->res = r->res_err = NULL;
+            dlv_append(jb, d);
+            dlv_pump_locked(j, jb);
         }
         break;
     case AFTER_MESSAGE:
@@ -955,18 +1054,9 @@ static void start_job(struct jd_jobs *j, struct job *jb, bool resume)
     }
     jb->pid = pid;
     jb->spawned = true;
-    /* Messages recorded before the process existed, in order. */
-    struct pending_msg *m = jb->msgs;
-    jb->msgs = jb->msgs_tail = NULL;
-    while (m) {
-        struct pending_msg *n = m->next;
-        if (!jb->finished)
-            jd_sched_send(j->sched, pid, 0, m->data);
-        else
-            free(m->data);
-        free(m);
-        m = n;
-    }
+    /* Events recorded before the process existed (messages, and on replay
+     * the recorded history), in order, as far as they can go now. */
+    dlv_pump_locked(j, jb);
     int64_t tmo = job_timeout_ms(jb);
     if (tmo > 0 && !jb->finished)
         jb->timeout_timer = arm_job_timer(j, jb, jb->started_ms + tmo - jd_wall_ms(), 1);
@@ -1230,9 +1320,19 @@ static void hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yie
         return;
     }
     if (rc && rc->completed) {
-        /* Recorded: deliver the recorded result, never run it again. */
-        jd_sched_complete(j->sched, token, rc->error ? NULL : rc->result, rc->error);
-        rc->result = rc->error = NULL;
+        /* Recorded: deliver the recorded result, never run it again. It
+         * waits in the delivery queue at its place in the history; now that
+         * the yield has a token it can go once everything before it went. */
+        struct dlv *d = jb->dlv;
+        while (d && (d->message || d->ready || d->tag != y->tag))
+            d = d->next;
+        if (d) {
+            d->token = token;
+            d->ready = true;
+            dlv_pump_locked(j, jb);
+        } else {
+            jd_sched_complete(j->sched, token, jd_xstrdup("null"), NULL); /* unreachable */
+        }
         pthread_mutex_unlock(&j->mu);
         recs_free(rc);
         return;
@@ -1826,24 +1926,40 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
     return 0;
 }
 
+/* Under mu: the watch named id, or NULL once it is gone. */
+static struct watch *watch_find(struct jd_jobs *j, uint64_t id)
+{
+    for (struct watch *w = j->watches[id & (NBUCKETS - 1)]; w; w = w->next)
+        if (w->id == id)
+            return w;
+    return NULL;
+}
+
 bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id)
 {
     if (!watch_id)
         return false;
     pthread_mutex_lock(&j->mu);
-    unsigned b = (unsigned)(watch_id & (NBUCKETS - 1));
-    for (struct watch **pp = &j->watches[b]; *pp; pp = &(*pp)->next)
-        if ((*pp)->id == watch_id) {
-            struct watch *w = *pp;
-            *pp = w->next;
-            pthread_mutex_unlock(&j->mu);
-            free(w);
-            return true;
-        }
-    while (j->firing_watch == watch_id && !pthread_equal(j->firing_thread, pthread_self()))
-        pthread_cond_wait(&j->cv, &j->mu);
+    struct watch *w = watch_find(j, watch_id);
+    bool withdrawn = false;
+    if (w && !w->fired) {
+        /* Not due yet: gone for good. */
+        watch_unlink(j, w);
+        free(w);
+        withdrawn = true;
+    } else if (w && !w->running && !w->cancelled) {
+        /* Due, but fn has not started (its firing thread has it in a list,
+         * maybe behind other watches): it will skip fn and free w. */
+        w->cancelled = true;
+        withdrawn = true;
+    } else if (w && w->running && !tls_in_watch_fn) {
+        /* fn runs on another thread (this thread runs no watch fn): wait
+         * until it has returned and its watch is gone. */
+        while ((w = watch_find(j, watch_id)) && w->running)
+            pthread_cond_wait(&j->cv, &j->mu);
+    }
     pthread_mutex_unlock(&j->mu);
-    return false;
+    return withdrawn;
 }
 
 /* ------------------------------------------------------------- reading */
@@ -2113,28 +2229,31 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
             break;
         }
         case JD_EVK_COMPLETE: {
+            /* Queued at its place among the messages; delivered once the
+             * replayed process yields the tag again (hook_dispatch). A
+             * token completes once, so a second record for a tag cannot
+             * have reached the process: the first one counts. */
             struct rec *r = rec_get(jb, ev[i].tag);
+            if (r->completed)
+                break;
             const cJSON *res = cJSON_GetObjectItemCaseSensitive(d, "result");
             const cJSON *e = cJSON_GetObjectItemCaseSensitive(d, "error");
             r->completed = true;
-            free(r->result);
-            free(r->error);
-            r->result = r->error = NULL;
+            struct dlv *c = jd_xcalloc(1, sizeof *c);
+            c->tag = ev[i].tag;
             if (e)
-                r->error = cJSON_PrintUnformatted(e);
+                c->error = cJSON_PrintUnformatted(e);
             else
-                r->result = res ? cJSON_PrintUnformatted(res) : jd_xstrdup("null");
+                c->data = res ? cJSON_PrintUnformatted(res) : jd_xstrdup("null");
+            dlv_append(jb, c);
             break;
         }
         case JD_EVK_MESSAGE: {
             cJSON_DeleteItemFromObjectCaseSensitive(d, "run");
-            struct pending_msg *m = jd_xcalloc(1, sizeof *m);
+            struct dlv *m = jd_xcalloc(1, sizeof *m);
+            m->message = true;
             m->data = cJSON_PrintUnformatted(d);
-            if (jb->msgs_tail)
-                jb->msgs_tail->next = m;
-            else
-                jb->msgs = m;
-            jb->msgs_tail = m;
+            dlv_append(jb, m);
             break;
         }
         case JD_EVK_CANCEL:
@@ -2318,9 +2437,10 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
     free(v);
     struct fire *fires = NULL;
     for (unsigned b = 0; b < NBUCKETS; b++) {
-        while (j->watches[b]) {
-            struct watch *w = j->watches[b];
-            j->watches[b] = w->next;
+        for (struct watch *w = j->watches[b]; w; w = w->next) {
+            if (w->fired)
+                continue; /* another thread fires it */
+            w->fired = true;
             struct fire *f = jd_xcalloc(1, sizeof *f);
             f->w = w;
             f->rc = JD_ESHUTDOWN;
@@ -2361,6 +2481,12 @@ void jd_jobs_destroy(struct jd_jobs *j)
             jb = n;
         }
     }
+    for (unsigned b = 0; b < NBUCKETS; b++) /* drain fired them all; none left running */
+        while (j->watches[b]) {
+            struct watch *w = j->watches[b];
+            j->watches[b] = w->next;
+            free(w);
+        }
     while (j->queues) {
         struct queue *q = j->queues;
         j->queues = q->next;

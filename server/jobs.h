@@ -171,9 +171,14 @@ int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_ac
  * called). *watch_id (may be NULL) names the watch for unwatch. */
 int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
                   void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id);
-/* Withdraw a watch (e.g. on long-poll timeout). When it returns, fn is not
- * running and never will. Returns true if fn never ran, false if it already
- * fired. Unknown or already fired ids are fine. */
+/* Withdraw a watch (e.g. on long-poll timeout). Returns true if fn never ran
+ * and never will: the watch was pending, or the change it waited for had
+ * committed but fn had not started yet (fn is then skipped). Returns false
+ * if fn has run: by then it has returned, waiting for it if it runs on
+ * another thread; except when unwatch is called from inside a watch fn
+ * (its own or any other), which never waits, so fn may still be running
+ * there (e.g. it is the caller). Unknown, already fired or already
+ * withdrawn ids are fine (false). */
 bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id);
 
 struct jd_jobs_stats {

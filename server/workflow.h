@@ -17,7 +17,11 @@
  * {"topic": .., "data": ..}; they are buffered in arrival order and a wait
  * step takes the first one with its topic. A wait step with a timeout always
  * yields its timer (even when a message is already buffered) so that the tag
- * sequence does not depend on when messages arrived.
+ * sequence does not depend on when messages arrived. A running wait step
+ * takes a message as soon as it arrives, so a wait ends by whichever of its
+ * message and its timer's completion comes first in the event order, however
+ * the events were batched into steps: the same events in the same order give
+ * the same decisions, which is what replay (jobs.c) relies on.
  *
  * Output of a workflow: {"<step id>": output, ...} for every call step (its
  * result) and wait step (the message's data). Errors are JSON objects

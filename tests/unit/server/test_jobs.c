@@ -3,7 +3,8 @@
  * with in-process test handlers (test_plugin.h): tasks, workflows, retries
  * with backoff, step and job timeouts, wait + message, cancel in each state,
  * priorities and pause, delays, manual retry, idempotency, batches, reads,
- * watches. Each test starts a fresh database.
+ * watches and what unwatch promises while a fn is due or running. Each test
+ * starts a fresh database.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,9 @@
 #include <cmocka.h>
 
 #include "jobs_test_util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
 
 static int64_t num(const cJSON *o, const char *path)
 {
@@ -527,6 +531,168 @@ static void test_watch_and_unwatch(void **state)
     env_down(&e);
 }
 
+/* A watch whose fn blocks until released, and withdraws a peer's watch. */
+struct blocking_watch {
+    struct jd_jobs *jobs;
+    uint64_t id;
+    struct blocking_watch *peer; /* or NULL */
+    _Atomic int ran, finished;
+    _Atomic int unwatch_self_rc, unwatch_peer_rc; /* -1: not called */
+    bool block;
+    sem_t entered, release;
+};
+
+static void blocking_watch_fn(void *arg, int rc, int64_t version)
+{
+    (void)rc;
+    (void)version;
+    struct blocking_watch *b = arg;
+    atomic_store(&b->ran, 1);
+    /* From inside fn: its own watch is not withdrawn (it is running; no
+     * deadlock), and a peer whose fn has not started is withdrawn. */
+    atomic_store(&b->unwatch_self_rc, jd_jobs_unwatch(b->jobs, b->id));
+    if (b->peer)
+        atomic_store(&b->unwatch_peer_rc, jd_jobs_unwatch(b->jobs, b->peer->id));
+    sem_post(&b->entered);
+    if (b->block)
+        sem_wait(&b->release);
+    atomic_store(&b->finished, 1);
+}
+
+static void blocking_watch_init(struct blocking_watch *b, struct jd_jobs *jobs, bool block)
+{
+    memset(b, 0, sizeof *b);
+    b->jobs = jobs;
+    b->block = block;
+    atomic_store(&b->unwatch_self_rc, -1);
+    atomic_store(&b->unwatch_peer_rc, -1);
+    sem_init(&b->entered, 0, 0);
+    sem_init(&b->release, 0, 0);
+}
+
+static void ignore_action(void *arg, int rc, const char *json)
+{
+    (void)arg;
+    (void)rc;
+    (void)json;
+}
+
+/* A new version of job id (a message nobody takes). Does not wait: its
+ * commit callback runs after the watches it fires, which may block. */
+static void poke(struct env *e, int64_t id)
+{
+    struct jd_error err;
+    const char *m = "{\"topic\":\"nobody-waits-for-this\"}";
+    assert_int_equal(jd_jobs_message(e->jobs, id, m, strlen(m), ignore_action, NULL, &err), 0);
+}
+
+struct unwatch_thread {
+    struct blocking_watch *b;
+    _Atomic int returned;
+    bool rc;
+    int finished_at_return;
+};
+
+static void *unwatch_main(void *arg)
+{
+    struct unwatch_thread *t = arg;
+    t->rc = jd_jobs_unwatch(t->b->jobs, t->b->id);
+    t->finished_at_return = atomic_load(&t->b->finished);
+    atomic_store(&t->returned, 1);
+    return NULL;
+}
+
+/* jd_jobs_unwatch's contract: true means fn never ran and never will; false
+ * means it already ran and, unless called from inside a watch fn, has
+ * returned. Covers the windows where a commit has detached the watch but its
+ * fn has not started (it used to return false there, and fn ran afterwards)
+ * and where fn runs on another thread. */
+static void test_unwatch_never_returns_while_fn_is_pending_or_running(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    int64_t id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    cJSON *job = wait_state(e.jobs, id, "waiting", 5000);
+    int64_t v = num(job, "version");
+    cJSON_Delete(job);
+
+    /* 1. Two watches due on one commit, fired one after the other on the
+     * commit thread; the first blocks. The test thread withdraws the
+     * second while it waits its turn: true, and it never runs. Then it
+     * withdraws the first, which is running: that waits for fn to return. */
+    struct blocking_watch a, b;
+    blocking_watch_init(&a, e.jobs, true);
+    blocking_watch_init(&b, e.jobs, true);
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v, false, blocking_watch_fn, &a, &a.id), 0);
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v, false, blocking_watch_fn, &b, &b.id), 0);
+    poke(&e, id);
+    v++;
+    for (int i = 0; i < 1000 && !atomic_load(&a.ran) && !atomic_load(&b.ran); i++)
+        usleep(5000);
+    struct blocking_watch *first = atomic_load(&a.ran) ? &a : &b; /* whichever fired first */
+    sem_wait_ms(&first->entered, 5000);
+    struct blocking_watch *second = first == &a ? &b : &a;
+    if (atomic_load(&second->ran)) {
+        sem_wait_ms(&second->entered, 5000);
+        fail_msg("two watch fns ran at once");
+    }
+    bool second_rc = jd_jobs_unwatch(e.jobs, second->id);
+    int second_ran = atomic_load(&second->ran), second_finished = atomic_load(&second->finished);
+    if (second_rc && second_ran)
+        fail_msg("unwatch said the fn never ran, but it had");
+    if (!second_rc && !second_finished)
+        fail_msg("unwatch returned false while the fn had not run yet (or was running)");
+    struct unwatch_thread t = {.b = first};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, unwatch_main, &t), 0);
+    usleep(50000);
+    assert_int_equal(atomic_load(&t.returned), 0); /* fn still running: unwatch waits */
+    sem_post(&first->release);
+    pthread_join(th, NULL);
+    assert_false(t.rc);
+    assert_int_equal(t.finished_at_return, 1);
+    assert_int_equal(atomic_load(&first->unwatch_self_rc), 0);
+    /* The withdrawn watch stays silent after the commit thread moved on. */
+    jd_store_sync(e.store);
+    poke(&e, id);
+    v++;
+    usleep(20000);
+    assert_int_equal(atomic_load(&second->ran), second_rc ? 0 : 1);
+    if (!second_rc)
+        sem_post(&second->release);
+
+    /* 2. From inside fn: two watches that withdraw each other; whichever
+     * runs first withdraws the other (true), which then never runs. */
+    struct blocking_watch c, d;
+    blocking_watch_init(&c, e.jobs, false);
+    blocking_watch_init(&d, e.jobs, false);
+    c.peer = &d;
+    d.peer = &c;
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v, false, blocking_watch_fn, &c, &c.id), 0);
+    assert_int_equal(jd_jobs_watch(e.jobs, id, v, false, blocking_watch_fn, &d, &d.id), 0);
+    poke(&e, id);
+    jd_store_sync(e.store);
+    for (int i = 0; i < 200 && !atomic_load(&c.finished) && !atomic_load(&d.finished); i++)
+        usleep(5000);
+    usleep(20000);
+    if (atomic_load(&c.ran) + atomic_load(&d.ran) != 1)
+        fail_msg("both watches ran although the first withdrew the second");
+    struct blocking_watch *ran = atomic_load(&c.ran) ? &c : &d;
+    assert_int_equal(atomic_load(&ran->unwatch_peer_rc), 1);
+    assert_int_equal(atomic_load(&ran->unwatch_self_rc), 0);
+    assert_false(jd_jobs_unwatch(e.jobs, ran->peer->id)); /* withdrawn already */
+    env_down(&e);
+    sem_destroy(&a.entered);
+    sem_destroy(&a.release);
+    sem_destroy(&b.entered);
+    sem_destroy(&b.release);
+    sem_destroy(&c.entered);
+    sem_destroy(&c.release);
+    sem_destroy(&d.entered);
+    sem_destroy(&d.release);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -540,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_retry_of_a_failed_job_keeps_history),
         cmocka_unit_test(test_idempotency_batches_and_reads),
         cmocka_unit_test(test_watch_and_unwatch),
+        cmocka_unit_test(test_unwatch_never_returns_while_fn_is_pending_or_running),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

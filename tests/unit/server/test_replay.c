@@ -7,7 +7,9 @@
  * key "<job_id>:<tag>"; a yield that differs from the record fails the job
  * with "nondeterminism"; sleeps keep their recorded deadlines; recorded
  * messages are re-delivered in order; a manual retry's earlier run is
- * ignored; queued jobs keep their run_at.
+ * ignored; queued jobs keep their run_at; a wait step ends on replay by
+ * whichever of its timer's completion and its message the history recorded
+ * first (and an unrecorded timer firing may lose to a recorded message).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -232,6 +234,114 @@ static void test_an_earlier_runs_history_is_ignored(void **state)
     env_down(&e);
 }
 
+/* Write the history of a one-wait workflow ("ok": wait for "approval" with a
+ * timeout, then "n": a call) in which the timer was dispatched with deadline
+ * `deadline_ms`, then the events `order` names: 't' the timer's completion,
+ * 'm' a message "approval". */
+static int64_t put_wait_history(struct jd_store *s, int64_t deadline_ms, const char *order)
+{
+    int64_t id = put_job(s,
+                         "{\"steps\":[{\"id\":\"ok\",\"wait\":\"approval\",\"timeout_ms\":60000},"
+                         "{\"id\":\"n\",\"call\":\"t.echo\",\"args\":{\"by\":\"${steps.ok."
+                         "output}\"}}]}",
+                         JD_JOB_WAITING, 1, 0);
+    char data[200];
+    snprintf(data, sizeof data,
+             "{\"command\":\"$timer\",\"attempt\":1,\"args\":{\"ms\":60000},\"deadline_ms\":%lld,"
+             "\"run\":1}",
+             (long long)deadline_ms);
+    put_event(s, id, JD_EVK_DISPATCH, 1, data);
+    for (const char *o = order; *o; o++) {
+        if (*o == 't')
+            put_event(s, id, JD_EVK_COMPLETE, 1, "{\"result\":null,\"run\":1}");
+        else
+            put_event(s, id, JD_EVK_MESSAGE, 0,
+                      "{\"topic\":\"approval\",\"data\":\"ann\",\"run\":1}");
+    }
+    return id;
+}
+
+/* A wait step ends by its message or by its timer, whichever the history
+ * records first, whatever the timing of the replay: the timeout fired and was
+ * recorded before a message that came meanwhile (then kill -9) must time out
+ * again on replay, not take the message; a message recorded before the
+ * timer's completion must be taken. Several jobs of each kind resume at once,
+ * so the replay's own timing varies between them. */
+static void test_a_wait_replays_the_recorded_winner(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    struct env e;
+    env_store_only(&e);
+    int64_t now = jd_wall_ms();
+    int64_t late_msg[N], early_msg[N], fired_only[N];
+    for (int i = 0; i < N; i++) {
+        /* deadline past or far ahead: the recorded completion decides */
+        int64_t dl = i % 2 ? now - 1000 : now + 60000;
+        late_msg[i] = put_wait_history(e.store, dl, "tm");
+        early_msg[i] = put_wait_history(e.store, dl, "mt");
+        fired_only[i] = put_wait_history(e.store, dl, "t");
+    }
+    int echo_before = tp_echo_calls;
+    env_start_jobs(&e, NULL);
+    for (int i = 0; i < N; i++) {
+        cJSON *job = wait_terminal(e.jobs, late_msg[i], 5000);
+        if (strcmp(jstate(job), "failed") != 0)
+            fail_msg("job %d (timeout recorded before the message) ended %s, output %s", i,
+                     jstate(job), cJSON_PrintUnformatted(jget(job, "output")));
+        assert_string_equal(str(job, "error.kind"), "timeout");
+        assert_string_equal(str(job, "error.step"), "ok");
+        cJSON_Delete(job);
+
+        job = wait_terminal(e.jobs, fired_only[i], 5000);
+        assert_string_equal(jstate(job), "failed");
+        assert_string_equal(str(job, "error.kind"), "timeout");
+        cJSON_Delete(job);
+
+        job = wait_terminal(e.jobs, early_msg[i], 5000);
+        assert_string_equal(jstate(job), "succeeded");
+        assert_string_equal(str(job, "output.ok"), "ann");
+        assert_string_equal(str(job, "output.n.by"), "ann");
+        cJSON_Delete(job);
+    }
+    /* Only the jobs whose message won ran step n. */
+    assert_int_equal(tp_echo_calls, echo_before + N);
+    env_down(&e);
+}
+
+/* A timer that was dispatched but whose firing was never recorded is free
+ * to lose to a recorded message (nothing was decided before the crash):
+ * the message is taken even though the deadline has passed. */
+static void test_an_unrecorded_timeout_loses_to_a_recorded_message(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    int64_t id = put_wait_history(e.store, jd_wall_ms() - 1000, "m");
+    env_start_jobs(&e, NULL);
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    assert_string_equal(str(job, "output.ok"), "ann");
+    cJSON_Delete(job);
+    /* ... and the timer's late completion is recorded after the message. */
+    cJSON *evs = job_events(e.jobs, id);
+    int msg_seq = 0, timer_seq = 0;
+    cJSON *ev;
+    cJSON_ArrayForEach(ev, cJSON_GetObjectItem(evs, "events"))
+    {
+        const char *kind = cJSON_GetObjectItem(ev, "kind")->valuestring;
+        int seq = (int)cJSON_GetObjectItem(ev, "seq")->valuedouble;
+        if (strcmp(kind, "message") == 0)
+            msg_seq = seq;
+        else if (strcmp(kind, "complete") == 0 && cJSON_GetObjectItem(ev, "tag")->valuedouble == 1)
+            timer_seq = seq;
+    }
+    cJSON_Delete(evs);
+    assert_true(msg_seq > 0);
+    assert_true(timer_seq == 0 || timer_seq > msg_seq);
+    env_down(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -240,6 +350,8 @@ int main(void)
         cmocka_unit_test(test_sleeps_keep_their_recorded_deadline),
         cmocka_unit_test(test_messages_are_redelivered_in_order),
         cmocka_unit_test(test_an_earlier_runs_history_is_ignored),
+        cmocka_unit_test(test_a_wait_replays_the_recorded_winner),
+        cmocka_unit_test(test_an_unrecorded_timeout_loses_to_a_recorded_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
