@@ -213,8 +213,8 @@ static int is_ows(char c)
  * written as JSON yet, because repeated names are merged at the end
  * (headers_json). Lines past HTTP_MAX_HEADERS_BYTES, and everything after
  * them, are dropped, so what is kept is always a prefix of the response's
- * fields. A line whose name is not a token is dropped (RFC 9112 5.1: such a
- * response is invalid); a line that starts with whitespace continues the
+ * fields. A line whose name is not a token (RFC 9110 5.1) is dropped: such a
+ * response is invalid. A line that starts with whitespace continues the
  * previous value (obs-fold, which RFC 9112 5.2 says to replace with SP). */
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
 {
