@@ -212,12 +212,27 @@ static void test_wait_and_messages(void **state)
     assert_string_equal(jstate(job), "succeeded");
     assert_int_equal(num(job, "output.w"), 42);
     cJSON_Delete(job);
-    /* A wait that times out fails the job. */
+    /* A wait that times out fails the job, and the timer's firing is in the
+     * history before the failure it caused (so a replay after a crash in
+     * between times out again instead of taking a later message). */
     id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"never\",\"timeout_ms\":50}]}");
     job = wait_terminal(e.jobs, id, 5000);
     assert_string_equal(jstate(job), "failed");
     assert_string_equal(str(job, "error.kind"), "timeout");
     cJSON_Delete(job);
+    cJSON *evs = job_events(e.jobs, id);
+    int64_t fired_seq = 0, failed_seq = 0;
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, cJSON_GetObjectItem(evs, "events"))
+    {
+        if (strcmp(str(ev, "kind"), "complete") == 0 && num(ev, "tag") == 1)
+            fired_seq = num(ev, "seq");
+        if (strcmp(str(ev, "kind"), "state") == 0 && strcmp(str(ev, "data.state"), "failed") == 0)
+            failed_seq = num(ev, "seq");
+    }
+    cJSON_Delete(evs);
+    assert_true(fired_seq > 0);
+    assert_true(failed_seq > fired_seq);
     env_down(&e);
 }
 

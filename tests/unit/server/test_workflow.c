@@ -383,18 +383,19 @@ static char *run_batched(const char *def, const char *const *evs, size_t n, unsi
     struct jd_event batch[8];
     size_t nb = 0;
     bool yielded[16] = {false};
+    bool fresh = true; /* a step ran since its yields were last reported */
     step(&r, NULL, 0);
     for (size_t k = 0; k <= n && r.out.status != JD_STEP_DONE && r.out.status != JD_STEP_FAIL;
          k++) {
         /* The yields of the step just run, then the next batch. */
-        for (size_t y = 0; y < r.out.nyields; y++) {
+        for (size_t y = 0; fresh && y < r.out.nyields; y++) {
             char line[96];
             snprintf(line, sizeof line, "y%u:%s;", r.out.yields[y].tag, r.out.yields[y].command);
             strncat(trace, line, 2047 - strlen(trace));
             if (r.out.yields[y].tag < 16)
                 yielded[r.out.yields[y].tag] = true;
         }
-        r.out.nyields = 0; /* reported */
+        fresh = false;
         if (k == n)
             break;
         struct jd_event ev = spec_ev(evs[k]);
@@ -402,6 +403,7 @@ static char *run_batched(const char *def, const char *const *evs, size_t n, unsi
             /* A completion cannot come before its yield: the batch so far
              * runs first (its step yields the tag). */
             step(&r, batch, nb);
+            fresh = true;
             nb = 0;
             k--;
             free(ev.data);
@@ -410,6 +412,7 @@ static char *run_batched(const char *def, const char *const *evs, size_t n, unsi
         batch[nb++] = ev;
         if (k + 1 == n || (cuts >> k & 1u)) {
             step(&r, batch, nb);
+            fresh = true;
             nb = 0;
         }
     }
