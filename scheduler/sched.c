@@ -34,7 +34,9 @@
  * Memory: control blocks live in 4096-slot chunks that are never freed
  * before destroy, so a stale pid can always be looked at safely; a finished
  * slot gets generation + 1 and goes to a per-worker cache (then a global
- * free list). Event nodes are pooled the same way. No allocation on the
+ * free stack: an array of pointers, so refilling a cache chases no links
+ * through blocks other cores wrote). Event nodes are pooled likewise (as
+ * a list). No allocation on the
  * spawn/message fast path once the pools are warm.
  *
  * Parking (Tokio's protocol): nsearching counts workers looking for work to
@@ -94,6 +96,8 @@ enum {
 #define PCACHE_REFILL 64
 #define ECACHE_MAX 1024 /* per-worker free event nodes before giving half back */
 #define ECACHE_REFILL 64
+#define GLOBAL_CELLS 16384 /* the global queue's array: a burst of remote spawns */
+#define INJECT_CELLS 1024  /* each inject queue's array: wakes from other threads */
 #define BATCH 16           /* moved from inject/global per visit, as Go and Tokio */
 #define GLOBAL_INTERVAL 61 /* ticks between forced global-queue checks (Go's 61) */
 #define LIFO_MAX 3         /* LIFO-slot runs in a row (Tokio 1.29's fairness fix) */
@@ -166,6 +170,7 @@ struct jd_sched {
     uint64_t id; /* unique per process lifetime: keys tls_pcache */
     unsigned nworkers;
     uint64_t stuck_ns;
+    bool pin_workers;
     struct worker *workers;
     struct jd_lqueue global;
     _Alignas(64) _Atomic uint32_t nsearching;
@@ -175,9 +180,9 @@ struct jd_sched {
     /* PID table */
     _Atomic(struct proc *) *chunks;
     _Atomic uint32_t nchunks;
-    pthread_mutex_t pid_mu; /* guards free list and chunk allocation */
-    struct proc *pfree;
-    size_t npfree;
+    pthread_mutex_t pid_mu; /* guards the free stack and chunk allocation */
+    struct proc **pfree;    /* free control blocks, a stack (no links to chase) */
+    size_t npfree, pfree_cap;
     /* event node pool */
     pthread_mutex_t ev_mu;
     struct evnode *efree;
@@ -311,7 +316,17 @@ static struct proc *slot_lookup(struct jd_sched *s, uint32_t idx)
     return chunk ? &chunk[idx & (CHUNK_SLOTS - 1)] : NULL;
 }
 
-/* Under pid_mu: add a chunk of fresh slots to the free list. */
+/* Under pid_mu: p is free. */
+static void pfree_push_locked(struct jd_sched *s, struct proc *p)
+{
+    if (s->npfree == s->pfree_cap) {
+        s->pfree_cap = s->pfree_cap ? 2 * s->pfree_cap : CHUNK_SLOTS;
+        s->pfree = jd_xrealloc(s->pfree, s->pfree_cap * sizeof(*s->pfree));
+    }
+    s->pfree[s->npfree++] = p;
+}
+
+/* Under pid_mu: add a chunk of fresh slots to the free stack. */
 static void grow_slots(struct jd_sched *s)
 {
     uint32_t c = atomic_load_explicit(&s->nchunks, memory_order_relaxed);
@@ -326,22 +341,17 @@ static void grow_slots(struct jd_sched *s)
         jd_mpsc_init(&p->events);
         atomic_init(&p->last_worker, -1);
         p->index = c * CHUNK_SLOTS + i;
-        p->link.next = (struct jd_link *)s->pfree;
-        s->pfree = p;
+        pfree_push_locked(s, p); /* lowest index on top */
     }
-    s->npfree += CHUNK_SLOTS;
     atomic_store_explicit(&s->chunks[c], chunk, memory_order_release);
     atomic_store_explicit(&s->nchunks, c + 1, memory_order_release);
 }
 
 static struct proc *pfree_pop_locked(struct jd_sched *s)
 {
-    if (!s->pfree)
+    if (!s->npfree)
         grow_slots(s);
-    struct proc *p = s->pfree;
-    s->pfree = (struct proc *)p->link.next;
-    s->npfree--;
-    return p;
+    return s->pfree[--s->npfree];
 }
 
 static struct proc *proc_alloc(struct jd_sched *s, struct worker *w)
@@ -377,17 +387,10 @@ static void proc_release(struct jd_sched *s, struct worker *w, struct proc *p)
         return;
     }
     pthread_mutex_lock(&s->pid_mu);
-    p->link.next = (struct jd_link *)s->pfree;
-    s->pfree = p;
-    s->npfree++;
-    if (w) {
-        while (w->npcache > PCACHE_MAX / 2) {
-            struct proc *q = w->pcache[--w->npcache];
-            q->link.next = (struct jd_link *)s->pfree;
-            s->pfree = q;
-            s->npfree++;
-        }
-    }
+    pfree_push_locked(s, p);
+    if (w)
+        while (w->npcache > PCACHE_MAX / 2)
+            pfree_push_locked(s, w->pcache[--w->npcache]);
     pthread_mutex_unlock(&s->pid_mu);
 }
 
@@ -1066,10 +1069,33 @@ static void run_locked(struct worker *w, struct proc *p, uint64_t nw, uint32_t g
     jd_step_out_reset(out);
 }
 
+/* Pin the calling worker to the (index mod n)-th CPU of the process's
+ * affinity mask; a failure leaves it unpinned (a hint, not a contract). */
+static void pin_self(unsigned index)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    int n = CPU_COUNT(&allowed);
+    if (n <= 0)
+        return;
+    int want = (int)(index % (unsigned)n);
+    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+        if (!CPU_ISSET(cpu, &allowed) || want-- > 0)
+            continue;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        (void)pthread_setaffinity_np(pthread_self(), sizeof(one), &one);
+        return;
+    }
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     struct jd_sched *s = w->s;
+    if (s->pin_workers)
+        pin_self(w->index);
     tls_worker = w;
     unsigned idle = 0;
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
@@ -1178,13 +1204,14 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out)
         nw = 1024;
     s->nworkers = nw;
     s->stuck_ns = cfg->stuck_ns ? cfg->stuck_ns : 10000000u;
+    s->pin_workers = cfg->pin_workers;
     s->workers = aligned_alloc(64, sizeof(struct worker) * nw);
     if (!s->workers) {
         fprintf(stderr, "jackdaw: out of memory for workers\n");
         abort();
     }
     memset(s->workers, 0, sizeof(struct worker) * nw);
-    jd_lqueue_init(&s->global);
+    jd_lqueue_init(&s->global, GLOBAL_CELLS);
     atomic_init(&s->nsearching, 0);
     atomic_init(&s->nparked, 0);
     atomic_init(&s->accepting, true);
@@ -1207,7 +1234,7 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out)
     for (unsigned i = 0; i < nw; i++) {
         struct worker *w = &s->workers[i];
         jd_ring_init(&w->ring);
-        jd_lqueue_init(&w->inject);
+        jd_lqueue_init(&w->inject, INJECT_CELLS);
         w->s = s;
         w->index = i;
         w->rng = 0x9E3779B9u * (i + 1) | 1;
@@ -1237,6 +1264,7 @@ fail:
         jd_lqueue_destroy(&s->workers[i].inject);
     jd_lqueue_destroy(&s->global);
     free(s->chunks);
+    free(s->pfree);
     free(s->workers);
     free(s);
     return rc;
@@ -1599,6 +1627,7 @@ void jd_sched_destroy(struct jd_sched *s)
     pthread_mutex_destroy(&s->mon_mu);
     pthread_cond_destroy(&s->mon_cv);
     free(s->chunks);
+    free(s->pfree);
     free(s->workers);
     free(s);
 }

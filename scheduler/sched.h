@@ -49,6 +49,11 @@ struct jd_sched_config {
     unsigned blocking_threads; /* blocking pool bound; 0: JD_SCHED_BLOCKING_DEFAULT */
     unsigned blocking_queue;   /* queued blocking jobs before JD_EFULL; 0: 4096 */
     uint64_t stuck_ns;         /* a step running longer is "stuck"; 0: 10 ms (as libgo) */
+    /* Pin worker i to the i-th CPU this process may run on (wrapping).
+     * Keeps the kernel from stacking two busy workers on one CPU while
+     * another sits idle (it does, for milliseconds, when a third thread
+     * such as an HTTP or bench thread keeps waking on the idle one). */
+    bool pin_workers;
     struct jd_sched_hooks hooks;
 };
 

@@ -216,7 +216,7 @@ static void test_lqueue_fifo_batches(void **state)
 {
     (void)state;
     struct jd_lqueue q;
-    jd_lqueue_init(&q);
+    jd_lqueue_init(&q, 16);
     struct qitem it[40];
     for (int i = 0; i < 40; i++) {
         it[i].v = i;
@@ -241,6 +241,45 @@ static void test_lqueue_fifo_batches(void **state)
     assert_int_equal(jd_lqueue_pop_batch(&q, out, 17), 5);
     assert_int_equal(((struct qitem *)out[0])->v, 10);
     assert_int_equal(((struct qitem *)out[4])->v, 3);
+    jd_lqueue_destroy(&q);
+}
+
+/* A pop stops at a cell a producer has claimed but not yet filled, and
+ * then leaves the overflow alone too: what overflowed was pushed after
+ * that cell was claimed, so taking it first could reorder a producer. */
+static void test_lqueue_stops_at_unpublished_cell(void **state)
+{
+    (void)state;
+    struct jd_lqueue q;
+    jd_lqueue_init(&q, 4);
+    struct qitem it[5];
+    for (int i = 0; i < 5; i++)
+        it[i].v = i;
+    jd_lqueue_push(&q, &it[0].link);
+    /* a producer claims cell 1 and is preempted before filling it */
+    uint64_t claimed = atomic_fetch_add(&q.enq, 1);
+    assert_int_equal(claimed, 1);
+    jd_lqueue_push(&q, &it[2].link);
+    jd_lqueue_push(&q, &it[3].link);
+    jd_lqueue_push(&q, &it[4].link); /* the array is full: the overflow */
+    assert_int_equal(jd_lqueue_len(&q), 4);
+    struct jd_link *out[8];
+    assert_int_equal(jd_lqueue_pop_batch(&q, out, 8), 1);
+    assert_ptr_equal(out[0], &it[0].link);
+    assert_int_equal(jd_lqueue_pop_batch(&q, out, 8), 0);
+    /* the producer resumes: fills and publishes its cell */
+    q.cells[claimed & q.mask].item = &it[1].link;
+    atomic_store(&q.cells[claimed & q.mask].seq, claimed + 1);
+    atomic_fetch_add(&q.len, 1);
+    assert_int_equal(jd_lqueue_pop_batch(&q, out, 8), 4);
+    for (int i = 0; i < 4; i++)
+        assert_ptr_equal(out[i], &it[i + 1].link);
+    assert_int_equal(jd_lqueue_len(&q), 0);
+    /* the overflow drained: pushes use the array again */
+    jd_lqueue_push(&q, &it[0].link);
+    assert_int_equal(atomic_load(&q.nover), 0);
+    assert_int_equal(atomic_load(&q.enq), 5);
+    assert_int_equal(jd_lqueue_pop_batch(&q, out, 8), 1);
     jd_lqueue_destroy(&q);
 }
 
@@ -273,7 +312,7 @@ static void *lq_producer(void *arg)
 static void test_lqueue_concurrent_fifo(void **state)
 {
     (void)state;
-    jd_lqueue_init(&lq);
+    jd_lqueue_init(&lq, 64);
     pthread_t t[LQ_PRODUCERS];
     for (int i = 0; i < LQ_PRODUCERS; i++)
         pthread_create(&t[i], NULL, lq_producer, (void *)(intptr_t)i);
@@ -366,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_steal_half),
         cmocka_unit_test(test_concurrent_steal_exactly_once),
         cmocka_unit_test(test_lqueue_fifo_batches),
+        cmocka_unit_test(test_lqueue_stops_at_unpublished_cell),
         cmocka_unit_test(test_lqueue_concurrent_fifo),
         cmocka_unit_test(test_mpsc_order_and_concurrency),
     };

@@ -1025,6 +1025,64 @@ static void test_chain_under_flood(void **state)
     g_sched = NULL;
 }
 
+/* ---- pinned workers ---- */
+static _Atomic int pin_cpu[2], pin_ncpus[2], pin_seen;
+
+static int pin_probe_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)self;
+    (void)ev;
+    (void)n;
+    int wi = jd_sched_current_worker();
+    cpu_set_t set;
+    if (wi >= 0 && wi < 2 && sched_getaffinity(0, sizeof(set), &set) == 0) {
+        atomic_store(&pin_ncpus[wi], CPU_COUNT(&set));
+        atomic_store(&pin_cpu[wi], sched_getcpu());
+        atomic_fetch_or(&pin_seen, 1 << wi);
+    }
+    out->status = JD_STEP_DONE;
+    return 0;
+}
+static const struct jd_process_ops pin_probe_ops = {.type_name = "pin", .step = pin_probe_step};
+
+/* With pin_workers, each worker may run on exactly one CPU, and on a
+ * machine with two or more CPUs the two workers run on different ones. */
+static void test_pinned_workers(void **state)
+{
+    (void)state;
+    cpu_set_t allowed;
+    assert_int_equal(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    struct jd_sched_config cfg = {.workers = 2, .pin_workers = true};
+    struct jd_sched *s;
+    assert_int_equal(jd_sched_create(&cfg, &s), 0);
+    atomic_store(&pin_seen, 0);
+    uint64_t t = mono_ns();
+    /* probes until both workers ran one (a parked worker wakes for them) */
+    while (atomic_load(&pin_seen) != 3 && mono_ns() - t < 10000000000u) {
+        for (int i = 0; i < 64; i++)
+            assert_int_equal(jd_sched_spawn(s, &pin_probe_ops, NULL, NULL, NULL, NULL, NULL), 0);
+        usleep(1000);
+    }
+    assert_int_equal(atomic_load(&pin_seen), 3);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(atomic_load(&pin_ncpus[i]), 1);
+    if (CPU_COUNT(&allowed) >= 2)
+        assert_int_not_equal(atomic_load(&pin_cpu[0]), atomic_load(&pin_cpu[1]));
+    jd_sched_destroy(s);
+    /* unpinned (the default): workers keep the process's whole mask */
+    cfg.pin_workers = false;
+    assert_int_equal(jd_sched_create(&cfg, &s), 0);
+    atomic_store(&pin_seen, 0);
+    t = mono_ns();
+    while (atomic_load(&pin_seen) == 0 && mono_ns() - t < 10000000000u) {
+        assert_int_equal(jd_sched_spawn(s, &pin_probe_ops, NULL, NULL, NULL, NULL, NULL), 0);
+        usleep(1000);
+    }
+    int wi = atomic_load(&pin_seen) & 1 ? 0 : 1;
+    assert_int_equal(atomic_load(&pin_ncpus[wi]), CPU_COUNT(&allowed));
+    jd_sched_destroy(s);
+}
+
 static void test_misuse(void **state)
 {
     (void)state;
@@ -1070,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_stuck_worker_detected),
         cmocka_unit_test(test_yielders_under_flood),
         cmocka_unit_test(test_chain_under_flood),
+        cmocka_unit_test(test_pinned_workers),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
