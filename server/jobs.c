@@ -1331,7 +1331,10 @@ static void hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yie
             d->ready = true;
             dlv_pump_locked(j, jb);
         } else {
-            jd_sched_complete(j->sched, token, jd_xstrdup("null"), NULL); /* unreachable */
+            /* Not reached: recovery queues one entry per completed rec, and
+             * rec_take hands that rec out once. Fail the step, never guess. */
+            jd_sched_complete(j->sched, token, NULL,
+                              err_json("internal", "the recorded completion went missing"));
         }
         pthread_mutex_unlock(&j->mu);
         recs_free(rc);
