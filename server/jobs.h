@@ -168,7 +168,11 @@ int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_ac
  * version exceeds since_version (terminal_only: when it is terminal), or at
  * once (on this thread, before watch returns) if it already does; with rc
  * JD_ESHUTDOWN when the layer drains. JD_ENOENT if no such job (fn not
- * called). *watch_id (may be NULL) names the watch for unwatch. */
+ * called). *watch_id (may be NULL) names the watch for unwatch.
+ * "Already" counts commits whose callbacks have run: a commit that readers
+ * (jd_jobs_get_json) already see but whose callback has not run yet fires
+ * fn a moment later, from that callback, so no change is ever missed but
+ * "at once" may come just after watch returns. */
 int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
                   void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id);
 /* Withdraw a watch (e.g. on long-poll timeout). Returns true if fn never ran
