@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #define JD_WRITER_CACHE_KIB 32768 /* 32 MiB page cache: the hot end of jobs and events */
@@ -148,6 +150,9 @@ static int check_directory(const char *path, struct jd_error *err)
     return rc;
 }
 
+#define LOCK_ORPHAN_WAITS 200        /* ... of LOCK_ORPHAN_WAIT_NS: 2 s at most */
+#define LOCK_ORPHAN_WAIT_NS 10000000 /* 10 ms */
+
 static int take_lock(struct jd_store *s, struct jd_error *err)
 {
     s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -160,6 +165,20 @@ static int take_lock(struct jd_store *s, struct jd_error *err)
         ssize_t r = pread(s->lock_fd, holder, sizeof holder - 1, 0);
         holder[r > 0 ? r : 0] = '\0';
         holder[strcspn(holder, "\n")] = '\0';
+        /* The Jackdaw that wrote its pid is gone (killed), yet the lock is
+         * held: by a child it was forking when it died, which drops the
+         * descriptor (close-on-exec) as soon as it execs. Give it a moment
+         * rather than refuse a restart. */
+        long hp = strtol(holder, NULL, 10);
+        for (int i = 0; e == EWOULDBLOCK && hp > 0 && i < LOCK_ORPHAN_WAITS; i++) {
+            if (kill((pid_t)hp, 0) == 0 || errno != ESRCH)
+                break; /* alive (or not ours to probe): a real second Jackdaw */
+            struct timespec ts = {0, LOCK_ORPHAN_WAIT_NS};
+            nanosleep(&ts, NULL);
+            if (flock(s->lock_fd, LOCK_EX | LOCK_NB) == 0)
+                goto locked;
+            e = errno;
+        }
         if (e == EWOULDBLOCK)
             return jd_error_set(err, JD_EBUSY, NULL,
                                 "database %s is in use by another running Jackdaw (pid %s, "
@@ -167,6 +186,7 @@ static int take_lock(struct jd_store *s, struct jd_error *err)
                                 s->path, holder[0] ? holder : "unknown", s->lock_path);
         return jd_error_set(err, JD_EIO, NULL, "cannot lock %s: %s", s->lock_path, strerror(e));
     }
+locked:;
     char pid[32];
     int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
     if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)len, 0) != len) {

@@ -19,8 +19,10 @@
 
 #include "store_test_util.h"
 
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 static int sql_exec(const char *path, const char *sql)
 {
@@ -410,6 +412,86 @@ static void test_database_held_by_another_jackdaw_is_refused(void **state)
     free(path);
 }
 
+/* A child holds "<db>.lock" (as one being forked when its Jackdaw was
+ * killed does, until it execs) after telling the parent through a pipe;
+ * it lets go after hold_ms. */
+static pid_t hold_lock(const char *lock_path, int hold_ms)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(lock_path, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0)
+            _exit(1);
+        if (write(p[1], "x", 1) != 1)
+            _exit(1);
+        usleep((useconds_t)hold_ms * 1000);
+        _exit(0);
+    }
+    char c;
+    close(p[1]);
+    assert_int_equal(read(p[0], &c, 1), 1);
+    close(p[0]);
+    return pid;
+}
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Restart after a kill -9: the pid in the lock file is dead but a child it
+ * was forking still holds the lock for a moment. The open waits for it
+ * (up to 2 s) instead of refusing; while the recorded pid is alive it
+ * still refuses at once. */
+static void test_lock_left_by_a_dead_jackdaws_child_is_waited_for(void **state)
+{
+    char *dir = scratch_dir(), *path = db_path(dir);
+    char *lock = jd_xasprintf("%s.lock", path);
+    struct jd_store *s;
+    struct jd_error err;
+    assert_int_equal(open_store(path, &s, &err), 0);
+    jd_store_close(s);
+    /* a dead pid: a child that has exited and been reaped */
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    FILE *fp = fopen(lock, "w");
+    assert_non_null(fp);
+    fprintf(fp, "%ld\n", (long)dead);
+    fclose(fp);
+    pid_t child = hold_lock(lock, 300);
+    uint64_t t0 = ms_now();
+    assert_int_equal(open_store(path, &s, &err), 0);
+    uint64_t waited = ms_now() - t0;
+    print_message("open waited %llu ms for the orphaned lock\n", (unsigned long long)waited);
+    assert_true(waited >= 150 && waited < 2000);
+    jd_store_close(s);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+    /* the recorded pid alive (ours): refused at once, not after 2 s */
+    fp = fopen(lock, "w");
+    assert_non_null(fp);
+    fprintf(fp, "%ld\n", (long)getpid());
+    fclose(fp);
+    child = hold_lock(lock, 3000);
+    t0 = ms_now();
+    char pid[32];
+    snprintf(pid, sizeof pid, "pid %ld", (long)getpid());
+    expect_refusal(path, JD_EBUSY, pid);
+    assert_true(ms_now() - t0 < 1000);
+    kill(child, SIGKILL);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+    free(lock);
+    rm_tree(dir);
+    free(dir);
+    free(path);
+}
+
 /* Fill the database until commits fail; every record whose done() said 0
  * must be there after a reopen, none whose done() said JD_EIO. With a
  * filler file, free its space after the failure: the same store must then
@@ -512,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_file_is_refused),
         cmocka_unit_test(test_newer_schema_is_refused),
         cmocka_unit_test(test_database_held_by_another_jackdaw_is_refused),
+        cmocka_unit_test(test_lock_left_by_a_dead_jackdaws_child_is_waited_for),
         cmocka_unit_test(test_full_database_fails_commits_with_eio_and_loses_nothing),
         cmocka_unit_test(test_full_disk_fails_commits_with_eio_loses_nothing_and_recovers),
     };
