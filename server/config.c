@@ -17,7 +17,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum opt_kind { OPT_LISTEN, OPT_STR, OPT_UINT, OPT_SYNC, OPT_DURATION, OPT_BYTES, OPT_LEVEL };
+enum opt_kind {
+    OPT_LISTEN,
+    OPT_STR,
+    OPT_UINT,
+    OPT_BOOL,
+    OPT_SYNC,
+    OPT_DURATION,
+    OPT_BYTES,
+    OPT_LEVEL
+};
 
 struct opt {
     const char *flag;
@@ -36,6 +45,8 @@ static const struct opt opts[] = {
     {"--db", "JACKDAW_DB", OPT_STR, F(db), "FILE", "SQLite database (default ./data/jackdaw.db)"},
     {"--workers", "JACKDAW_WORKERS", OPT_UINT, F(workers), "N",
      "scheduler worker threads (default 0: one per core)"},
+    {"--pin-workers", "JACKDAW_PIN_WORKERS", OPT_BOOL, F(pin_workers), "on|off",
+     "pin worker i to the i-th allowed CPU (default off)"},
     {"--plugin-dir", "JACKDAW_PLUGIN_DIR", OPT_STR, F(plugin_dir), "DIR",
      "load every plugin .so in DIR (default: plugins/ next to the binary)"},
     {"--sync", "JACKDAW_SYNC", OPT_SYNC, F(sync_full), "full|normal",
@@ -186,6 +197,16 @@ static int apply(struct jd_config *c, const struct opt *o, const char *val, cons
         if (parse_uint(val, &u) != 0)
             goto bad;
         *(unsigned *)(base + o->off) = u;
+        return 0;
+    case OPT_BOOL:
+        if (strcmp(val, "on") == 0 || strcmp(val, "true") == 0 || strcmp(val, "yes") == 0 ||
+            strcmp(val, "1") == 0)
+            *(bool *)(base + o->off) = true;
+        else if (strcmp(val, "off") == 0 || strcmp(val, "false") == 0 || strcmp(val, "no") == 0 ||
+                 strcmp(val, "0") == 0)
+            *(bool *)(base + o->off) = false;
+        else
+            goto bad;
         return 0;
     case OPT_SYNC:
         if (strcmp(val, "full") == 0)

@@ -21,6 +21,7 @@ struct jd_config {
     uint16_t port;                 /* --listen port; 0 picks a free port; default 8080 */
     char *db;                      /* --db; default ./data/jackdaw.db */
     unsigned workers;              /* --workers; 0: one per core */
+    bool pin_workers;              /* --pin-workers on|off; default off */
     char *plugin_dir;              /* --plugin-dir; default given to jd_config_parse */
     bool sync_full;                /* --sync full|normal; default full */
     char *token;                   /* --token; NULL: /v1 is open */

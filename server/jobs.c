@@ -2299,6 +2299,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     struct jd_sched_config sc = {
         .workers = cfg->workers,
         .blocking_threads = cfg->blocking_threads,
+        .pin_workers = cfg->pin_workers,
         .hooks = {.ctx = j,
                   .dispatch = hook_dispatch,
                   .stepped = hook_stepped,

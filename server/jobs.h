@@ -44,6 +44,7 @@ struct jd_jobs_config {
     struct jd_store *store; /* borrowed, open; outlives the job layer */
     /* The layer creates and owns the scheduler and the plugin registry. */
     unsigned workers;          /* scheduler workers; 0: one per core */
+    bool pin_workers;          /* pin each worker to one CPU (jd_sched_config) */
     unsigned blocking_threads; /* blocking pool bound; 0: scheduler default */
     const char *plugin_dir;    /* load every .so in it; NULL: none */
     const char *exec_allow;    /* plugin config "exec_allow" (NULL: exec unusable) */

@@ -127,6 +127,7 @@ int main(int argc, char **argv)
     struct jd_jobs_config jcfg = {
         .store = store,
         .workers = cfg.workers,
+        .pin_workers = cfg.pin_workers,
         .plugin_dir = cfg.plugin_dir,
         .exec_allow = cfg.exec_allow,
         .http_allow = cfg.http_allow,

@@ -16,9 +16,9 @@
 
 static int clear_env(void **state)
 {
-    const char *vars[] = {
-        "JACKDAW_LISTEN",   "JACKDAW_DB",   "JACKDAW_TOKEN",     "JACKDAW_WORKERS",
-        "JACKDAW_MAX_BODY", "JACKDAW_SYNC", "JACKDAW_RETENTION", NULL};
+    const char *vars[] = {"JACKDAW_LISTEN",    "JACKDAW_DB",          "JACKDAW_TOKEN",
+                          "JACKDAW_WORKERS",   "JACKDAW_MAX_BODY",    "JACKDAW_SYNC",
+                          "JACKDAW_RETENTION", "JACKDAW_PIN_WORKERS", NULL};
     for (int i = 0; vars[i]; i++)
         unsetenv(vars[i]);
     return 0;
@@ -35,6 +35,7 @@ static void test_defaults(void **state)
     assert_string_equal(c.db, "./data/jackdaw.db");
     assert_string_equal(c.plugin_dir, "/opt/plugins");
     assert_true(c.sync_full);
+    assert_false(c.pin_workers);
     assert_null(c.token);
     assert_int_equal(c.max_body, 4u << 20);
     assert_int_equal(c.log_level, JD_LOG_INFO);
@@ -49,6 +50,7 @@ static void test_env_then_flags(void **state)
     setenv("JACKDAW_LISTEN", "0.0.0.0:9000", 1);
     setenv("JACKDAW_TOKEN", "fromenv", 1);
     setenv("JACKDAW_DB", "/tmp/env.db", 1);
+    setenv("JACKDAW_PIN_WORKERS", "on", 1);
     struct jd_config c;
     struct jd_error err = {0};
     char *argv[] = {"jackdawd",         "--db",           "/tmp/flag.db", "--workers=3", "--sync",
@@ -60,6 +62,7 @@ static void test_env_then_flags(void **state)
     assert_string_equal(c.token, "fromenv");
     assert_string_equal(c.db, "/tmp/flag.db"); /* the flag wins */
     assert_int_equal(c.workers, 3);
+    assert_true(c.pin_workers); /* from JACKDAW_PIN_WORKERS */
     assert_false(c.sync_full);
     assert_int_equal(c.retention_ms, 7LL * 86400 * 1000);
     assert_int_equal(c.max_body, 64 * 1024);
@@ -75,7 +78,7 @@ static void test_bad_values(void **state)
         {"--listen", "nohost"},  {"--listen", "h:99999"}, {"--listen", ":80"},
         {"--sync", "sometimes"}, {"--workers", "-1"},     {"--workers", "x"},
         {"--max-body", "0"},     {"--max-body", "12q"},   {"--retention", "soon"},
-        {"--log-level", "loud"}, {"--bogus", "1"},
+        {"--log-level", "loud"}, {"--bogus", "1"},        {"--pin-workers", "maybe"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct jd_config c;
@@ -130,10 +133,23 @@ static void test_listen_forms_and_help(void **state)
     FILE *f = open_memstream(&text, &len);
     jd_config_usage(f, "jackdawd");
     fclose(f);
-    const char *flags[] = {"--listen",       "--db",         "--workers",     "--plugin-dir",
-                           "--sync",         "--token",      "--exec-allow",  "--http-allow",
-                           "--retention",    "--max-body",   "--log-level",   "--max-connections",
-                           "--conn-timeout", "--max-parked", "JACKDAW_TOKEN", NULL};
+    const char *flags[] = {"--listen",
+                           "--db",
+                           "--workers",
+                           "--plugin-dir",
+                           "--sync",
+                           "--token",
+                           "--exec-allow",
+                           "--http-allow",
+                           "--retention",
+                           "--max-body",
+                           "--log-level",
+                           "--max-connections",
+                           "--conn-timeout",
+                           "--max-parked",
+                           "--pin-workers",
+                           "JACKDAW_TOKEN",
+                           NULL};
     for (int i = 0; flags[i]; i++)
         if (strstr(text, flags[i]) == NULL)
             fail_msg("--help does not mention %s", flags[i]);
