@@ -23,7 +23,8 @@
 # Environment: JD_BUILD (build dir, default build), W (workers, default 2),
 # QUICK=1 (under 2 minutes: fewer rounds and iterations), ROUNDS, ITERS,
 # SKYNET_ITERS, LIMIT and BUSY2_LIMIT (seconds per invocation), SHAPES (a
-# space-separated subset). Raw samples, table.txt and table.md (the same
+# space-separated subset), PIN=1 (run Jackdaw with its workers pinned to
+# CPUs, JD_PIN=1; the default is unpinned, as the peers run). Raw samples, table.txt and table.md (the same
 # table in Markdown) are kept in $JD_BUILD/bench-compare/.
 #
 # Threading: sequential; one benchmark process at a time, so the programs never
@@ -38,6 +39,7 @@ OUT="$BUILD_DIR/bench-compare"
 PEERS="$BUILD_DIR/peers"
 W=${W:-2}
 QUICK=${QUICK:-0}
+PIN=${PIN:-0}
 
 if [ "$QUICK" = 1 ]; then
     ROUNDS=${ROUNDS:-2}
@@ -161,8 +163,9 @@ probe_jackdaw() {
 # run_one SYS SHAPE ITERS LIMIT: one invocation; appends its samples to
 # $OUT/SHAPE.SYS.ns, keeps the largest rss_kb, sets STATUS on failure.
 run_one() {
-    local sys=$1 shape=$2 iters=$3 limit=$4 key="$2.$1" out rc=0 line samples rss count
-    out=$(timeout -k 5 "$limit" "${BIN[$sys]}" --shape "$shape" --iters "$iters" \
+    local sys=$1 shape=$2 iters=$3 limit=$4 key="$2.$1" out rc=0 line samples rss count pin=
+    [ "$sys" = jackdaw ] && [ "$PIN" = 1 ] && pin=1
+    out=$(JD_PIN=$pin timeout -k 5 "$limit" "${BIN[$sys]}" --shape "$shape" --iters "$iters" \
         --workers "$W" --raw 2>>"$OUT/$key.err") || rc=$?
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
         STATUS[$key]="DNF (>${limit}s)"
@@ -328,7 +331,7 @@ for shape in "${SHAPE_LIST[@]}"; do
 done
 
 {
-    echo "# bench-compare: W=$W workers, $ROUNDS rounds interleaved (jackdaw, tokio, go), $ITERS iterations per round ($SKYNET_ITERS for skynet)$([ "$QUICK" = 1 ] && echo ", QUICK")"
+    echo "# bench-compare: W=$W workers, $ROUNDS rounds interleaved (jackdaw, tokio, go), $ITERS iterations per round ($SKYNET_ITERS for skynet)$([ "$QUICK" = 1 ] && echo ", QUICK")$([ "$PIN" = 1 ] && echo ", jackdaw workers pinned (PIN=1)")"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) CPUs, $(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo); Linux $(uname -r); load average $(cut -d' ' -f1-3 /proc/loadavg)"
     tv=$(compgen -G '/usr/share/cargo/registry/tokio-1.*' | sed 's/.*tokio-//' | sort -V | tail -1 || true)
     gv=""

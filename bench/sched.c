@@ -9,7 +9,7 @@
  *       one shape, fresh runtime, one warm-up iteration not counted; prints
  *       RESULT shape=NAME iters=N samples_ns=v1,...,vN rss_kb=K
  *       (the protocol bench/compare.sh shares with the Tokio and Go peers)
- *   JD_PIN=1 in the environment pins the workers (jd_sched_config's
+ *   JD_PIN=1 in the environment (not empty, not 0) pins the workers (jd_sched_config's
  *   pin_workers); the default, and what bench-compare reports, is unpinned.
  *
  * Processes carry their small state in the `self` pointer where they can
@@ -405,7 +405,9 @@ static int cmp_u64(const void *a, const void *b)
 /* Fresh runtime, one warm-up iteration, then iters timed ones. */
 static void run_shape(const struct shape *sh, unsigned workers, int iters, uint64_t *samples)
 {
-    struct jd_sched_config cfg = {.workers = workers, .pin_workers = getenv("JD_PIN") != NULL};
+    const char *pin = getenv("JD_PIN");
+    struct jd_sched_config cfg = {.workers = workers,
+                                  .pin_workers = pin && *pin && strcmp(pin, "0") != 0};
     int rc = jd_sched_create(&cfg, &S);
     if (rc)
         die("jd_sched_create", rc);
