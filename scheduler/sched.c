@@ -107,8 +107,9 @@ enum {
  * interval, and D yielders of step time t take about D*t/DEFER_SLICE_NS of
  * a flooded worker. An idle worker runs them at once. */
 #define DEFER_SLICE_NS 1000000u
-#define SPIN_ROUNDS 4   /* search rounds spinning before sched_yield */
-#define YIELD_ROUNDS 16 /* ... and with sched_yield before parking */
+#define UNSTACK_STEPS 32 /* steps between looks for a stacked worker */
+#define SPIN_ROUNDS 4    /* search rounds spinning before sched_yield */
+#define YIELD_ROUNDS 16  /* ... and with sched_yield before parking */
 
 struct evnode {
     struct jd_link link; /* first: queues link through it */
@@ -140,6 +141,7 @@ struct worker {
     /* owner-written, read by others only when the monitor flags a stuck step */
     _Alignas(64) _Atomic(struct proc *) lifo;
     _Atomic uint64_t stepseq; /* odd while a step runs (the monitor reads it) */
+    _Atomic int cpu;          /* where the current or last step started (unstack) */
     _Atomic bool stuck;       /* set by the monitor: thieves may empty lifo/inject */
     /* owner-written counters (relaxed, read by statistics) */
     _Alignas(64) _Atomic uint64_t c_steps, c_spawns, c_completions,
@@ -149,7 +151,9 @@ struct worker {
     unsigned index;
     pthread_t thread;
     uint32_t tick, lifo_run, rng;
-    struct proc *evicted; /* a chain the LIFO cap evicted during a flood (a hint) */
+    struct proc *evicted;       /* a chain the LIFO cap evicted during a flood (a hint) */
+    uint32_t place_tick, watch; /* unstack(): steps since the last look, whom we watch */
+    uint64_t watch_seq;         /* that worker's stepseq at the last look */
     bool searching;
     struct proc *pcache[PCACHE_MAX];
     unsigned npcache;
@@ -171,6 +175,8 @@ struct jd_sched {
     unsigned nworkers;
     uint64_t stuck_ns;
     bool pin_workers;
+    bool unstack;      /* see unstack() */
+    cpu_set_t allowed; /* the process's CPUs at create */
     struct worker *workers;
     struct jd_lqueue global;
     _Alignas(64) _Atomic uint32_t nsearching;
@@ -188,7 +194,7 @@ struct jd_sched {
     struct evnode *efree;
     size_t nefree;
     /* counters from non-worker threads */
-    _Atomic uint64_t x_spawns, x_stale, unparks, stuck_events;
+    _Atomic uint64_t x_spawns, x_stale, unparks, stuck_events, unstacks;
     struct jd_timers *timers;
     struct jd_blocking *blocking;
     pthread_t monitor;
@@ -1015,6 +1021,8 @@ static void run_locked(struct worker *w, struct proc *p, uint64_t nw, uint32_t g
         return;
     }
     uint64_t seq = atomic_load_explicit(&w->stepseq, memory_order_relaxed);
+    if (s->unstack)
+        atomic_store_explicit(&w->cpu, sched_getcpu(), memory_order_relaxed);
     atomic_store_explicit(&w->stepseq, seq + 1, memory_order_relaxed);
     int rc = p->ops->step(p->self, w->evbuf, n, out);
     atomic_store_explicit(&w->stepseq, seq + 2, memory_order_relaxed);
@@ -1090,6 +1098,42 @@ static void pin_self(unsigned index)
     }
 }
 
+/* Every UNSTACK_STEPS steps, look at one other worker (in turn): if it is
+ * still in the step it was in at the last look and that step started on
+ * the CPU we are on now, the kernel has stacked two busy workers on one
+ * CPU (it does, for milliseconds, while a third thread keeps waking on the
+ * other one) and that worker waits for ours. Step off this CPU: narrow our
+ * affinity to the others, which migrates us, then restore it. Only when
+ * there are no more workers than allowed CPUs and workers are not pinned. */
+static void unstack(struct worker *w)
+{
+    struct jd_sched *s = w->s;
+    if (++w->place_tick < UNSTACK_STEPS)
+        return;
+    w->place_tick = 0;
+    unsigned n = s->nworkers;
+    struct worker *v = &s->workers[w->watch];
+    uint64_t seq = atomic_load_explicit(&v->stepseq, memory_order_relaxed);
+    bool stuck = (seq & 1) && seq == w->watch_seq;
+    w->watch_seq = seq;
+    int cpu = sched_getcpu();
+    if (stuck && cpu >= 0 && atomic_load_explicit(&v->cpu, memory_order_relaxed) == cpu) {
+        cpu_set_t others = s->allowed;
+        CPU_CLR(cpu, &others);
+        if (CPU_COUNT(&others) > 0 &&
+            pthread_setaffinity_np(pthread_self(), sizeof(others), &others) == 0) {
+            (void)pthread_setaffinity_np(pthread_self(), sizeof(s->allowed), &s->allowed);
+            atomic_fetch_add_explicit(&s->unstacks, 1, memory_order_relaxed);
+        }
+    }
+    /* watch the next worker from now on */
+    unsigned next = (w->watch + 1) % n;
+    if (next == w->index)
+        next = (next + 1) % n;
+    w->watch = next;
+    w->watch_seq = atomic_load_explicit(&s->workers[next].stepseq, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -1105,6 +1149,8 @@ static void *worker_main(void *arg)
                 leave_searching(w);
             idle = 0;
             run(w, p);
+            if (s->unstack)
+                unstack(w);
             continue;
         }
         if (idle < SPIN_ROUNDS) {
@@ -1205,6 +1251,8 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out)
     s->nworkers = nw;
     s->stuck_ns = cfg->stuck_ns ? cfg->stuck_ns : 10000000u;
     s->pin_workers = cfg->pin_workers;
+    if (sched_getaffinity(0, sizeof(s->allowed), &s->allowed) == 0)
+        s->unstack = !s->pin_workers && nw > 1 && (int)nw <= CPU_COUNT(&s->allowed);
     s->workers = aligned_alloc(64, sizeof(struct worker) * nw);
     if (!s->workers) {
         fprintf(stderr, "jackdaw: out of memory for workers\n");
@@ -1238,6 +1286,8 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out)
         w->s = s;
         w->index = i;
         w->rng = 0x9E3779B9u * (i + 1) | 1;
+        w->watch = nw > 1 ? (i + 1) % nw : 0;
+        atomic_init(&w->cpu, -1);
     }
     unsigned started = 0;
     for (; started < nw; started++)
@@ -1493,6 +1543,7 @@ void jd_sched_stats(struct jd_sched *s, struct jd_sched_stats *out)
     out->stale_dropped = atomic_load_explicit(&s->x_stale, memory_order_relaxed);
     out->unparks = atomic_load_explicit(&s->unparks, memory_order_relaxed);
     out->stuck_events = atomic_load_explicit(&s->stuck_events, memory_order_relaxed);
+    out->unstacks = atomic_load_explicit(&s->unstacks, memory_order_relaxed);
     for (unsigned i = 0; i < s->nworkers; i++) {
         struct worker *w = &s->workers[i];
 #define RD(f) atomic_load_explicit(&w->f, memory_order_relaxed)

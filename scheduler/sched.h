@@ -52,7 +52,10 @@ struct jd_sched_config {
     /* Pin worker i to the i-th CPU this process may run on (wrapping).
      * Keeps the kernel from stacking two busy workers on one CPU while
      * another sits idle (it does, for milliseconds, when a third thread
-     * such as an HTTP or bench thread keeps waking on the idle one). */
+     * such as an HTTP or bench thread keeps waking on the idle one).
+     * Unpinned (the default), with no more workers than CPUs, a worker
+     * that sees another busy worker stalled on its own CPU steps off that
+     * CPU instead (counted in stats.unstacks). */
     bool pin_workers;
     struct jd_sched_hooks hooks;
 };
@@ -126,6 +129,7 @@ struct jd_sched_stats {
     /* counters since start */
     uint64_t spawns, completions, steps, steal_attempts, steals, stolen_items;
     uint64_t parks, unparks, stuck_events, stale_dropped, lifo_hits;
+    uint64_t unstacks; /* times a worker stepped off a CPU another busy worker waited on */
     /* gauges */
     uint64_t global_depth, inject_depth, timers_pending, blocking_active, blocking_queued;
     unsigned workers;

@@ -1083,6 +1083,101 @@ static void test_pinned_workers(void **state)
     jd_sched_destroy(s);
 }
 
+/* ---- stacked workers ---- */
+static _Atomic int stack_tid[2], stack_cpu[2], stack_alive;
+static _Atomic bool stack_stop;
+
+static const struct jd_process_ops stack_link_ops;
+static int stack_link_step(void *self, struct jd_event *ev, size_t n, struct jd_step_out *out)
+{
+    (void)self;
+    (void)ev;
+    (void)n;
+    int wi = jd_sched_current_worker();
+    if (wi >= 0 && wi < 2) {
+        atomic_store(&stack_tid[wi], (int)gettid());
+        atomic_store(&stack_cpu[wi], sched_getcpu());
+    }
+    if (atomic_load(&stack_stop)) {
+        atomic_fetch_sub(&stack_alive, 1);
+    } else {
+        spin_ns(2000);
+        assert_int_equal(jd_sched_spawn(g_sched, &stack_link_ops, NULL, NULL, NULL, NULL, NULL), 0);
+    }
+    out->status = JD_STEP_DONE;
+    return 0;
+}
+static const struct jd_process_ops stack_link_ops = {.type_name = "stacklink",
+                                                     .step = stack_link_step};
+
+/* Two workers busy with self-respawning chains are forced onto one CPU (as
+ * the kernel sometimes leaves them for milliseconds); unpinned, one of them
+ * must notice the other stalled on its CPU and step off it: the workers end
+ * up on different CPUs and stats count the move. */
+static void test_stacked_workers_separate(void **state)
+{
+    (void)state;
+    cpu_set_t allowed;
+    assert_int_equal(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    if (CPU_COUNT(&allowed) < 2) {
+        print_message("one CPU: nothing to separate\n");
+        return;
+    }
+    int first = 0;
+    while (!CPU_ISSET(first, &allowed))
+        first++;
+    struct jd_sched_config cfg = {.workers = 2};
+    struct jd_sched *s;
+    assert_int_equal(jd_sched_create(&cfg, &s), 0);
+    g_sched = s;
+    atomic_store(&stack_stop, false);
+    atomic_store(&stack_alive, 2);
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&stack_tid[i], 0);
+        assert_int_equal(jd_sched_spawn(s, &stack_link_ops, NULL, NULL, NULL, NULL, NULL), 0);
+    }
+    uint64_t t = mono_ns();
+    while ((!atomic_load(&stack_tid[0]) || !atomic_load(&stack_tid[1])) &&
+           mono_ns() - t < 5000000000u)
+        usleep(1000);
+    assert_true(atomic_load(&stack_tid[0]) && atomic_load(&stack_tid[1]));
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(sched_setaffinity(atomic_load(&stack_tid[i]), sizeof(one), &one), 0);
+    /* stacked: both report that CPU (the scheduler may already be moving
+     * one of them off it, so whichever comes first) */
+    struct jd_sched_stats st;
+    jd_sched_stats(s, &st);
+    uint64_t before = st.unstacks;
+    t = mono_ns();
+    while (atomic_load(&stack_cpu[0]) != atomic_load(&stack_cpu[1]) && st.unstacks == before &&
+           mono_ns() - t < 1000000000u) {
+        usleep(100);
+        jd_sched_stats(s, &st);
+    }
+    /* only the scheduler can undo this: the kernel may not move them */
+    t = mono_ns();
+    do {
+        usleep(2000);
+        jd_sched_stats(s, &st);
+    } while ((st.unstacks == before || atomic_load(&stack_cpu[0]) == atomic_load(&stack_cpu[1])) &&
+             mono_ns() - t < 5000000000u);
+    print_message("separated after %.1f ms, %llu unstacks, CPUs %d and %d\n", (mono_ns() - t) / 1e6,
+                  (unsigned long long)st.unstacks, atomic_load(&stack_cpu[0]),
+                  atomic_load(&stack_cpu[1]));
+    assert_true(st.unstacks > before);
+    assert_int_not_equal(atomic_load(&stack_cpu[0]), atomic_load(&stack_cpu[1]));
+    atomic_store(&stack_stop, true);
+    t = mono_ns();
+    while (atomic_load(&stack_alive) > 0 && mono_ns() - t < 5000000000u)
+        usleep(1000);
+    assert_int_equal(atomic_load(&stack_alive), 0);
+    jd_sched_destroy(s);
+    g_sched = NULL;
+}
+
 static void test_misuse(void **state)
 {
     (void)state;
@@ -1129,6 +1224,7 @@ int main(void)
         cmocka_unit_test(test_yielders_under_flood),
         cmocka_unit_test(test_chain_under_flood),
         cmocka_unit_test(test_pinned_workers),
+        cmocka_unit_test(test_stacked_workers_separate),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
