@@ -141,7 +141,8 @@ struct worker {
     /* owner-written, read by others only when the monitor flags a stuck step */
     _Alignas(64) _Atomic(struct proc *) lifo;
     _Atomic uint64_t stepseq; /* odd while a step runs (the monitor reads it) */
-    _Atomic int cpu;          /* where the current or last step started (unstack) */
+    _Atomic int cpu;          /* the CPU of our latest loop round (unstack) */
+    _Atomic uint64_t beat;    /* loop rounds so far (unstack: a stalled worker's stays put) */
     _Atomic bool stuck;       /* set by the monitor: thieves may empty lifo/inject */
     /* owner-written counters (relaxed, read by statistics) */
     _Alignas(64) _Atomic uint64_t c_steps, c_spawns, c_completions,
@@ -153,7 +154,7 @@ struct worker {
     uint32_t tick, lifo_run, rng;
     struct proc *evicted;       /* a chain the LIFO cap evicted during a flood (a hint) */
     uint32_t place_tick, watch; /* unstack(): steps since the last look, whom we watch */
-    uint64_t watch_seq;         /* that worker's stepseq at the last look */
+    uint64_t watch_beat;        /* that worker's beat at the last look */
     bool searching;
     struct proc *pcache[PCACHE_MAX];
     unsigned npcache;
@@ -1021,8 +1022,6 @@ static void run_locked(struct worker *w, struct proc *p, uint64_t nw, uint32_t g
         return;
     }
     uint64_t seq = atomic_load_explicit(&w->stepseq, memory_order_relaxed);
-    if (s->unstack)
-        atomic_store_explicit(&w->cpu, sched_getcpu(), memory_order_relaxed);
     atomic_store_explicit(&w->stepseq, seq + 1, memory_order_relaxed);
     int rc = p->ops->step(p->self, w->evbuf, n, out);
     atomic_store_explicit(&w->stepseq, seq + 2, memory_order_relaxed);
@@ -1098,13 +1097,14 @@ static void pin_self(unsigned index)
     }
 }
 
-/* Every UNSTACK_STEPS steps, look at one other worker (in turn): if it is
- * still in the step it was in at the last look and that step started on
- * the CPU we are on now, the kernel has stacked two busy workers on one
- * CPU (it does, for milliseconds, while a third thread keeps waking on the
- * other one) and that worker waits for ours. Step off this CPU: narrow our
- * affinity to the others, which migrates us, then restore it. Only when
- * there are no more workers than allowed CPUs and workers are not pinned. */
+/* Every UNSTACK_STEPS steps, look at one other worker (in turn): if it has
+ * not gone round its loop since the last look, is not parked, and last
+ * went round on the CPU we are on now, it is waiting for our CPU: the
+ * kernel has stacked two workers on one CPU (it does, for milliseconds,
+ * while a third thread keeps waking on the other one). Step off this CPU:
+ * narrow our affinity to the others, which migrates us, then restore it.
+ * Only when there are no more workers than allowed CPUs and workers are
+ * not pinned. */
 static void unstack(struct worker *w)
 {
     struct jd_sched *s = w->s;
@@ -1113,11 +1113,11 @@ static void unstack(struct worker *w)
     w->place_tick = 0;
     unsigned n = s->nworkers;
     struct worker *v = &s->workers[w->watch];
-    uint64_t seq = atomic_load_explicit(&v->stepseq, memory_order_relaxed);
-    bool stuck = (seq & 1) && seq == w->watch_seq;
-    w->watch_seq = seq;
-    int cpu = sched_getcpu();
-    if (stuck && cpu >= 0 && atomic_load_explicit(&v->cpu, memory_order_relaxed) == cpu) {
+    uint64_t beat = atomic_load_explicit(&v->beat, memory_order_relaxed);
+    bool stalled =
+        beat == w->watch_beat && atomic_load_explicit(&v->parked, memory_order_relaxed) == 0;
+    int cpu = atomic_load_explicit(&w->cpu, memory_order_relaxed);
+    if (stalled && cpu >= 0 && atomic_load_explicit(&v->cpu, memory_order_relaxed) == cpu) {
         cpu_set_t others = s->allowed;
         CPU_CLR(cpu, &others);
         if (CPU_COUNT(&others) > 0 &&
@@ -1131,7 +1131,7 @@ static void unstack(struct worker *w)
     if (next == w->index)
         next = (next + 1) % n;
     w->watch = next;
-    w->watch_seq = atomic_load_explicit(&s->workers[next].stepseq, memory_order_relaxed);
+    w->watch_beat = atomic_load_explicit(&s->workers[next].beat, memory_order_relaxed);
 }
 
 static void *worker_main(void *arg)
@@ -1143,6 +1143,13 @@ static void *worker_main(void *arg)
     tls_worker = w;
     unsigned idle = 0;
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
+        if (s->unstack) {
+            /* relaxed: hints for unstack() on other workers */
+            atomic_store_explicit(&w->beat,
+                                  atomic_load_explicit(&w->beat, memory_order_relaxed) + 1,
+                                  memory_order_relaxed);
+            atomic_store_explicit(&w->cpu, sched_getcpu(), memory_order_relaxed);
+        }
         struct proc *p = find_work(w);
         if (p) {
             if (w->searching)
