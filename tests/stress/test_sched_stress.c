@@ -404,9 +404,18 @@ static void test_foreign_completions_exactly_once(void **state)
         pthread_join(h[i], NULL);
     assert_int_equal(atomic_load(&delivered), nproc * yields_per_proc);
     assert_true(atomic_load(&dup_sent) > 0);
+    /* Every duplicate was dropped, and counted when dropped. A duplicate
+     * posted just as its process finished lands in the freed slot's event
+     * queue and is counted only when the slot is reused (the new process
+     * drops it as another generation's): at most one per process here, as
+     * only the last tag's duplicate can race the finish. */
     struct jd_sched_stats st;
     jd_sched_stats(S, &st);
-    assert_true(st.stale_dropped >= (uint64_t)atomic_load(&dup_sent));
+    uint64_t sent = (uint64_t)atomic_load(&dup_sent);
+    if (st.stale_dropped < sent)
+        print_message("%llu duplicates, %llu counted so far\n", (unsigned long long)sent,
+                      (unsigned long long)st.stale_dropped);
+    assert_true(st.stale_dropped + (uint64_t)nproc >= sent);
     jd_sched_destroy(S);
     free(counts);
 }
