@@ -196,6 +196,8 @@ static void render_sched(struct buf *b, const struct jd_sched_stats *s)
     scalar(b, "jackdaw_sched_stale_dropped_total", "counter",
            "Completions or messages dropped for a stale generation.", s->stale_dropped);
     scalar(b, "jackdaw_sched_lifo_hits_total", "counter", "Runs from the LIFO slot.", s->lifo_hits);
+    scalar(b, "jackdaw_sched_unstacks_total", "counter",
+           "Times a worker left a CPU another worker was stalled on.", s->unstacks);
     family(b, "jackdaw_sched_queue_depth", "gauge", "Scheduler queue depths.");
     put(b, "jackdaw_sched_queue_depth{queue=\"global\"} %llu\n",
         (unsigned long long)s->global_depth);

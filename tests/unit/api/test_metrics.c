@@ -64,7 +64,7 @@ static void test_all_families(void **state)
     js.duration_hist[0] = 2;
     js.duration_hist[11] = 1;
     struct jd_sched_stats ss = {
-        .steals = 7, .parks = 9, .global_depth = 4, .stuck_events = 1, .workers = 2};
+        .steals = 7, .parks = 9, .global_depth = 4, .stuck_events = 1, .unstacks = 3, .workers = 2};
     struct jd_store_stats st = {.commits = 11, .records = 20};
     st.batch_hist[1] = 11;
     st.commit_us_hist[3] = 11;
@@ -90,6 +90,7 @@ static void test_all_families(void **state)
         "jackdaw_sched_steals_total 7\n",
         "jackdaw_sched_parks_total 9\n",
         "jackdaw_sched_stuck_total 1\n",
+        "jackdaw_sched_unstacks_total 3\n",
         "jackdaw_sched_queue_depth{queue=\"global\"} 4\n",
         "jackdaw_store_commits_total 11\n",
         "jackdaw_store_batch_size_bucket{le=\"4\"} 11\n",
