@@ -96,7 +96,22 @@ struct jtimer {
     struct jd_token token;
     uint64_t id;
     struct jtimer *next;
+    /* A record that failed to commit (a full disk), tried again when the
+     * timer fires: a completion (res/res_err, delivered only once it
+     * commits) or the final state (res/res_err = output/error). */
+    unsigned tries;
+    char *res, *res_err;
+    bool final;
+    enum jd_job_state state;
+    int64_t finished_ms;
 };
+
+static void jtimer_free(struct jtimer *t)
+{
+    free(t->res);
+    free(t->res_err);
+    free(t);
+}
 
 /*
  * An event for the process, in the job's delivery queue (struct job.dlv).
@@ -352,6 +367,7 @@ struct wrec {
     struct jd_job row;
     struct jd_token token;
     char *res, *res_err; /* AFTER_COMPLETE / AFTER_MESSAGE payloads */
+    unsigned tries;      /* AFTER_COMPLETE / AFTER_FINAL: earlier failed attempts */
     /* user callbacks */
     jd_action_done_fn action_done;
     jd_submit_done_fn submit_done;
@@ -369,6 +385,7 @@ struct batch {
 };
 
 static void wrec_done(void *arg, struct jd_write *w, int rc);
+static void retry_record_locked(struct jd_jobs *j, struct job *jb, struct wrec *r, int rc);
 
 static struct wrec *wrec_new(struct jd_jobs *j, struct job *jb, enum jd_write_op op)
 {
@@ -652,7 +669,7 @@ static void cancel_inflight(struct jd_jobs *j, struct job *jb)
         if (t->id && jd_sched_timer_cancel(j->sched, t->id) == 0) {
             *pp = t->next;
             job_unref(t->job);
-            free(t);
+            jtimer_free(t);
         } else {
             pp = &t->next;
         }
@@ -838,7 +855,12 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         idem_forget(j, r->idem_key);
     switch (r->after) {
     case AFTER_COMPLETE:
-        if (!j->stopping && !jb->dlv) {
+        if (rc != 0) {
+            /* Not durable: the process must not act on it. Record it again
+             * later (a full disk frees up); it is delivered once it commits. */
+            if (!j->stopping)
+                retry_record_locked(j, jb, r, rc);
+        } else if (!j->stopping && !jb->dlv) {
             jd_sched_complete(j->sched, r->token, r->res, r->res_err); /* nothing ahead */
             r->res = r->res_err = NULL;
         } else if (!j->stopping) {
@@ -868,6 +890,11 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         }
         break;
     case AFTER_FINAL:
+        if (rc != 0 && !j->stopping) {
+            /* The job stays in memory until its end is durable. */
+            retry_record_locked(j, jb, r, rc);
+            break;
+        }
         final_stats_locked(j, jb, w->state);
         job_remove(j, jb);
         admit_locked(j, &start);
@@ -1150,6 +1177,21 @@ static void hook_stepped(void *ctx, jd_pid pid, void *user, enum jd_step_status 
     start_list(j, start);
 }
 
+/* Under mu: record the job's end. Takes ownership of output and error. */
+static void record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
+                         char *error, int64_t finished_ms, unsigned tries)
+{
+    struct wrec *r = state_rec(j, jb, s, AFTER_FINAL);
+    r->w.set |= JD_SET_OUTPUT | JD_SET_ERROR | JD_SET_FINISHED;
+    r->output = output;
+    r->error = error;
+    r->w.output = r->output;
+    r->w.error = r->error;
+    r->w.finished_ms = finished_ms;
+    r->tries = tries;
+    record(r);
+}
+
 static void hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status status,
                           const char *result, const char *error)
 {
@@ -1169,18 +1211,14 @@ static void hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status
         enum jd_job_state s = jb->cancel_requested     ? JD_JOB_CANCELLED
                               : status == JD_STEP_DONE ? JD_JOB_SUCCEEDED
                                                        : JD_JOB_FAILED;
-        struct wrec *r = state_rec(j, jb, s, AFTER_FINAL);
-        r->w.set |= JD_SET_OUTPUT | JD_SET_ERROR | JD_SET_FINISHED;
+        char *output = NULL, *err = NULL;
         if (s == JD_JOB_SUCCEEDED)
-            r->output = jd_xstrdup(result ? result : "null");
+            output = jd_xstrdup(result ? result : "null");
         else if (s == JD_JOB_CANCELLED && !(error && strstr(error, "\"cancelled\"")))
-            r->error = err_json("cancelled", "the job was cancelled");
+            err = err_json("cancelled", "the job was cancelled");
         else
-            r->error = jd_xstrdup(error ? error : "{\"kind\":\"failed\",\"message\":\"failed\"}");
-        r->w.output = r->output;
-        r->w.error = r->error;
-        r->w.finished_ms = jd_wall_ms();
-        record(r);
+            err = jd_xstrdup(error ? error : "{\"kind\":\"failed\",\"message\":\"failed\"}");
+        record_final(j, jb, s, output, err, jd_wall_ms(), 0);
     }
     pthread_mutex_unlock(&j->mu);
     cancel_inflight(j, jb);
@@ -1192,9 +1230,11 @@ static void hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status
     start_list(j, start);
 }
 
-/* Under mu: record a completion; the process gets it once it is durable. */
-static void record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag,
-                              struct jd_token token, const char *result, const char *error)
+/* Under mu: record a completion; the process gets it once it is durable.
+ * tries: earlier attempts whose commit failed. */
+static void record_completion_try(struct jd_jobs *j, struct job *jb, uint32_t tag,
+                                  struct jd_token token, const char *result, const char *error,
+                                  unsigned tries)
 {
     struct wrec *r = wrec_new(j, jb, JD_W_JOB_CHANGE);
     struct jd_sbuf b = {0};
@@ -1208,7 +1248,91 @@ static void record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag,
     r->token = token;
     r->res = error ? NULL : jd_xstrdup(result ? result : "null");
     r->res_err = error ? jd_xstrdup(error) : NULL;
+    r->tries = tries;
     record(r);
+}
+
+static void record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag,
+                              struct jd_token token, const char *result, const char *error)
+{
+    record_completion_try(j, jb, tag, token, result, error, 0);
+}
+
+#define RETRY_FIRST_MS 100 /* a record that failed to commit is tried again after this, */
+#define RETRY_MAX_MS 5000  /* doubling up to this */
+
+static void record_retry_fire(void *arg)
+{
+    struct jtimer *t = arg;
+    struct jd_jobs *j = t->j;
+    struct job *jb = t->job;
+    pthread_mutex_lock(&j->mu);
+    for (struct jtimer **pp = &jb->timers; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            break;
+        }
+    if (!j->stopping) {
+        if (t->final) {
+            record_final(j, jb, t->state, t->res, t->res_err, t->finished_ms, t->tries);
+            t->res = t->res_err = NULL;
+        } else if (!jb->finished) {
+            record_completion_try(j, jb, t->tag, t->token, t->res, t->res_err, t->tries);
+        }
+    }
+    job_unref(jb);
+    pthread_mutex_unlock(&j->mu);
+    jtimer_free(t);
+}
+
+/* Under mu: r (a completion or the final state) did not commit (rc); take
+ * its payload and record it again after a backoff. Meanwhile the process
+ * waits as for a slow handler, or the ended job stays in memory; if
+ * Jackdaw stops first, nothing of it was recorded and a restart resumes
+ * the job from its history. */
+static void retry_record_locked(struct jd_jobs *j, struct job *jb, struct wrec *r, int rc)
+{
+    bool final = r->after == AFTER_FINAL;
+    if (!final && jb->finished)
+        return; /* the job ended meanwhile: nobody waits for this completion */
+    unsigned tries = r->tries + 1;
+    uint64_t ms = RETRY_FIRST_MS;
+    for (unsigned i = 1; i < tries && ms < RETRY_MAX_MS; i++)
+        ms *= 2;
+    if (ms > RETRY_MAX_MS)
+        ms = RETRY_MAX_MS;
+    if ((tries & (tries - 1)) == 0) /* 1, 2, 4, 8, ...: not a line per attempt */
+        jd_logf(JD_LOG_WARN,
+                "job %" PRId64 ": recording its %s failed (%s, attempt %u); retrying in %" PRIu64
+                " ms",
+                jb->id, final ? "end" : "step completion", jd_strerror(rc), tries, ms);
+    struct jtimer *t = jd_xcalloc(1, sizeof *t);
+    t->j = j;
+    t->job = jb;
+    jb->refs++;
+    t->tries = tries;
+    t->final = final;
+    if (final) {
+        t->state = r->w.state;
+        t->finished_ms = r->w.finished_ms;
+        t->res = r->output;
+        t->res_err = r->error;
+        r->output = r->error = NULL;
+        r->w.output = r->w.error = NULL;
+    } else {
+        t->tag = r->w.tag;
+        t->token = r->token;
+        t->res = r->res;
+        t->res_err = r->res_err;
+        r->res = r->res_err = NULL;
+    }
+    t->next = jb->timers;
+    jb->timers = t;
+    if (jd_sched_timer_after(j->sched, ms * 1000000u, record_retry_fire, t, &t->id) != 0) {
+        jb->timers = t->next;
+        job_unref(jb);
+        jtimer_free(t);
+    }
 }
 
 /* Under mu: record a dispatch of `command` for tag. */
@@ -2473,7 +2597,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
             struct job *n = jb->hnext;
             for (struct jtimer *t = jb->timers, *tn; t; t = tn) {
                 tn = t->next;
-                free(t);
+                jtimer_free(t);
             }
             for (struct call *c = jb->calls, *cn; c; c = cn) {
                 cn = c->next;

@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/mount.h>
 
 static int64_t num(const cJSON *o, const char *path)
 {
@@ -714,6 +715,109 @@ static void test_unwatch_never_returns_while_fn_is_pending_or_running(void **sta
     sem_destroy(&d.release);
 }
 
+/* A full disk when a step completes and when the job ends: neither record
+ * commits, so the process must not see the completion (it would act on
+ * something the history does not have) and the job must not be dropped as
+ * ended. Both are recorded again with backoff; once the disk has room the
+ * completion commits (after the room was made), the process gets it, and
+ * the job ends succeeded with both in its history. Needs a small tmpfs
+ * (root); skipped otherwise. */
+static void test_records_wait_for_a_full_disk(void **state)
+{
+    (void)state;
+    struct env e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.dir, sizeof e.dir, "/tmp/jd_jobs_full_XXXXXX");
+    if (!mkdtemp(e.dir))
+        fail_msg("mkdtemp: %s", strerror(errno));
+    if (geteuid() != 0 || mount("tmpfs", e.dir, "tmpfs", 0, "size=768k") != 0) {
+        rmdir(e.dir);
+        skip(); /* needs mount rights */
+    }
+    snprintf(e.db, sizeof e.db, "%s/jd.db", e.dir);
+    char filler[256];
+    snprintf(filler, sizeof filler, "%s/filler", e.dir);
+    FILE *fp = fopen(filler, "w");
+    assert_non_null(fp);
+    for (int i = 0; i < 96 * 1024; i++)
+        fputc('f', fp);
+    assert_int_equal(fclose(fp), 0);
+    env_open_store(&e);
+    env_start_jobs(&e, NULL);
+
+    int64_t waiter = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"never\"}]}");
+    int64_t t0 = jd_wall_ms();
+    int64_t id = submit(e.jobs, "{\"handler\":\"t.slow\",\"args\":{\"ms\":2500}}");
+    cJSON_Delete(wait_state(e.jobs, id, "running", 5000));
+    cJSON_Delete(wait_state(e.jobs, waiter, "waiting", 5000));
+    /* fill the disk: jobs that wait (run_at far ahead) until a submit
+     * fails, then messages of a completion's size until one fails */
+    size_t padn = 4096;
+    char *def = malloc(padn + 200);
+    int len = snprintf(def, padn + 200, "{\"handler\":\"t.echo\",\"args\":{\"pad\":\"");
+    memset(def + len, 'p', padn);
+    snprintf(def + len + padn, 200, "\"},\"run_at\":\"2099-01-01T00:00:00Z\"}");
+    bool full = false;
+    for (int i = 0; i < 400 && !full; i++) {
+        struct submit_wait w = {0};
+        sem_init(&w.sem, 0, 0);
+        struct jd_error err;
+        jd_error_clear(&err);
+        assert_int_equal(jd_jobs_submit(e.jobs, def, strlen(def), NULL, submit_cb, &w, &err), 0);
+        sem_wait_ms(&w.sem, 10000);
+        sem_destroy(&w.sem);
+        free(w.json);
+        full = w.rc != 0;
+    }
+    assert_true(full);
+    full = false;
+    const char *msg = "{\"topic\":\"junk\",\"data\":1}";
+    for (int i = 0; i < 400 && !full; i++) {
+        struct action_wait w;
+        action_wait_init(&w);
+        struct jd_error err;
+        jd_error_clear(&err);
+        assert_int_equal(jd_jobs_message(e.jobs, waiter, msg, strlen(msg), action_cb, &w, &err), 0);
+        action_wait_done(&w);
+        full = w.rc != 0;
+    }
+    assert_true(full);
+    /* t.slow completes while the disk is full: the job must stay running */
+    int64_t left = t0 + 3500 - jd_wall_ms();
+    if (left > 0)
+        usleep((useconds_t)left * 1000);
+    cJSON *o = job_get(e.jobs, id);
+    assert_string_equal(jstate(o), "running");
+    cJSON_Delete(o);
+    /* room again: the retried records commit, the job ends */
+    int64_t t_room = jd_wall_ms();
+    assert_int_equal(unlink(filler), 0);
+    o = wait_terminal(e.jobs, id, 15000);
+    assert_string_equal(jstate(o), "succeeded");
+    cJSON_Delete(o);
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(e.store, id, 0, 100, &ev, &n), 0);
+    size_t complete_at = 0, final_at = 0;
+    int64_t complete_ms = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].kind == JD_EVK_COMPLETE) {
+            complete_at = i + 1;
+            complete_ms = ev[i].time_ms;
+        }
+        if (ev[i].kind == JD_EVK_STATE && ev[i].data && strstr(ev[i].data, "\"succeeded\""))
+            final_at = i + 1;
+    }
+    jd_job_events_free(ev, n);
+    assert_true(complete_at > 0 && final_at > complete_at);
+    assert_true(complete_ms >= t_room); /* it waited for the room */
+    free(def);
+    jd_jobs_destroy(e.jobs);
+    jd_store_close(e.store);
+    umount(e.dir);
+    rmdir(e.dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -728,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_idempotency_batches_and_reads),
         cmocka_unit_test(test_watch_and_unwatch),
         cmocka_unit_test(test_unwatch_never_returns_while_fn_is_pending_or_running),
+        cmocka_unit_test(test_records_wait_for_a_full_disk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
