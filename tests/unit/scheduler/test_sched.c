@@ -437,13 +437,19 @@ static void test_duplicate_completion_delivered_once(void **state)
     struct jd_token tok = tokens[0];
     assert_true(tok.pid == p2);
     assert_int_equal(jd_sched_complete(s, tok, strdup("1"), NULL), 0);
-    jd_sched_complete(s, tok, strdup("2"), NULL); /* 0 or JD_ESTALE: raced with delivery */
+    int rc2 = jd_sched_complete(s, tok, strdup("2"), NULL); /* 0 or JD_ESTALE: raced */
+    assert_true(rc2 == 0 || rc2 == JD_ESTALE);
     assert_true(wait_for(&nfinished, 1));
     assert_string_equal(last_result, "c7:1;");
-    /* a completion for a tag never yielded is dropped too */
-    struct jd_sched_stats st;
-    jd_sched_stats(s, &st);
-    assert_true(st.stale_dropped >= 1);
+    /* Refused at once, the duplicate is counted at once. Accepted (0), it is
+     * counted when dropped: by the process, by its finish, or, if it landed
+     * just as the process finished, when the freed slot is reused, which
+     * may be after this reads the stats. */
+    if (rc2 == JD_ESTALE) {
+        struct jd_sched_stats st;
+        jd_sched_stats(s, &st);
+        assert_true(st.stale_dropped >= 1);
+    }
     jd_sched_destroy(s);
 }
 
