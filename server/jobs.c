@@ -1261,17 +1261,23 @@ static void record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag,
 #define RETRY_FIRST_MS 100 /* a record that failed to commit is tried again after this, */
 #define RETRY_MAX_MS 5000  /* doubling up to this */
 
+/* Under mu: take a fired timer off its job's list. */
+static void jtimer_unlink(struct job *jb, struct jtimer *t)
+{
+    for (struct jtimer **pp = &jb->timers; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            return;
+        }
+}
+
 static void record_retry_fire(void *arg)
 {
     struct jtimer *t = arg;
     struct jd_jobs *j = t->j;
     struct job *jb = t->job;
     pthread_mutex_lock(&j->mu);
-    for (struct jtimer **pp = &jb->timers; *pp; pp = &(*pp)->next)
-        if (*pp == t) {
-            *pp = t->next;
-            break;
-        }
+    jtimer_unlink(jb, t);
     if (!j->stopping) {
         if (t->final) {
             record_final(j, jb, t->state, t->res, t->res_err, t->finished_ms, t->tries);
@@ -1368,11 +1374,7 @@ static void timer_yield_fire(void *arg)
     struct jd_jobs *j = t->j;
     struct job *jb = t->job;
     pthread_mutex_lock(&j->mu);
-    for (struct jtimer **pp = &jb->timers; *pp; pp = &(*pp)->next)
-        if (*pp == t) {
-            *pp = t->next;
-            break;
-        }
+    jtimer_unlink(jb, t);
     if (!jb->finished && !j->stopping)
         record_completion(j, jb, t->tag, t->token, "null", NULL);
     job_unref(jb);
