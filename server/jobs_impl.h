@@ -1,13 +1,34 @@
 /*
- * Internals of the job layer shared by server/jobs.c (lifecycle, replay,
- * watches) and server/render.c (JSON output). Not a public contract: only
- * files of the job layer include it.
+ * Internals of the job layer, shared by its files. Not a public contract
+ * (that is jobs.h): only files of the job layer include it.
  *
- * Threading: everything below is guarded by jd_jobs.mu unless a field says
- * otherwise. Calls into the registry (which may complete a call on the calling
- * thread) and jd_sched_kill (which may finish a process on the calling
- * thread) are made without holding mu; other scheduler and store calls only
- * enqueue and are made with or without it.
+ *   jobs.c         create (scheduler, registry, replay), drain, destroy
+ *   jobs_table.c   the table of live jobs, reference counts, small helpers
+ *   jobs_admit.c   queues, ready lists, admission, job timers
+ *   jobs_run.c     spawning processes, scheduler hooks, yields and calls
+ *   jobs_record.c  write records, the commit callback, retry on a full disk
+ *   jobs_replay.c  rebuilding and resuming jobs from their history at start
+ *   jobs_submit.c  submit, batch, validate
+ *   jobs_act.c     cancel, message, retry, queue pause/resume
+ *   jobs_watch.c   watches (change notification)
+ *   jobs_read.c    JSON reads and counters
+ *   render.c       JSON output
+ *
+ * Locking: one mutex, jd_jobs.mu, guards the table, the queues and ready
+ * lists, the watches, the idempotency keys being committed, the counters
+ * (jd_jobs.st) and every field of every struct job, call, jtimer, dlv and
+ * watch. A function named *_locked, or whose comment says "Under mu",
+ * expects mu held; "Without mu" means it must not be held. Calls into the
+ * registry (which may complete a call on the calling thread) and
+ * jd_sched_kill (which may finish a process on the calling thread) are made
+ * without holding mu; other scheduler and store calls only enqueue and are
+ * made with or without it. User callbacks (submit/action done, watch fns)
+ * run without mu.
+ *
+ * Threads: HTTP threads call the public entry points; scheduler workers run
+ * the hooks (jobs_run.c); the scheduler's timer thread runs timer callbacks;
+ * the store's completion thread runs the commit callback (jobs_record.c),
+ * one commit at a time in commit order.
  */
 #ifndef JD_SERVER_JOBS_IMPL_H
 #define JD_SERVER_JOBS_IMPL_H
@@ -23,6 +44,264 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#define NBUCKETS 4096 /* job and watch hash buckets; chains stay short for 10^5 live jobs */
+
+#define WATCH_ID_SHIFT 12 /* a watch id is (serial << 12) | its bucket */
+
+_Static_assert(NBUCKETS == 1u << WATCH_ID_SHIFT, "watch ids carry the bucket");
+
+struct job;
+
+/* A dispatch/completion found in the history, for replay (current run only). */
+struct rec {
+    uint32_t tag;
+    char *command;       /* recorded dispatch command, or NULL if only completed */
+    uint32_t attempt;    /* highest recorded attempt */
+    int64_t deadline_ms; /* $sleep/$timer: recorded wall deadline */
+    bool completed;      /* its result waits in the job's delivery queue */
+    struct rec *next;
+};
+
+/* One registry call in flight; two references (dispatch path, done path). */
+struct call {
+    struct jd_jobs *j;
+    struct job *job;
+    uint32_t tag;
+    struct jd_token token;
+    struct jd_call_handle *handle;
+    char *command, *args;
+    int refs;
+    struct call *next;
+};
+
+/* A $sleep / $timer yield in flight. */
+struct jtimer {
+    struct jd_jobs *j;
+    struct job *job;
+    uint32_t tag;
+    struct jd_token token;
+    uint64_t id;
+    struct jtimer *next;
+    /* A record that failed to commit (a full disk), tried again when the
+     * timer fires: a completion (res/res_err, delivered only once it
+     * commits) or the final state (res/res_err = output/error). */
+    unsigned tries;
+    char *res, *res_err;
+    bool final;
+    enum jd_job_state state;
+    int64_t finished_ms;
+};
+
+/*
+ * An event for the process, in the job's delivery queue (struct job.dlv).
+ * Events reach a process in the order their records committed, which is the
+ * order of the history: a live completion or message is handed over by the
+ * commit callback (one thread, commit order), and on replay the recorded
+ * completions and messages are queued in history order at recovery, so that
+ * whatever the process decided from them before a crash (a wait step's timer
+ * against a message) it decides again. The head waits while it cannot be
+ * delivered yet: the process is not spawned, or the head is a recorded
+ * completion whose yield the replayed process has not dispatched again
+ * (ready false: no token). Everything behind it waits too, live events
+ * included, which keeps the order. Empty (and bypassed) in the common case.
+ */
+struct dlv {
+    bool message;          /* a message; else a yield completion */
+    bool ready;            /* completion: its token is known */
+    uint32_t tag;          /* completion: its tag */
+    struct jd_token token; /* completion, when ready */
+    char *data;            /* message {"topic":..,"data":..}, or the result */
+    char *error;           /* completion: its error, or NULL */
+    struct dlv *next;
+};
+
+struct queue {
+    char *name;
+    bool paused;
+    struct job *head, *tail; /* ready list: priority desc, then id asc */
+    struct queue *next;
+};
+
+/* The argument of a job-level timer; lives inside struct job. */
+struct job_timer_arg {
+    struct jd_jobs *j;
+    struct job *job;
+    int kind; /* 0 run_at, 1 whole-job timeout, 2 cancel grace */
+};
+
+struct job {
+    int64_t id;
+    struct job_timer_arg targ[3];
+    int refs;
+    struct jd_jobdef *def;
+    char *queue;
+    int64_t priority, run_at_ms, created_ms, started_ms;
+    enum jd_job_state state;           /* latest recorded (maybe not yet committed) */
+    enum jd_job_state committed_state; /* as of the last commit */
+    int64_t version;                   /* committed */
+    bool inserted;                     /* insert committed */
+    uint32_t run;                      /* attempts: 1 for the first run */
+    bool admitted, spawned, finished, cancel_requested, cancel_sent, timed_out;
+    bool slot_free; /* admitted, but waiting for a message: not counted in running */
+    jd_pid pid;
+    uint64_t run_at_timer, timeout_timer, grace_timer;
+    struct rec *recs;
+    struct dlv *dlv, *dlv_tail; /* delivery queue, commit order */
+    struct call *calls;
+    struct jtimer *timers;
+    struct job *hnext;
+    struct job *qprev, *qnext;
+    bool in_ready;
+};
+
+/* A watch stays in its bucket (jd_jobs.watches) from jd_jobs_watch until its
+ * fn has returned or it was withdrawn, so that unwatch always finds it:
+ * `fired` once a commit (or drain) detached it for firing, `running` while
+ * fn runs (on `thread`), `cancelled` if unwatch withdrew it before fn began
+ * (the firing thread then skips fn and frees it). */
+struct watch {
+    uint64_t id;
+    int64_t job_id, since;
+    bool terminal_only;
+    bool fired, running, cancelled;
+    pthread_t thread;
+    void (*fn)(void *arg, int rc, int64_t version);
+    void *arg;
+    struct watch *next;
+};
+
+struct jd_jobs {
+    struct jd_store *store;
+    struct jd_sched *sched;
+    struct jd_registry *reg;
+    struct jd_job_limits limits;
+    int64_t cancel_grace_ms;
+    unsigned max_running;
+    char *exec_allow, *http_allow, output_cap[24];
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct job *table[NBUCKETS];
+    struct watch *watches[NBUCKETS];
+    uint64_t next_watch;
+    struct queue *queues;
+    unsigned running;
+    unsigned inflight_calls;
+    bool draining, stopping, drained, sched_down;
+    struct idem *idems; /* idempotency keys being committed */
+    struct jd_jobs_stats st;
+};
+
+struct idem {
+    char *key;
+    struct idem *next;
+};
+
+enum after {
+    AFTER_NONE = 0,
+    AFTER_COMPLETE,   /* deliver the completion to the process */
+    AFTER_MESSAGE,    /* deliver the message (or keep it until spawn) */
+    AFTER_CANCEL,     /* deliver the cancel event, arm the grace timer */
+    AFTER_FINAL,      /* the final state is durable: drop the job */
+    AFTER_QUEUED,     /* insert or retry committed: admit */
+    AFTER_QUEUE_FLAG, /* queue pause/resume committed */
+};
+
+struct wrec {
+    struct jd_write w;
+    struct jd_jobs *j;
+    struct job *job; /* referenced, or NULL */
+    enum after after;
+    char *data, *output, *error, *def_text, *idem_key, *fingerprint, *queue_name;
+    struct jd_job row;
+    struct jd_token token;
+    char *res, *res_err; /* AFTER_COMPLETE / AFTER_MESSAGE payloads */
+    unsigned tries;      /* AFTER_COMPLETE / AFTER_FINAL: earlier failed attempts */
+    /* user callbacks */
+    jd_action_done_fn action_done;
+    jd_submit_done_fn submit_done;
+    void *user_arg;
+    struct batch *batch;
+};
+
+struct batch {
+    int remaining;
+    int rc;
+    size_t n;
+    struct wrec **recs;
+    jd_submit_done_fn done;
+    void *arg;
+};
+
+struct fire {
+    struct watch *w;
+    int rc;
+    int64_t version;
+    struct fire *next;
+};
+
+/* jobs_table.c: the table and shared helpers (under mu unless noted). */
+void jobs_jtimer_free(struct jtimer *t);
+unsigned jobs_bucket(int64_t id);
+struct job *jobs_job_find(struct jd_jobs *j, int64_t id);
+void jobs_job_insert(struct jd_jobs *j, struct job *jb);
+void jobs_recs_free(struct rec *r);
+void jobs_job_free(struct job *jb);
+void jobs_job_unref(struct job *jb);
+void jobs_job_remove(struct jd_jobs *j, struct job *jb);
+char *jobs_err_json(const char *kind, const char *msg);
+int64_t jobs_job_timeout_ms(const struct job *jb);
+void jobs_jtimer_unlink(struct job *jb, struct jtimer *t);
+struct job *jobs_job_new(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, int64_t now);
+struct jd_jobdef *jobs_parse_stored(const char *text);
+
+/* jobs_admit.c: queues and admission (the *_locked ones under mu; jobs_start_list and jobs_admit
+ * take it). */
+struct queue *jobs_queue_get(struct jd_jobs *j, const char *name);
+void jobs_ready_remove(struct jd_jobs *j, struct job *jb);
+void jobs_admit_locked(struct jd_jobs *j, struct job **start);
+void jobs_start_list(struct jd_jobs *j, struct job *start);
+void jobs_admit(struct jd_jobs *j);
+uint64_t jobs_arm_job_timer(struct jd_jobs *j, struct job *jb, int64_t delay_ms, int kind);
+void jobs_enqueue_locked(struct jd_jobs *j, struct job *jb);
+
+/* jobs_run.c: processes (without mu; hooks are set in jd_jobs_create). */
+void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb);
+void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume);
+void jobs_hook_stepped(void *ctx, jd_pid pid, void *user, enum jd_step_status status);
+void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status status,
+                        const char *result, const char *error);
+void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield *y,
+                        struct jd_token token);
+
+/* jobs_record.c: records (under mu; the store only enqueues). */
+struct wrec *jobs_wrec_new(struct jd_jobs *j, struct job *jb, enum jd_write_op op);
+void jobs_wrec_free(struct wrec *r);
+void jobs_record(struct wrec *r);
+char *jobs_with_run(cJSON *o, uint32_t run);
+struct wrec *jobs_state_rec(struct jd_jobs *j, struct job *jb, enum jd_job_state s,
+                            enum after after);
+void jobs_record_state(struct jd_jobs *j, struct job *jb, enum jd_job_state s);
+void jobs_dlv_append(struct job *jb, struct dlv *d);
+void jobs_dlv_pump_locked(struct jd_jobs *j, struct job *jb);
+void jobs_idem_forget(struct jd_jobs *j, const char *key);
+void jobs_record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
+                       char *error, int64_t finished_ms, unsigned tries);
+void jobs_record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag, struct jd_token token,
+                            const char *result, const char *error);
+void jobs_record_dispatch(struct jd_jobs *j, struct job *jb, uint32_t tag, const char *command,
+                          const char *args, uint32_t attempt, int64_t deadline_ms);
+
+/* jobs_watch.c: firing watches (collect under mu, fire without). */
+void jobs_watches_collect(struct jd_jobs *j, int64_t job_id, int64_t version, bool terminal,
+                          struct fire **list);
+void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc);
+
+/* jobs_replay.c: read every non-terminal job back and resume it (from
+ * jd_jobs_create; 0 or a JD_E* code with err set). */
+int jobs_recover(struct jd_jobs *j, struct jd_error *err);
+
+/* render.c: JSON output. */
 /* Render one stored job as a cJSON object (caller deletes). */
 cJSON *jd_render_job(const struct jd_job *row);
 /* The text of cJSON_PrintUnformatted(jd_render_job(row)), built directly

@@ -1,0 +1,215 @@
+/*
+ * Acting on a job: cancel, message, manual retry, and pausing or resuming a
+ * queue. Each records its intent; the effect follows the commit (the
+ * commit callback in jobs_record.c delivers, arms the grace timer or admits).
+ *
+ * Invariants: only a live (inserted, unfinished) job takes a cancel or a
+ * message; only a failed or cancelled job not in the table can be retried.
+ *
+ * Threading: called from HTTP threads; each takes jd_jobs.mu for the check
+ * and the record, and validates input without it.
+ */
+#include "server/jobs_impl.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Under mu: the live job, or the error for one that is not live. */
+static int live_job(struct jd_jobs *j, int64_t id, struct job **out)
+{
+    struct job *jb = jobs_job_find(j, id);
+    if (jb) {
+        if (!jb->inserted)
+            return JD_ENOENT;
+        if (jb->finished)
+            return JD_ECONFLICT;
+        *out = jb;
+        return 0;
+    }
+    struct jd_job row = {0};
+    int rc = jd_store_job_get(j->store, id, &row);
+    jd_job_clear(&row);
+    return rc == 0 ? JD_ECONFLICT : JD_ENOENT;
+}
+
+int jd_jobs_cancel(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)
+{
+    struct job *jb = NULL;
+    pthread_mutex_lock(&j->mu);
+    int rc = j->draining ? JD_ESHUTDOWN : live_job(j, id, &jb);
+    if (rc) {
+        pthread_mutex_unlock(&j->mu);
+        return rc;
+    }
+    struct wrec *ce = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+    ce->data = jobs_with_run(cJSON_CreateObject(), jb->run);
+    ce->w.kind = JD_EVK_CANCEL;
+    ce->w.data = ce->data;
+    jb->cancel_requested = true;
+    if (!jb->spawned && !jb->admitted) {
+        /* Not running: cancelled at once. */
+        jobs_ready_remove(j, jb);
+        if (jb->run_at_timer && jd_sched_timer_cancel(j->sched, jb->run_at_timer) == 0)
+            jobs_job_unref(jb);
+        jb->run_at_timer = 0;
+        jb->finished = true;
+        jobs_record(ce);
+        struct wrec *r = jobs_state_rec(j, jb, JD_JOB_CANCELLED, AFTER_FINAL);
+        r->error = jobs_err_json("cancelled", "the job was cancelled before it ran");
+        r->w.set |= JD_SET_ERROR | JD_SET_FINISHED;
+        r->w.error = r->error;
+        r->w.finished_ms = jd_wall_ms();
+        r->action_done = done;
+        r->user_arg = arg;
+        jobs_record(r);
+    } else {
+        ce->after = AFTER_CANCEL;
+        ce->action_done = done;
+        ce->user_arg = arg;
+        jobs_record(ce);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
+                    jd_action_done_fn done, void *arg, struct jd_error *err)
+{
+    static const char *const allowed[] = {"topic", "data", NULL};
+    jd_error_clear(err);
+    if (len > j->limits.max_definition_bytes)
+        return jd_error_set(err, JD_ETOOBIG, "", "message is %zu bytes, the limit is %zu", len,
+                            j->limits.max_definition_bytes);
+    int rc = jd_jobdef_check_text(body, len, &j->limits, err);
+    if (rc)
+        return rc;
+    cJSON *m = cJSON_ParseWithLength(body, len);
+    if (!m)
+        return jd_error_set(err, JD_EPARSE, "", "malformed JSON");
+    const cJSON *topic = cJSON_GetObjectItemCaseSensitive(m, "topic");
+    if (!cJSON_IsObject(m)) {
+        rc = jd_error_set(err, JD_EINVAL, "", "a message is {\"topic\": \"...\", \"data\": ...}");
+    } else if (!topic) {
+        rc = jd_error_set(err, JD_EINVAL, "/topic", "missing topic");
+    } else if (!cJSON_IsString(topic) || !topic->valuestring[0] ||
+               strlen(topic->valuestring) > 64) {
+        rc = jd_error_set(err, JD_EINVAL, "/topic", "topic must be a string of 1 to 64 characters");
+    } else {
+        for (const cJSON *c = m->child; c && !rc; c = c->next) {
+            bool ok = false;
+            for (const char *const *a = allowed; *a; a++)
+                ok = ok || strcmp(*a, c->string) == 0;
+            if (!ok) {
+                char p[JD_ERROR_PTR_MAX] = "";
+                jd_ptr_append(p, sizeof p, c->string);
+                rc = jd_error_set(err, JD_EINVAL, p, "unknown member \"%s\" in a message",
+                                  c->string);
+            }
+        }
+    }
+    if (rc) {
+        cJSON_Delete(m);
+        return rc;
+    }
+    cJSON *payload = cJSON_CreateObject();
+    cJSON_AddStringToObject(payload, "topic", topic->valuestring);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(m, "data");
+    cJSON_AddItemToObject(payload, "data", data ? cJSON_Duplicate(data, 1) : cJSON_CreateNull());
+    cJSON_Delete(m);
+    struct job *jb = NULL;
+    pthread_mutex_lock(&j->mu);
+    rc = j->draining ? JD_ESHUTDOWN : live_job(j, id, &jb);
+    if (rc) {
+        pthread_mutex_unlock(&j->mu);
+        cJSON_Delete(payload);
+        return jd_error_set(err, rc, NULL,
+                            rc == JD_ECONFLICT ? "the job has finished" : "no such job");
+    }
+    struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+    r->res = cJSON_PrintUnformatted(payload);
+    r->data = jobs_with_run(payload, jb->run);
+    r->w.kind = JD_EVK_MESSAGE;
+    r->w.data = r->data;
+    r->after = AFTER_MESSAGE;
+    r->action_done = done;
+    r->user_arg = arg;
+    jobs_record(r);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->draining) {
+        pthread_mutex_unlock(&j->mu);
+        return JD_ESHUTDOWN;
+    }
+    if (jobs_job_find(j, id)) {
+        pthread_mutex_unlock(&j->mu);
+        return JD_ECONFLICT;
+    }
+    struct jd_job row = {0};
+    int rc = jd_store_job_get(j->store, id, &row);
+    if (rc) {
+        pthread_mutex_unlock(&j->mu);
+        return JD_ENOENT;
+    }
+    if (row.state != JD_JOB_FAILED && row.state != JD_JOB_CANCELLED) {
+        pthread_mutex_unlock(&j->mu);
+        jd_job_clear(&row);
+        return JD_ECONFLICT;
+    }
+    int64_t now = jd_wall_ms();
+    struct job *jb = jobs_job_new(j, jobs_parse_stored(row.definition), id, now);
+    free(jb->queue);
+    jb->queue = jd_xstrdup(row.queue);
+    jb->priority = row.priority;
+    jb->run_at_ms = now;
+    jb->created_ms = row.created_ms;
+    jb->version = row.version;
+    jb->committed_state = row.state;
+    jb->inserted = true;
+    jb->run = (row.attempts ? row.attempts : 1) + 1;
+    jd_job_clear(&row);
+    jobs_job_insert(j, jb);
+    struct wrec *r = jobs_state_rec(j, jb, JD_JOB_QUEUED, AFTER_QUEUED);
+    r->w.set |= JD_SET_ATTEMPTS | JD_SET_OUTPUT | JD_SET_ERROR | JD_SET_RUN_AT | JD_SET_FINISHED;
+    r->w.attempts = jb->run;
+    r->w.run_at_ms = now;
+    r->w.finished_ms = 0;
+    r->action_done = done;
+    r->user_arg = arg;
+    jobs_record(r);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_action_done_fn done,
+                        void *arg)
+{
+    if (!queue || !queue[0] || strlen(queue) > 64)
+        return JD_EINVAL;
+    for (const char *p = queue; *p; p++)
+        if (!(*p == '_' || *p == '-' || *p == '.' || (*p >= '0' && *p <= '9') ||
+              (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')))
+            return JD_EINVAL;
+    pthread_mutex_lock(&j->mu);
+    if (j->draining) {
+        pthread_mutex_unlock(&j->mu);
+        return JD_ESHUTDOWN;
+    }
+    struct wrec *r = jobs_wrec_new(j, NULL, JD_W_QUEUE);
+    r->queue_name = jd_xstrdup(queue);
+    r->w.queue = r->queue_name;
+    r->w.paused = paused;
+    r->after = AFTER_QUEUE_FLAG;
+    r->action_done = done;
+    r->user_arg = arg;
+    jobs_record(r);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}

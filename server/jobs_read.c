@@ -1,0 +1,190 @@
+/*
+ * Reading: a job, a page of jobs, a job's events, handlers and queue counts
+ * as JSON, and the layer's counters. Reads go to the store (the truth for
+ * committed state), not to the in-memory table.
+ *
+ * Threading: called from HTTP threads and the metrics route; only
+ * jd_jobs_stats takes jd_jobs.mu (to walk the table).
+ */
+#include "server/jobs_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *version, bool *terminal)
+{
+    struct jd_job row = {0};
+    int rc = jd_store_job_get(j->store, id, &row);
+    if (rc)
+        return rc;
+    if (json)
+        *json = jd_render_job_json(&row);
+    if (version)
+        *version = row.version;
+    if (terminal)
+        *terminal = jd_job_state_terminal(row.state);
+    jd_job_clear(&row);
+    return 0;
+}
+
+int jd_jobs_parse_id(const char *s, int64_t *id)
+{
+    if (!s || !*s || strlen(s) > 19)
+        return JD_ENOENT;
+    int64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return JD_ENOENT;
+        if (v > (INT64_MAX - (*p - '0')) / 10)
+            return JD_ENOENT;
+        v = v * 10 + (*p - '0');
+    }
+    if (v <= 0)
+        return JD_ENOENT;
+    *id = v;
+    return 0;
+}
+
+int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, char **json,
+                      struct jd_error *err)
+{
+    jd_error_clear(err);
+    struct jd_job_filter f = {.state = -1, .queue = q->queue, .limit = q->limit ? q->limit : 50};
+    if (f.limit > 1000)
+        f.limit = 1000;
+    if (q->state && (f.state = jd_job_state_parse(q->state)) < 0)
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "unknown state \"%s\" (queued, running, waiting, succeeded, failed, "
+                            "cancelled)",
+                            q->state);
+    if (q->cursor && q->cursor[0] && jd_jobs_parse_id(q->cursor, &f.before_id) != 0)
+        return jd_error_set(err, JD_EINVAL, NULL, "bad cursor");
+    struct jd_job *rows = NULL;
+    size_t n = 0;
+    int64_t next = 0;
+    int rc = jd_store_job_list(j->store, &f, &rows, &n, &next);
+    if (rc)
+        return jd_error_set(err, rc, NULL, "listing jobs failed: %s", jd_strerror(rc));
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "jobs");
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, jd_render_job(&rows[i]));
+    if (next > 0) {
+        char c[24];
+        snprintf(c, sizeof c, "%" PRId64, next);
+        cJSON_AddStringToObject(o, "next_cursor", c);
+    } else {
+        cJSON_AddNullToObject(o, "next_cursor");
+    }
+    *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    jd_jobs_free(rows, n);
+    return 0;
+}
+
+int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                        char **json)
+{
+    struct jd_job row = {0};
+    if (jd_store_job_get(j->store, id, &row) != 0)
+        return JD_ENOENT;
+    jd_job_clear(&row);
+    if (limit == 0 || limit > 10000)
+        limit = limit ? 10000 : 1000;
+    struct jd_job_event *ev = NULL;
+    size_t n = 0;
+    int rc = jd_store_events(j->store, id, after_seq, limit, &ev, &n);
+    if (rc)
+        return rc;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "events");
+    for (size_t i = 0; i < n; i++)
+        cJSON_AddItemToArray(arr, jd_render_event(&ev[i]));
+    *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    jd_job_events_free(ev, n);
+    return 0;
+}
+
+int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
+                        void (*fn)(void *arg, int64_t seq, const char *kind,
+                                   const char *event_json),
+                        void *arg)
+{
+    struct jd_job row = {0};
+    if (jd_store_job_get(j->store, id, &row) != 0)
+        return JD_ENOENT;
+    jd_job_clear(&row);
+    int count = 0;
+    for (;;) {
+        struct jd_job_event *ev = NULL;
+        size_t n = 0;
+        int rc = jd_store_events(j->store, id, after_seq, 1000, &ev, &n);
+        if (rc)
+            return rc;
+        for (size_t i = 0; i < n; i++) {
+            cJSON *o = jd_render_event(&ev[i]);
+            char *t = cJSON_PrintUnformatted(o);
+            fn(arg, ev[i].seq, jd_event_kind_name(ev[i].kind), t);
+            free(t);
+            cJSON_Delete(o);
+            after_seq = ev[i].seq;
+            count++;
+        }
+        jd_job_events_free(ev, n);
+        if (n < 1000)
+            break;
+    }
+    return count;
+}
+
+int jd_jobs_handlers_json(struct jd_jobs *j, char **json)
+{
+    cJSON *o = jd_render_handlers(j->reg);
+    *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return 0;
+}
+
+int jd_jobs_queues_json(struct jd_jobs *j, char **json)
+{
+    struct jd_queue_counts *rows = NULL;
+    size_t n = 0;
+    int rc = jd_store_queue_counts(j->store, &rows, &n);
+    if (rc)
+        return rc;
+    cJSON *o = jd_render_queues(rows, n);
+    *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    jd_queue_counts_free(rows, n);
+    return 0;
+}
+
+void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out)
+{
+    pthread_mutex_lock(&j->mu);
+    *out = j->st;
+    out->running = out->waiting = 0;
+    for (unsigned b = 0; b < NBUCKETS; b++)
+        for (struct job *jb = j->table[b]; jb; jb = jb->hnext) {
+            if (jb->finished || !jb->spawned)
+                continue;
+            if (jb->state == JD_JOB_WAITING)
+                out->waiting++;
+            else if (jb->state == JD_JOB_RUNNING)
+                out->running++;
+        }
+    pthread_mutex_unlock(&j->mu);
+}
+
+struct jd_sched *jd_jobs_sched(struct jd_jobs *j)
+{
+    return j->sched;
+}
+
+struct jd_registry *jd_jobs_registry(struct jd_jobs *j)
+{
+    return j->reg;
+}

@@ -1,0 +1,550 @@
+/*
+ * Recording: every transition, dispatch, completion, message and cancel is
+ * a struct wrec submitted to the storage writer; wrec_done, the commit
+ * callback, acts on it once it is durable (or has failed). A completion or
+ * a job's end that fails to commit (a full disk) is recorded again after a
+ * backoff (retry_record_locked) and acted on only once it commits.
+ *
+ * Invariants: a process sees a completion or message only after its record
+ * committed, in commit order (the job's delivery queue, struct dlv); a job
+ * leaves the table only once its final state is durable. Each wrec holds a
+ * reference on its job until wrec_done is done with it.
+ *
+ * Threading: the record builders run under jd_jobs.mu (store submission
+ * only enqueues). wrec_done runs on the store's completion thread, one
+ * commit at a time in commit order; it takes mu, and calls user callbacks
+ * and watch fns without it. record_retry_fire runs on the timer thread.
+ */
+#include "server/jobs_impl.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void wrec_done(void *arg, struct jd_write *w, int rc);
+static void retry_record_locked(struct jd_jobs *j, struct job *jb, struct wrec *r, int rc);
+
+struct wrec *jobs_wrec_new(struct jd_jobs *j, struct job *jb, enum jd_write_op op)
+{
+    struct wrec *r = jd_xcalloc(1, sizeof *r);
+    r->j = j;
+    r->job = jb;
+    if (jb)
+        jb->refs++;
+    r->w.op = op;
+    r->w.job_id = jb ? jb->id : 0;
+    r->w.done = wrec_done;
+    r->w.arg = r;
+    return r;
+}
+
+void jobs_wrec_free(struct wrec *r)
+{
+    free(r->data);
+    free(r->output);
+    free(r->error);
+    free(r->def_text);
+    free(r->idem_key);
+    free(r->fingerprint);
+    free(r->queue_name);
+    free(r->row.queue);
+    free(r->res);
+    free(r->res_err);
+    free(r);
+}
+
+/* Under mu (store submission only enqueues). A record that cannot be
+ * enqueued (the store is closing) is dropped: nothing is reported durable. */
+void jobs_record(struct wrec *r)
+{
+    int rc = jd_store_submit(r->j->store, &r->w);
+    if (rc) {
+        jd_logf(JD_LOG_WARN, "job %" PRId64 ": record dropped: %s", r->w.job_id, jd_strerror(rc));
+        if (r->job)
+            jobs_job_unref(r->job);
+        jobs_wrec_free(r);
+    }
+}
+
+/* Event data with "run" added. Takes ownership of o. */
+char *jobs_with_run(cJSON *o, uint32_t run)
+{
+    cJSON_AddNumberToObject(o, "run", run);
+    char *t = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return t;
+}
+
+/* Close event data being written in b with "run" (the same text as
+ * jobs_with_run would give); returns b's text (caller frees). */
+static char *end_with_run(struct jd_sbuf *b, uint32_t run)
+{
+    jd_sb_puts(b, ",\"run\":");
+    jd_sb_number(b, run);
+    jd_sb_puts(b, "}");
+    return b->p;
+}
+
+/* A state-change record for jb (not yet submitted: the caller may add
+ * fields, then calls jobs_record). */
+struct wrec *jobs_state_rec(struct jd_jobs *j, struct job *jb, enum jd_job_state s,
+                            enum after after)
+{
+    struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{\"state\":");
+    jd_sb_string(&b, jd_job_state_name(s));
+    r->data = end_with_run(&b, jb->run);
+    r->w.set = JD_SET_STATE;
+    r->w.state = s;
+    r->w.kind = JD_EVK_STATE;
+    r->w.data = r->data;
+    r->after = after;
+    jb->state = s;
+    return r;
+}
+
+void jobs_record_state(struct jd_jobs *j, struct job *jb, enum jd_job_state s)
+{
+    jobs_record(jobs_state_rec(j, jb, s, AFTER_NONE));
+}
+
+/* Under mu: append an event to jb's delivery queue (takes ownership of d). */
+void jobs_dlv_append(struct job *jb, struct dlv *d)
+{
+    d->next = NULL;
+    if (jb->dlv_tail)
+        jb->dlv_tail->next = d;
+    else
+        jb->dlv = d;
+    jb->dlv_tail = d;
+}
+
+/* Under mu: hand the deliverable head of jb's queue to the process, in
+ * order, stopping at the first event that must wait (see struct dlv). */
+void jobs_dlv_pump_locked(struct jd_jobs *j, struct job *jb)
+{
+    if (!jb->spawned || j->stopping)
+        return;
+    struct dlv *d;
+    while ((d = jb->dlv) && (d->message || d->ready)) {
+        jb->dlv = d->next;
+        if (!jb->dlv)
+            jb->dlv_tail = NULL;
+        if (jb->finished) {
+            free(d->data);
+            free(d->error);
+        } else if (d->message) {
+            jd_sched_send(j->sched, jb->pid, 0, d->data);
+        } else {
+            jd_sched_complete(j->sched, d->token, d->data, d->error);
+        }
+        free(d);
+    }
+}
+
+/* Under mu: a committed message (takes ownership of data). */
+static void deliver_message_locked(struct jd_jobs *j, struct job *jb, char *data)
+{
+    if (jb->finished) {
+        free(data);
+    } else if (jb->spawned && !jb->dlv) {
+        jd_sched_send(j->sched, jb->pid, 0, data); /* nothing ahead of it */
+    } else {
+        struct dlv *d = jd_xcalloc(1, sizeof *d);
+        d->message = true;
+        d->data = data;
+        jobs_dlv_append(jb, d);
+        jobs_dlv_pump_locked(j, jb);
+    }
+}
+
+static void render_and_call(struct jd_jobs *j, int64_t id, int rc, jd_action_done_fn fn, void *arg)
+{
+    char *json = NULL;
+    if (rc == 0) {
+        struct jd_job row = {0};
+        if (jd_store_job_get(j->store, id, &row) == 0) {
+            json = jd_render_job_json(&row);
+            jd_job_clear(&row);
+        }
+    }
+    fn(arg, rc, json);
+    free(json);
+}
+
+static void batch_finish(struct jd_jobs *j, struct batch *b)
+{
+    struct jd_submit_result res = {.rc = b->rc};
+    char *json = NULL;
+    if (b->rc == 0) {
+        /* Every insert committed: render the rows as stored, from memory
+         * (each record still references its job, hence its definition). */
+        struct jd_sbuf sb = {0};
+        jd_sb_puts(&sb, "{\"jobs\":[");
+        for (size_t i = 0; i < b->n; i++) {
+            struct wrec *r = b->recs[i];
+            r->row.version = r->w.version;
+            r->row.updated_ms = r->row.created_ms;
+            char *one = jd_render_job_json(&r->row);
+            if (i > 0)
+                jd_sb_puts(&sb, ",");
+            jd_sb_puts(&sb, one);
+            free(one);
+        }
+        jd_sb_puts(&sb, "]}");
+        json = sb.p;
+    } else {
+        jd_error_set(&res.err, b->rc, NULL, "storing the batch failed: %s", jd_strerror(b->rc));
+    }
+    res.json = json;
+    b->done(b->arg, &res);
+    free(json);
+}
+
+void jobs_idem_forget(struct jd_jobs *j, const char *key)
+{
+    for (struct idem **pp = &j->idems; *pp; pp = &(*pp)->next)
+        if (strcmp((*pp)->key, key) == 0) {
+            struct idem *d = *pp;
+            *pp = d->next;
+            free(d->key);
+            free(d);
+            return;
+        }
+}
+
+static void final_stats_locked(struct jd_jobs *j, struct job *jb, enum jd_job_state s)
+{
+    if (s == JD_JOB_SUCCEEDED)
+        j->st.succeeded++;
+    else if (s == JD_JOB_FAILED)
+        j->st.failed++;
+    else if (s == JD_JOB_CANCELLED)
+        j->st.cancelled++;
+    int64_t from = jb->started_ms ? jb->started_ms : jb->created_ms;
+    int64_t d = jd_wall_ms() - from;
+    if (d < 0)
+        d = 0;
+    static const int64_t bounds[11] = {1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000, 300000};
+    int b = 0;
+    while (b < 11 && d > bounds[b])
+        b++;
+    j->st.duration_hist[b]++;
+    j->st.duration_ms_sum += (uint64_t)d;
+}
+
+static void wrec_done(void *arg, struct jd_write *w, int rc)
+{
+    struct wrec *r = arg;
+    struct jd_jobs *j = r->j;
+    struct job *jb = r->job;
+    struct fire *fires = NULL;
+    struct job *start = NULL;
+    struct batch *batch = r->batch; /* its last record frees every record */
+    char *insert_json = NULL;
+
+    if (r->submit_done && rc == 0 && w->op == JD_W_JOB_INSERT && r->row.id == w->job_id) {
+        /* The row as the insert stored it: no read back, no re-parse, and
+         * no lock (the row and jb->def, which r's reference keeps, are
+         * not changed by anyone). */
+        r->row.version = w->version;
+        r->row.updated_ms = r->row.created_ms;
+        insert_json = jd_render_job_json(&r->row);
+    }
+
+    pthread_mutex_lock(&j->mu);
+    if (rc == 0 && jb) {
+        if (w->version > jb->version)
+            jb->version = w->version;
+        if (w->op == JD_W_JOB_INSERT) {
+            jb->inserted = true;
+            jb->committed_state = JD_JOB_QUEUED;
+        } else if (w->set & JD_SET_STATE) {
+            jb->committed_state = w->state;
+        }
+        jobs_watches_collect(j, jb->id, jb->version, jd_job_state_terminal(jb->committed_state),
+                             &fires);
+    }
+    if (r->idem_key)
+        jobs_idem_forget(j, r->idem_key);
+    switch (r->after) {
+    case AFTER_COMPLETE:
+        if (rc != 0) {
+            /* Not durable: the process must not act on it. Record it again
+             * later (a full disk frees up); it is delivered once it commits. */
+            if (!j->stopping)
+                retry_record_locked(j, jb, r, rc);
+        } else if (!j->stopping && !jb->dlv) {
+            jd_sched_complete(j->sched, r->token, r->res, r->res_err); /* nothing ahead */
+            r->res = r->res_err = NULL;
+        } else if (!j->stopping) {
+            /* Recorded events are still waiting to be replayed: behind them. */
+            struct dlv *d = jd_xcalloc(1, sizeof *d);
+            d->ready = true;
+            d->tag = r->token.tag;
+            d->token = r->token;
+            d->data = r->res;
+            d->error = r->res_err;
+            r->res = r->res_err = NULL;
+            jobs_dlv_append(jb, d);
+            jobs_dlv_pump_locked(j, jb);
+        }
+        break;
+    case AFTER_MESSAGE:
+        if (rc == 0) {
+            deliver_message_locked(j, jb, r->res);
+            r->res = NULL;
+        }
+        break;
+    case AFTER_CANCEL:
+        if (jb->spawned && !jb->finished && !jb->cancel_sent) {
+            jb->cancel_sent = true;
+            jd_sched_cancel(j->sched, jb->pid);
+            jb->grace_timer = jobs_arm_job_timer(j, jb, j->cancel_grace_ms, 2);
+        }
+        break;
+    case AFTER_FINAL:
+        if (rc != 0 && !j->stopping) {
+            /* The job stays in memory until its end is durable. */
+            retry_record_locked(j, jb, r, rc);
+            break;
+        }
+        final_stats_locked(j, jb, w->state);
+        jobs_job_remove(j, jb);
+        jobs_admit_locked(j, &start);
+        break;
+    case AFTER_QUEUED:
+        if (rc == 0 && !jb->finished && !j->draining) {
+            jobs_enqueue_locked(j, jb);
+            jobs_admit_locked(j, &start);
+        } else if (rc != 0) {
+            jb->finished = true;
+            jobs_job_remove(j, jb);
+        }
+        break;
+    case AFTER_QUEUE_FLAG:
+        if (rc == 0) {
+            jobs_queue_get(j, r->queue_name)->paused = w->paused;
+            jobs_admit_locked(j, &start);
+        }
+        break;
+    case AFTER_NONE:
+        break;
+    }
+    if (!batch && jb) {
+        jobs_job_unref(jb); /* nothing below uses jb */
+        r->job = NULL;
+    }
+    pthread_mutex_unlock(&j->mu);
+
+    jobs_watches_fire(j, fires, 0);
+
+    if (r->submit_done) {
+        struct jd_submit_result res = {.rc = rc, .job_id = w->job_id};
+        char *json = NULL;
+        if (rc == JD_EEXIST) {
+            res.rc = 0;
+            res.existing = true;
+        } else if (rc) {
+            jd_error_set(&res.err, rc, NULL, "storing the job failed: %s", jd_strerror(rc));
+        }
+        if (insert_json) {
+            json = insert_json;
+            insert_json = NULL;
+        } else if (res.rc == 0) {
+            struct jd_job row = {0};
+            if (jd_store_job_get(j->store, w->job_id, &row) == 0) {
+                json = jd_render_job_json(&row);
+                jd_job_clear(&row);
+            }
+        }
+        res.json = json;
+        r->submit_done(r->user_arg, &res);
+        free(json);
+    }
+    if (r->action_done) {
+        if (w->op == JD_W_QUEUE) {
+            char buf[160];
+            snprintf(buf, sizeof buf, "{\"queue\":\"%s\",\"paused\":%s}", r->queue_name,
+                     w->paused ? "true" : "false");
+            r->action_done(r->user_arg, rc, rc ? NULL : buf);
+        } else {
+            render_and_call(j, w->job_id, rc, r->action_done, r->user_arg);
+        }
+    }
+    jobs_start_list(j, start);
+    if (!batch) {
+        jobs_wrec_free(r);
+        return;
+    }
+    {
+        struct batch *b = batch;
+        pthread_mutex_lock(&j->mu);
+        if (rc && !b->rc)
+            b->rc = rc;
+        bool last = --b->remaining == 0;
+        pthread_mutex_unlock(&j->mu);
+        if (last) {
+            batch_finish(j, b);
+            for (size_t i = 0; i < b->n; i++) {
+                pthread_mutex_lock(&j->mu);
+                if (b->recs[i]->job)
+                    jobs_job_unref(b->recs[i]->job);
+                pthread_mutex_unlock(&j->mu);
+                jobs_wrec_free(b->recs[i]);
+            }
+            free(b->recs);
+            free(b);
+        }
+    }
+}
+
+/* Under mu: record the job's end. Takes ownership of output and error. */
+void jobs_record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
+                       char *error, int64_t finished_ms, unsigned tries)
+{
+    struct wrec *r = jobs_state_rec(j, jb, s, AFTER_FINAL);
+    r->w.set |= JD_SET_OUTPUT | JD_SET_ERROR | JD_SET_FINISHED;
+    r->output = output;
+    r->error = error;
+    r->w.output = r->output;
+    r->w.error = r->error;
+    r->w.finished_ms = finished_ms;
+    r->tries = tries;
+    jobs_record(r);
+}
+
+/* Under mu: record a completion; the process gets it once it is durable.
+ * tries: earlier attempts whose commit failed. */
+static void record_completion_try(struct jd_jobs *j, struct job *jb, uint32_t tag,
+                                  struct jd_token token, const char *result, const char *error,
+                                  unsigned tries)
+{
+    struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, error ? "{\"error\":" : "{\"result\":");
+    jd_sb_json(&b, error ? error : result ? result : "null", "null");
+    r->data = end_with_run(&b, jb->run);
+    r->w.kind = JD_EVK_COMPLETE;
+    r->w.tag = tag;
+    r->w.data = r->data;
+    r->after = AFTER_COMPLETE;
+    r->token = token;
+    r->res = error ? NULL : jd_xstrdup(result ? result : "null");
+    r->res_err = error ? jd_xstrdup(error) : NULL;
+    r->tries = tries;
+    jobs_record(r);
+}
+
+void jobs_record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag, struct jd_token token,
+                            const char *result, const char *error)
+{
+    record_completion_try(j, jb, tag, token, result, error, 0);
+}
+
+#define RETRY_FIRST_MS 100 /* a record that failed to commit is tried again after this, */
+
+#define RETRY_MAX_MS 5000 /* doubling up to this */
+
+static void record_retry_fire(void *arg)
+{
+    struct jtimer *t = arg;
+    struct jd_jobs *j = t->j;
+    struct job *jb = t->job;
+    pthread_mutex_lock(&j->mu);
+    jobs_jtimer_unlink(jb, t);
+    if (!j->stopping) {
+        if (t->final) {
+            jobs_record_final(j, jb, t->state, t->res, t->res_err, t->finished_ms, t->tries);
+            t->res = t->res_err = NULL;
+        } else if (!jb->finished) {
+            record_completion_try(j, jb, t->tag, t->token, t->res, t->res_err, t->tries);
+        }
+    }
+    jobs_job_unref(jb);
+    pthread_mutex_unlock(&j->mu);
+    jobs_jtimer_free(t);
+}
+
+/* Under mu: r (a completion or the final state) did not commit (rc); take
+ * its payload and record it again after a backoff. Meanwhile the process
+ * waits as for a slow handler, or the ended job stays in memory; if
+ * Jackdaw stops first, nothing of it was recorded and a restart resumes
+ * the job from its history. */
+static void retry_record_locked(struct jd_jobs *j, struct job *jb, struct wrec *r, int rc)
+{
+    bool final = r->after == AFTER_FINAL;
+    if (!final && jb->finished)
+        return; /* the job ended meanwhile: nobody waits for this completion */
+    unsigned tries = r->tries + 1;
+    uint64_t ms = RETRY_FIRST_MS;
+    for (unsigned i = 1; i < tries && ms < RETRY_MAX_MS; i++)
+        ms *= 2;
+    if (ms > RETRY_MAX_MS)
+        ms = RETRY_MAX_MS;
+    if ((tries & (tries - 1)) == 0) /* 1, 2, 4, 8, ...: not a line per attempt */
+        jd_logf(JD_LOG_WARN,
+                "job %" PRId64 ": recording its %s failed (%s, attempt %u); retrying in %" PRIu64
+                " ms",
+                jb->id, final ? "end" : "step completion", jd_strerror(rc), tries, ms);
+    struct jtimer *t = jd_xcalloc(1, sizeof *t);
+    t->j = j;
+    t->job = jb;
+    jb->refs++;
+    t->tries = tries;
+    t->final = final;
+    if (final) {
+        t->state = r->w.state;
+        t->finished_ms = r->w.finished_ms;
+        t->res = r->output;
+        t->res_err = r->error;
+        r->output = r->error = NULL;
+        r->w.output = r->w.error = NULL;
+    } else {
+        t->tag = r->w.tag;
+        t->token = r->token;
+        t->res = r->res;
+        t->res_err = r->res_err;
+        r->res = r->res_err = NULL;
+    }
+    t->next = jb->timers;
+    jb->timers = t;
+    if (jd_sched_timer_after(j->sched, ms * 1000000u, record_retry_fire, t, &t->id) != 0) {
+        jb->timers = t->next;
+        jobs_job_unref(jb);
+        jobs_jtimer_free(t);
+    }
+}
+
+/* Under mu: record a dispatch of `command` for tag. */
+void jobs_record_dispatch(struct jd_jobs *j, struct job *jb, uint32_t tag, const char *command,
+                          const char *args, uint32_t attempt, int64_t deadline_ms)
+{
+    struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{");
+    if (command) {
+        jd_sb_puts(&b, "\"command\":");
+        jd_sb_string(&b, command);
+        jd_sb_puts(&b, ",");
+    }
+    jd_sb_puts(&b, "\"attempt\":");
+    jd_sb_number(&b, attempt);
+    jd_sb_puts(&b, ",\"args\":");
+    jd_sb_json(&b, args, "{}");
+    if (deadline_ms) {
+        jd_sb_puts(&b, ",\"deadline_ms\":");
+        jd_sb_number(&b, deadline_ms);
+    }
+    r->data = end_with_run(&b, jb->run);
+    r->w.kind = JD_EVK_DISPATCH;
+    r->w.tag = tag;
+    r->w.data = r->data;
+    jobs_record(r);
+}

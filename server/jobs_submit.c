@@ -1,0 +1,225 @@
+/*
+ * Submitting jobs: one definition (with an optional Idempotency-Key), a
+ * batch, or a validation only. A submission is answered from the insert's
+ * commit callback (jobs_record.c), never before the job is durable.
+ *
+ * Invariants: an Idempotency-Key being committed is in jd_jobs.idems until
+ * its insert's commit callback, so a concurrent second submit gets 409
+ * instead of a second job; a committed key is answered from the store.
+ *
+ * Threading: called from HTTP threads; takes jd_jobs.mu to insert and
+ * submit the records, parses definitions without it.
+ */
+#include "server/jobs_impl.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void fingerprint(const char *text, char out[17])
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 */
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    snprintf(out, 17, "%016" PRIx64, h);
+}
+
+/* Under mu: a job and its insert record. */
+static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, const char *key,
+                               const char *fp)
+{
+    int64_t now = jd_wall_ms();
+    struct job *jb = jobs_job_new(j, d, jd_store_next_id(j->store), now);
+    jobs_job_insert(j, jb);
+    struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_INSERT);
+    r->row.id = jb->id;
+    r->row.queue = jd_xstrdup(jb->queue);
+    r->row.priority = jb->priority;
+    r->row.state = JD_JOB_QUEUED;
+    r->row.definition = d->text;
+    r->row.run_at_ms = jb->run_at_ms;
+    r->row.created_ms = now;
+    if (key) {
+        r->idem_key = jd_xstrdup(key);
+        r->fingerprint = jd_xstrdup(fp);
+        r->row.idempotency_key = r->idem_key;
+        r->w.idem_fingerprint = r->fingerprint;
+    }
+    r->w.job = &r->row;
+    r->after = AFTER_QUEUED;
+    j->st.submitted++;
+    return r;
+}
+
+int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
+                   jd_submit_done_fn done, void *arg, struct jd_error *err)
+{
+    jd_error_clear(err);
+    struct jd_jobdef *d = NULL;
+    int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
+    if (rc)
+        return rc;
+    char fp[17];
+    fingerprint(d->text, fp);
+    if (idempotency_key) {
+        int64_t existing = 0;
+        char *efp = NULL;
+        if (jd_store_idem_lookup(j->store, idempotency_key, &existing, &efp) == 0) {
+            bool same = efp && strcmp(efp, fp) == 0;
+            free(efp);
+            jd_jobdef_free(d);
+            if (!same)
+                return jd_error_set(err, JD_EINVAL, "",
+                                    "this Idempotency-Key was used with a different body");
+            struct jd_job row = {0};
+            struct jd_submit_result res = {.job_id = existing, .existing = true};
+            char *json = NULL;
+            if ((res.rc = jd_store_job_get(j->store, existing, &row)) == 0) {
+                json = jd_render_job_json(&row);
+                jd_job_clear(&row);
+            }
+            res.json = json;
+            done(arg, &res);
+            free(json);
+            return 0;
+        }
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->draining) {
+        pthread_mutex_unlock(&j->mu);
+        jd_jobdef_free(d);
+        return jd_error_set(err, JD_ESHUTDOWN, NULL, "the server is shutting down");
+    }
+    if (idempotency_key) {
+        for (struct idem *i = j->idems; i; i = i->next)
+            if (strcmp(i->key, idempotency_key) == 0) {
+                pthread_mutex_unlock(&j->mu);
+                jd_jobdef_free(d);
+                return jd_error_set(err, JD_ECONFLICT, NULL,
+                                    "a job with this Idempotency-Key is still being stored");
+            }
+        struct idem *i = jd_xcalloc(1, sizeof *i);
+        i->key = jd_xstrdup(idempotency_key);
+        i->next = j->idems;
+        j->idems = i;
+    }
+    struct wrec *r = insert_rec(j, d, idempotency_key, fp);
+    r->submit_done = done;
+    r->user_arg = arg;
+    struct job *jb = r->job;
+    rc = jd_store_submit(j->store, &r->w);
+    if (rc) {
+        if (idempotency_key)
+            jobs_idem_forget(j, idempotency_key);
+        jb->finished = true;
+        jobs_job_remove(j, jb);
+        jobs_job_unref(jb);
+        jobs_wrec_free(r);
+        j->st.submitted--;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (rc)
+        return jd_error_set(err, rc, NULL, "cannot store the job: %s", jd_strerror(rc));
+    return 0;
+}
+
+int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err)
+{
+    struct jd_jobdef *d = NULL;
+    jd_error_clear(err);
+    int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
+    jd_jobdef_free(d);
+    return rc;
+}
+
+int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_submit_done_fn done,
+                         void *arg, struct jd_error *err)
+{
+    jd_error_clear(err);
+    size_t cap = j->limits.max_definition_bytes * (size_t)(j->limits.max_batch > 16 ? 16 : 1);
+    if (len > cap)
+        return jd_error_set(err, JD_ETOOBIG, "", "batch is %zu bytes, the limit is %zu", len, cap);
+    struct jd_job_limits tl = j->limits;
+    tl.max_definition_bytes = cap;
+    tl.max_depth = j->limits.max_depth + 2; /* {"jobs":[ ... ]} */
+    int rc = jd_jobdef_check_text(body, len, &tl, err);
+    if (rc)
+        return rc;
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root)
+        return jd_error_set(err, JD_EPARSE, "", "malformed JSON");
+    const cJSON *jobs = cJSON_GetObjectItemCaseSensitive(root, "jobs");
+    if (!cJSON_IsObject(root) || !cJSON_IsArray(jobs) || cJSON_GetArraySize(jobs) == 0) {
+        cJSON_Delete(root);
+        return jd_error_set(err, JD_EINVAL, "/jobs", "a batch is {\"jobs\": [definition, ...]}");
+    }
+    size_t n = (size_t)cJSON_GetArraySize(jobs);
+    if (n > j->limits.max_batch) {
+        cJSON_Delete(root);
+        return jd_error_set(err, JD_ETOOBIG, "/jobs", "%zu jobs in one batch, the limit is %u", n,
+                            j->limits.max_batch);
+    }
+    struct jd_jobdef **defs = jd_xcalloc(n, sizeof *defs);
+    size_t i = 0;
+    for (const cJSON *c = jobs->child; c; c = c->next, i++) {
+        char base[32];
+        snprintf(base, sizeof base, "/jobs/%zu", i);
+        rc = jd_jobdef_from_json(cJSON_Duplicate(c, 1), base, &j->limits, j->reg, &defs[i], err);
+        if (rc)
+            break;
+    }
+    cJSON_Delete(root);
+    if (rc) {
+        for (size_t k = 0; k < n; k++)
+            jd_jobdef_free(defs[k]);
+        free(defs);
+        return rc;
+    }
+    struct batch *b = jd_xcalloc(1, sizeof *b);
+    b->n = n;
+    b->remaining = (int)n;
+    b->recs = jd_xcalloc(n, sizeof *b->recs);
+    b->done = done;
+    b->arg = arg;
+    struct jd_write **ws = jd_xcalloc(n, sizeof *ws);
+    pthread_mutex_lock(&j->mu);
+    if (j->draining) {
+        rc = JD_ESHUTDOWN;
+    } else {
+        for (size_t k = 0; k < n; k++) {
+            b->recs[k] = insert_rec(j, defs[k], NULL, NULL);
+            b->recs[k]->batch = b;
+            ws[k] = &b->recs[k]->w;
+        }
+        rc = jd_store_submit_many(j->store, ws, n);
+        if (rc) {
+            for (size_t k = 0; k < n; k++) {
+                struct job *jb = b->recs[k]->job;
+                jb->finished = true;
+                jobs_job_remove(j, jb);
+                jobs_job_unref(jb);
+                jobs_wrec_free(b->recs[k]);
+                j->st.submitted--;
+            }
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    free(ws);
+    if (rc) {
+        if (!b->recs[0])
+            for (size_t k = 0; k < n; k++)
+                jd_jobdef_free(defs[k]);
+        free(b->recs);
+        free(b);
+        free(defs);
+        return jd_error_set(err, rc, NULL, "cannot store the batch: %s", jd_strerror(rc));
+    }
+    free(defs);
+    return 0;
+}

@@ -1,0 +1,141 @@
+/*
+ * The job table of the job layer: the hash of live jobs by id, their
+ * reference counts and the small helpers every other jobs_*.c file shares
+ * (building a struct job, parsing a stored definition, error JSON).
+ *
+ * Invariants: a job is in the table from its insert (or recovery) until its
+ * final state is durable; the table holds one reference, and so does every
+ * ready list, timer, call, process and write record that points at it. The
+ * last jobs_job_unref frees the job.
+ *
+ * Threading: everything here is called under jd_jobs.mu except jobs_job_new,
+ * jobs_parse_stored and jobs_err_json, which touch no shared state.
+ */
+#include "server/jobs_impl.h"
+
+#include "common/alloc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void jobs_jtimer_free(struct jtimer *t)
+{
+    free(t->res);
+    free(t->res_err);
+    free(t);
+}
+
+unsigned jobs_bucket(int64_t id)
+{
+    return (unsigned)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 52) % NBUCKETS;
+}
+
+struct job *jobs_job_find(struct jd_jobs *j, int64_t id)
+{
+    for (struct job *p = j->table[jobs_bucket(id)]; p; p = p->hnext)
+        if (p->id == id)
+            return p;
+    return NULL;
+}
+
+void jobs_job_insert(struct jd_jobs *j, struct job *jb)
+{
+    unsigned b = jobs_bucket(jb->id);
+    jb->hnext = j->table[b];
+    j->table[b] = jb;
+    jb->refs++;
+}
+
+void jobs_recs_free(struct rec *r)
+{
+    while (r) {
+        struct rec *n = r->next;
+        free(r->command);
+        free(r);
+        r = n;
+    }
+}
+
+void jobs_job_free(struct job *jb)
+{
+    jobs_recs_free(jb->recs);
+    for (struct dlv *d = jb->dlv, *n; d; d = n) {
+        n = d->next;
+        free(d->data);
+        free(d->error);
+        free(d);
+    }
+    jd_jobdef_free(jb->def);
+    free(jb->queue);
+    free(jb);
+}
+
+/* Under mu. */
+void jobs_job_unref(struct job *jb)
+{
+    if (--jb->refs == 0)
+        jobs_job_free(jb);
+}
+
+void jobs_job_remove(struct jd_jobs *j, struct job *jb)
+{
+    struct job **pp = &j->table[jobs_bucket(jb->id)];
+    while (*pp && *pp != jb)
+        pp = &(*pp)->hnext;
+    if (*pp) {
+        *pp = jb->hnext;
+        jobs_job_unref(jb);
+    }
+}
+
+char *jobs_err_json(const char *kind, const char *msg)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "kind", kind);
+    cJSON_AddStringToObject(e, "message", msg);
+    char *t = cJSON_PrintUnformatted(e);
+    cJSON_Delete(e);
+    return t;
+}
+
+int64_t jobs_job_timeout_ms(const struct job *jb)
+{
+    return jb->def ? jb->def->timeout_ms : 0;
+}
+
+/* Under mu: take a fired timer off its job's list. */
+void jobs_jtimer_unlink(struct job *jb, struct jtimer *t)
+{
+    for (struct jtimer **pp = &jb->timers; *pp; pp = &(*pp)->next)
+        if (*pp == t) {
+            *pp = t->next;
+            return;
+        }
+}
+
+struct job *jobs_job_new(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, int64_t now)
+{
+    (void)j;
+    struct job *jb = jd_xcalloc(1, sizeof *jb);
+    jb->id = id;
+    jb->def = d;
+    jb->queue = jd_xstrdup(d ? d->queue : "default");
+    jb->priority = d ? d->priority : 0;
+    jb->run_at_ms = d && d->run_at_ms ? d->run_at_ms : now + (d ? d->delay_ms : 0);
+    jb->created_ms = now;
+    jb->state = jb->committed_state = JD_JOB_QUEUED;
+    jb->run = 1;
+    return jb;
+}
+
+struct jd_jobdef *jobs_parse_stored(const char *text)
+{
+    struct jd_job_limits big = {.max_definition_bytes = SIZE_MAX / 2,
+                                .max_depth = 1u << 20,
+                                .max_steps = 1u << 20,
+                                .max_string = SIZE_MAX / 2};
+    struct jd_jobdef *d = NULL;
+    if (text)
+        jd_jobdef_parse(text, strlen(text), &big, NULL, &d, NULL);
+    return d;
+}
