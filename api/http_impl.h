@@ -1,0 +1,185 @@
+/*
+ * Internals of the HTTP server shared by its files. Not a public contract
+ * (that is http.h): only api/ files of the server include it.
+ *
+ *   http.c           MHD daemon, connection lifecycle, body, auth, dispatch
+ *   park.c           waiting requests: suspend/resume, parked list and its
+ *                    timer, job-layer callbacks, long-poll end, SSE stream
+ *   routes_jobs.c    /v1/jobs handlers
+ *   routes_queues.c  /v1/queues handlers
+ *   routes_misc.c    /livez, /readyz, /metrics, /v1/openapi.yaml, /v1/handlers
+ *
+ * Threading: a struct jd_req is used by one MHD pool thread at a time (the
+ * one handling its connection); fields under "waiting" are guarded by
+ * req->mu because job-layer callbacks set them from other threads, and the
+ * parked-list fields by h->park_mu. Lock order: req->mu before h->park_mu.
+ * A struct jd_http is written by its owner thread (start/attach/drain/stop)
+ * and otherwise read; its counters are atomics.
+ */
+#ifndef JD_API_HTTP_IMPL_H
+#define JD_API_HTTP_IMPL_H
+
+#include "api/http.h"
+#include "api/metrics.h"
+#include "api/router.h"
+#include "common/error.h"
+#include "server/jobs.h"
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define REQ_ID_MAX 64    /* longer client ids are replaced by ours */
+#define IDEM_KEY_MAX 255 /* as the common SaaS limits */
+
+struct jd_http {
+    struct MHD_Daemon *daemon;
+    MHD_socket quiesced_fd;
+    uint16_t port;
+    char *token;
+    size_t max_body;
+    unsigned max_parked;
+    int64_t max_wait_ms, heartbeat_ms;
+    struct jd_store *store;
+
+    _Atomic(struct jd_jobs *) jobs; /* release on attach: handlers see a built layer */
+    atomic_bool draining;           /* seq_cst everywhere: checked before parking, set before
+                                       waking, so a waiter either sees it or gets woken */
+    atomic_uint inflight;           /* requests between first call and completion */
+    atomic_uint parked_count;       /* long-polls parked + SSE streams alive */
+    atomic_uint_fast64_t rid_counter;
+    uint64_t rid_seed;
+
+    pthread_mutex_t park_mu;
+    pthread_cond_t park_cv;
+    struct jd_req *parked_head; /* doubly linked, holds a reference on each */
+    bool timer_stop;
+    uint64_t timer_wait_until; /* park_mu: the timer sleeps until this, or 0 if awake */
+    pthread_t timer;
+    bool timer_started;
+
+    struct jd_http_metrics metrics;
+};
+
+enum phase { PH_NEW, PH_BODY, PH_ASYNC, PH_PARKED, PH_DONE };
+enum wake { WAKE_NONE, WAKE_CHANGED, WAKE_TIMEOUT, WAKE_SHUTDOWN };
+
+struct jd_req {
+    struct jd_http *h;
+    struct MHD_Connection *conn;
+    atomic_int refs; /* acq_rel on drop: the freeing thread sees every write */
+    pthread_mutex_t mu;
+
+    struct jd_route_match m;
+    int match_rc;
+    char method[8];
+    char *path;
+    char rid[REQ_ID_MAX + 1];
+    char job_label[24]; /* job id for the log line, or "" */
+    uint64_t start_ns;
+    int status;
+    enum phase phase;
+
+    char *body;
+    size_t len, cap;
+    size_t discarded;
+    bool too_big;
+
+    /* waiting (under mu) */
+    bool armed;     /* a callback or deadline may fire */
+    bool suspended; /* MHD_suspend_connection called, resume not yet */
+    bool fired;
+    enum wake wake;
+    int cb_rc;
+    char *cb_json;
+    int64_t cb_job_id;
+    bool cb_existing;
+    struct jd_error cb_err;
+
+    /* parked list (under h->park_mu) */
+    struct jd_req *pprev, *pnext;
+    bool on_list;
+    uint64_t deadline_ns;
+    /* watch (owner: the thread currently handling the request) */
+    uint64_t watch_id;
+    bool watching;
+
+    /* long-poll / SSE */
+    int64_t job_id;
+    int64_t since;
+    bool terminal_only;
+    bool is_sse;
+    int64_t sse_seq;
+    char *sse_buf;
+    size_t sse_len, sse_off, sse_cap;
+    bool sse_end;
+    bool sse_heartbeat;
+};
+
+/* http.c: references, responses and request helpers (the request's MHD thread) */
+void http_req_ref(struct jd_req *r);
+void http_req_unref(struct jd_req *r);
+struct jd_jobs *http_jobs_of(struct jd_http *h);
+enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, char *body,
+                             size_t len, const char *h1, const char *v1, const char *h2,
+                             const char *v2);
+enum MHD_Result http_respond_json(struct jd_req *r, int status, const char *json, const char *h1,
+                                  const char *v1);
+enum MHD_Result http_respond_problem(struct jd_req *r, int status, const char *detail,
+                                     const char *pointer);
+enum MHD_Result http_respond_error(struct jd_req *r, int rc, const struct jd_error *err);
+enum MHD_Result http_respond_json_rc(struct jd_req *r, int rc, char *json);
+enum MHD_Result http_respond_bad_job_id(struct jd_req *r);
+const char *http_query(struct jd_req *r, const char *key);
+const char *http_header(struct jd_req *r, const char *key);
+int http_parse_i64(const char *s, int64_t *out);
+
+/* park.c: waiting (see its file comment for threads). A handler that hands
+ * r to the job layer calls http_arm, takes a reference for the callback
+ * (http_req_ref) and passes http_on_submit_done / http_on_action_done /
+ * http_on_watch with r as arg (each drops that reference), then returns
+ * http_async_started (a done callback) or parks (a watch). */
+void http_arm(struct jd_req *r);
+void http_wake(struct jd_req *r, enum wake why);
+void http_park_list_add(struct jd_req *r, uint64_t deadline_ns);
+void *http_timer_main(void *arg);
+void http_on_submit_done(void *arg, const struct jd_submit_result *res);
+void http_on_action_done(void *arg, int rc, const char *json);
+void http_on_watch(void *arg, int rc, int64_t version);
+bool http_parked_slot_take(struct jd_http *h);
+enum MHD_Result http_finish_parked(struct jd_req *r);
+ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max);
+void http_sse_free(void *cls);
+enum MHD_Result http_finish_async(struct jd_req *r);
+enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err);
+void http_wake_all_parked(struct jd_http *h);
+
+/* Route handlers: each answers or suspends its request. http.c's dispatch
+ * calls them on the request's MHD thread once the body is complete.
+ * routes_jobs.c (http_answer_job: the job as it is now, for long-polls): */
+enum MHD_Result http_answer_job(struct jd_req *r);
+enum MHD_Result route_job_get(struct jd_req *r);
+enum MHD_Result route_job_list(struct jd_req *r);
+enum MHD_Result route_job_events(struct jd_req *r);
+enum MHD_Result route_job_submit(struct jd_req *r);
+enum MHD_Result route_job_batch(struct jd_req *r);
+enum MHD_Result route_job_cancel(struct jd_req *r);
+enum MHD_Result route_job_message(struct jd_req *r);
+enum MHD_Result route_job_retry(struct jd_req *r);
+
+/* routes_queues.c: */
+enum MHD_Result route_queues(struct jd_req *r);
+enum MHD_Result route_queue_pause(struct jd_req *r);
+
+/* routes_misc.c: */
+enum MHD_Result route_livez(struct jd_req *r);
+enum MHD_Result route_readyz(struct jd_req *r);
+enum MHD_Result route_metrics(struct jd_req *r);
+enum MHD_Result route_openapi(struct jd_req *r);
+enum MHD_Result route_handlers(struct jd_req *r);
+
+#endif

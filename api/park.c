@@ -1,0 +1,429 @@
+/*
+ * Waiting requests: arming a request for a job-layer callback, suspending
+ * and resuming its connection, the parked list and its timer thread
+ * (long-poll deadlines, SSE heartbeats), the job-layer done and watch
+ * callbacks, answering after a commit (http_finish_async) and streaming a
+ * job's events as SSE.
+ *
+ * Invariants: a request waits for at most one callback per arming (`armed`,
+ * `fired`); the parked list and every pending callback hold a reference on
+ * the request; parked_count (long-polls + SSE streams) is a soft cap.
+ *
+ * Threading: handlers run on MHD's pool threads; the callbacks run on the
+ * job layer's threads (the store's completion thread, workers); the timer
+ * thread wakes expired waiters. Lock order: req->mu before h->park_mu; the
+ * timer thread never takes a req->mu while holding park_mu.
+ */
+#include "api/http_impl.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Prepare for a callback; call before handing r to the job layer. */
+void http_arm(struct jd_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->armed = true;
+    r->fired = false;
+    r->wake = WAKE_NONE;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Fire once per arming; resumes the connection if the handler suspended. */
+void http_wake(struct jd_req *r, enum wake why)
+{
+    pthread_mutex_lock(&r->mu);
+    bool resume = false;
+    if (r->armed && !r->fired) {
+        r->fired = true;
+        r->wake = why;
+        resume = r->suspended;
+        r->suspended = false;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (resume)
+        MHD_resume_connection(r->conn);
+}
+
+/* After handing r over: true if the callback already fired (answer now);
+ * false after suspending the connection (answer when resumed). */
+static bool fired_or_suspend(struct jd_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    bool f = r->fired;
+    if (!f) {
+        r->suspended = true;
+        MHD_suspend_connection(r->conn);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return f;
+}
+
+void http_park_list_add(struct jd_req *r, uint64_t deadline_ns)
+{
+    struct jd_http *h = r->h;
+    http_req_ref(r);
+    pthread_mutex_lock(&h->park_mu);
+    r->deadline_ns = deadline_ns;
+    r->pprev = NULL;
+    r->pnext = h->parked_head;
+    if (h->parked_head)
+        h->parked_head->pprev = r;
+    h->parked_head = r;
+    r->on_list = true;
+    /* Wake the timer only if it would sleep past this deadline; an awake
+     * timer rescans the whole list before it sleeps again. */
+    if (h->timer_wait_until != 0 && deadline_ns < h->timer_wait_until)
+        pthread_cond_signal(&h->park_cv);
+    pthread_mutex_unlock(&h->park_mu);
+}
+
+static void unlink_locked(struct jd_http *h, struct jd_req *r)
+{
+    if (r->pprev)
+        r->pprev->pnext = r->pnext;
+    else
+        h->parked_head = r->pnext;
+    if (r->pnext)
+        r->pnext->pprev = r->pprev;
+    r->pprev = r->pnext = NULL;
+    r->on_list = false;
+}
+
+static void park_list_remove(struct jd_req *r)
+{
+    struct jd_http *h = r->h;
+    pthread_mutex_lock(&h->park_mu);
+    bool was = r->on_list;
+    if (was)
+        unlink_locked(h, r);
+    pthread_mutex_unlock(&h->park_mu);
+    if (was)
+        http_req_unref(r);
+}
+
+/* Withdraw the watch if it has not fired (its reference is then ours). */
+static void watch_cancel(struct jd_req *r)
+{
+    if (!r->watching)
+        return;
+    r->watching = false;
+    struct jd_jobs *j = http_jobs_of(r->h);
+    if (j != NULL && jd_jobs_unwatch(j, r->watch_id))
+        http_req_unref(r);
+}
+
+void *http_timer_main(void *arg)
+{
+    struct jd_http *h = arg;
+    pthread_mutex_lock(&h->park_mu);
+    while (!h->timer_stop) {
+        uint64_t now = jd_now_ns();
+        uint64_t next = now + 1000000000ull; /* re-check at least every second */
+        struct jd_req *expired = NULL;
+        for (struct jd_req *r = h->parked_head, *nx; r != NULL; r = nx) {
+            nx = r->pnext;
+            if (r->deadline_ns <= now) {
+                unlink_locked(h, r); /* the list's reference moves to `expired` */
+                r->pnext = expired;
+                expired = r;
+            } else if (r->deadline_ns < next) {
+                next = r->deadline_ns;
+            }
+        }
+        if (expired != NULL) {
+            pthread_mutex_unlock(&h->park_mu);
+            while (expired != NULL) {
+                struct jd_req *r = expired;
+                expired = r->pnext;
+                r->pnext = NULL;
+                http_wake(r, WAKE_TIMEOUT);
+                http_req_unref(r);
+            }
+            pthread_mutex_lock(&h->park_mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t wait = next - now;
+        ts.tv_sec += (time_t)(wait / 1000000000ull);
+        ts.tv_nsec += (long)(wait % 1000000000ull);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        h->timer_wait_until = next;
+        pthread_cond_timedwait(&h->park_cv, &h->park_mu, &ts);
+        h->timer_wait_until = 0;
+    }
+    pthread_mutex_unlock(&h->park_mu);
+    return NULL;
+}
+
+void http_on_submit_done(void *arg, const struct jd_submit_result *res)
+{
+    struct jd_req *r = arg;
+    pthread_mutex_lock(&r->mu);
+    r->cb_rc = res->rc;
+    r->cb_err = res->err;
+    r->cb_job_id = res->job_id;
+    r->cb_existing = res->existing;
+    r->cb_json = res->json ? jd_xstrdup(res->json) : NULL;
+    pthread_mutex_unlock(&r->mu);
+    http_wake(r, WAKE_CHANGED);
+    http_req_unref(r);
+}
+
+void http_on_action_done(void *arg, int rc, const char *json)
+{
+    struct jd_req *r = arg;
+    pthread_mutex_lock(&r->mu);
+    r->cb_rc = rc;
+    r->cb_json = json ? jd_xstrdup(json) : NULL;
+    pthread_mutex_unlock(&r->mu);
+    http_wake(r, WAKE_CHANGED);
+    http_req_unref(r);
+}
+
+void http_on_watch(void *arg, int rc, int64_t version)
+{
+    struct jd_req *r = arg;
+    http_wake(r, rc == JD_ESHUTDOWN ? WAKE_SHUTDOWN : WAKE_CHANGED);
+    http_req_unref(r);
+}
+
+bool http_parked_slot_take(struct jd_http *h)
+{
+    /* relaxed: a soft cap; a few over under a race is harmless */
+    unsigned n = atomic_fetch_add_explicit(&h->parked_count, 1, memory_order_relaxed);
+    if (n >= h->max_parked) {
+        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->metrics.parked_rejected, 1, memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
+enum MHD_Result http_finish_parked(struct jd_req *r)
+{
+    park_list_remove(r);
+    watch_cancel(r);
+    /* relaxed: a soft cap and a gauge */
+    atomic_fetch_sub_explicit(&r->h->parked_count, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->h->metrics.parked, 1, memory_order_relaxed);
+    return http_answer_job(r);
+}
+
+static void sse_put(struct jd_req *r, const char *s, size_t n)
+{
+    if (r->sse_len + n + 1 > r->sse_cap) {
+        r->sse_cap = (r->sse_len + n + 1) * 2;
+        r->sse_buf = jd_xrealloc(r->sse_buf, r->sse_cap);
+    }
+    memcpy(r->sse_buf + r->sse_len, s, n);
+    r->sse_len += n;
+}
+
+static void sse_event(void *arg, int64_t seq, const char *kind, const char *event_json)
+{
+    struct jd_req *r = arg;
+    char head[96];
+    int n = snprintf(head, sizeof head, "id: %" PRId64 "\nevent: %s\ndata: ", seq, kind);
+    sse_put(r, head, (size_t)n);
+    /* event_json is one line (compact JSON); guard anyway so a newline can
+     * never end the data field early */
+    for (const char *p = event_json; *p; p++) {
+        if (*p == '\n' || *p == '\r')
+            sse_put(r, " ", 1);
+        else
+            sse_put(r, p, 1);
+    }
+    sse_put(r, "\n\n", 2);
+    if (seq > r->sse_seq)
+        r->sse_seq = seq;
+}
+
+/* Fill the buffer with what is new; sets sse_end when the job is terminal
+ * and everything up to its final version has been written. */
+static void sse_refill(struct jd_req *r)
+{
+    struct jd_jobs *j = http_jobs_of(r->h);
+    r->sse_len = r->sse_off = 0;
+    if (r->sse_heartbeat) {
+        sse_put(r, ": heartbeat\n\n", 13);
+        r->sse_heartbeat = false;
+    }
+    int rc = jd_jobs_events_each(j, r->job_id, r->sse_seq, sse_event, r);
+    if (rc < 0) {
+        r->sse_end = true;
+        return;
+    }
+    char *json = NULL;
+    int64_t version = 0;
+    bool terminal = false;
+    if (jd_jobs_get_json(j, r->job_id, &json, &version, &terminal) != 0) {
+        r->sse_end = true;
+        return;
+    }
+    free(json);
+    if (terminal && r->sse_seq >= version) {
+        sse_put(r, "event: end\ndata: {}\n\n", 21);
+        r->sse_end = true;
+    }
+}
+
+ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct jd_req *r = cls;
+    struct jd_http *h = r->h;
+    if (r->phase == PH_PARKED) { /* resumed: by a change, a heartbeat or drain */
+        pthread_mutex_lock(&r->mu);
+        enum wake why = r->wake;
+        r->armed = false;
+        pthread_mutex_unlock(&r->mu);
+        park_list_remove(r);
+        watch_cancel(r);
+        r->phase = PH_DONE;
+        if (why == WAKE_TIMEOUT)
+            r->sse_heartbeat = true;
+    }
+    for (int round = 0; round < 4; round++) {
+        if (r->sse_off < r->sse_len) {
+            size_t n = r->sse_len - r->sse_off;
+            if (n > max)
+                n = max;
+            memcpy(buf, r->sse_buf + r->sse_off, n);
+            r->sse_off += n;
+            return (ssize_t)n;
+        }
+        if (r->sse_end)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        sse_refill(r);
+        if (r->sse_len > 0 || r->sse_end)
+            continue;
+        if (atomic_load(&h->draining)) { /* seq_cst: see route_job_get */
+            r->sse_end = true;
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        /* Nothing new: park until the job changes or the heartbeat is due. */
+        http_arm(r);
+        http_req_ref(r);
+        uint64_t wid = 0;
+        int rc =
+            jd_jobs_watch(http_jobs_of(h), r->job_id, r->sse_seq, false, http_on_watch, r, &wid);
+        if (rc != 0) {
+            http_req_unref(r);
+            r->sse_end = true;
+            continue;
+        }
+        r->watch_id = wid;
+        r->watching = true;
+        r->phase = PH_PARKED;
+        pthread_mutex_lock(&r->mu);
+        bool fired = r->fired;
+        if (!fired) {
+            http_park_list_add(r, jd_now_ns() + (uint64_t)h->heartbeat_ms * 1000000ull);
+            r->suspended = true;
+            MHD_suspend_connection(r->conn);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (!fired) {
+            if (atomic_load(&h->draining))
+                http_wake(r, WAKE_SHUTDOWN);
+            return 0; /* suspended: MHD calls again after the resume */
+        }
+        /* fired already: clean up and go round again */
+        pthread_mutex_lock(&r->mu);
+        r->armed = false;
+        pthread_mutex_unlock(&r->mu);
+        watch_cancel(r);
+        r->phase = PH_DONE;
+    }
+    /* Still nothing after a few rounds of immediate changes: send a heartbeat
+     * rather than spin; the next call looks again. */
+    static const char hb[] = ": heartbeat\n\n";
+    size_t n = sizeof hb - 1 < max ? sizeof hb - 1 : max;
+    memcpy(buf, hb, n);
+    return (ssize_t)n;
+}
+
+void http_sse_free(void *cls)
+{
+    http_req_unref(cls);
+}
+
+enum MHD_Result http_finish_async(struct jd_req *r)
+{
+    int rc;
+    char *json;
+    pthread_mutex_lock(&r->mu);
+    rc = r->cb_rc;
+    json = r->cb_json;
+    r->cb_json = NULL;
+    r->armed = false;
+    pthread_mutex_unlock(&r->mu);
+    enum MHD_Result ret;
+    if (rc != 0) {
+        ret = http_respond_error(r, rc, r->cb_err.code ? &r->cb_err : NULL);
+    } else if (r->m.route == JD_ROUTE_JOB_SUBMIT) {
+        char loc[48];
+        snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, r->cb_job_id);
+        snprintf(r->job_label, sizeof r->job_label, "%" PRId64, r->cb_job_id);
+        char *b = jd_xasprintf("%s\n", json ? json : "{}");
+        ret = http_respond(r, 201, "application/json", b, strlen(b), MHD_HTTP_HEADER_LOCATION, loc,
+                           r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
+    } else if (r->m.route == JD_ROUTE_JOB_BATCH) {
+        ret = http_respond_json(r, 201, json ? json : "{}", NULL, NULL);
+    } else if (r->m.route == JD_ROUTE_QUEUE_PAUSE || r->m.route == JD_ROUTE_QUEUE_RESUME) {
+        if (json != NULL) {
+            ret = http_respond_json(r, 200, json, NULL, NULL);
+        } else {
+            char *b = jd_xasprintf("{\"name\":\"%s\",\"paused\":%s}\n", r->m.param,
+                                   r->m.route == JD_ROUTE_QUEUE_PAUSE ? "true" : "false");
+            ret = http_respond(r, 200, "application/json", b, strlen(b), NULL, NULL, NULL, NULL);
+        }
+    } else {
+        ret = http_respond_json(r, 202, json ? json : "{}", NULL, NULL);
+    }
+    free(json);
+    return ret;
+}
+
+/* The job layer accepted r for a callback (rc 0) or refused it at once. */
+enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err)
+{
+    if (rc != 0) {
+        http_req_unref(r); /* the callback's reference: it will never run */
+        pthread_mutex_lock(&r->mu);
+        r->armed = false;
+        pthread_mutex_unlock(&r->mu);
+        return http_respond_error(r, rc, err);
+    }
+    r->phase = PH_ASYNC;
+    if (fired_or_suspend(r))
+        return http_finish_async(r);
+    return MHD_YES;
+}
+
+void http_wake_all_parked(struct jd_http *h)
+{
+    pthread_mutex_lock(&h->park_mu);
+    struct jd_req *list = h->parked_head;
+    h->parked_head = NULL;
+    for (struct jd_req *r = list; r != NULL; r = r->pnext)
+        r->on_list = false;
+    pthread_mutex_unlock(&h->park_mu);
+    while (list != NULL) { /* the list's references are ours now */
+        struct jd_req *r = list;
+        list = r->pnext;
+        r->pnext = r->pprev = NULL;
+        http_wake(r, WAKE_SHUTDOWN);
+        http_req_unref(r);
+    }
+}

@@ -1,0 +1,259 @@
+/*
+ * Route handlers for /v1/jobs: submit, batch, get (with long-poll), list,
+ * events (JSON or SSE), cancel, message, retry.
+ *
+ * Threading: every handler runs on an MHD pool thread, once per request,
+ * after http.c routed, authenticated and read the body. A handler answers
+ * at once, or hands the request to the job layer (http_arm, http_req_ref,
+ * then http_async_started) or parks it (park.c).
+ */
+#include "api/http_impl.h"
+
+#include "api/problem.h"
+#include "common/clock.h"
+#include "storage/store.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool job_id_from_param(struct jd_req *r, int64_t *id)
+{
+    if (jd_jobs_parse_id(r->m.param, id) != 0)
+        return false;
+    snprintf(r->job_label, sizeof r->job_label, "%" PRId64, *id);
+    return true;
+}
+
+/* Answer with the job as it is now (long-poll end, or no wait at all). */
+enum MHD_Result http_answer_job(struct jd_req *r)
+{
+    char *json = NULL;
+    int64_t version = 0;
+    bool terminal = false;
+    int rc = jd_jobs_get_json(http_jobs_of(r->h), r->job_id, &json, &version, &terminal);
+    if (rc != 0)
+        return http_respond_error(r, rc, NULL);
+    char etag[32];
+    snprintf(etag, sizeof etag, "\"%" PRId64 "\"", version);
+    enum MHD_Result ret = http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
+    free(json);
+    return ret;
+}
+
+enum MHD_Result route_job_get(struct jd_req *r)
+{
+    struct jd_http *h = r->h;
+    if (!job_id_from_param(r, &r->job_id))
+        return http_respond_bad_job_id(r);
+    const char *w = http_query(r, "wait");
+    const char *s = http_query(r, "since");
+    if (w == NULL && s == NULL)
+        return http_answer_job(r);
+    int64_t wait_ms = h->max_wait_ms;
+    if (w != NULL && (jd_duration_parse(w, &wait_ms) != 0 || wait_ms < 0))
+        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
+    if (wait_ms > h->max_wait_ms)
+        wait_ms = h->max_wait_ms;
+    r->since = 0;
+    r->terminal_only = s == NULL;
+    if (s != NULL && http_parse_i64(s, &r->since) != 0)
+        return http_respond_problem(r, 400, "since must be a job version (a non-negative integer)",
+                                    NULL);
+    /* seq_cst: pairs with jd_http_drain, which sets draining and then wakes
+     * the parked list; one of the two sees the other. */
+    if (wait_ms == 0 || atomic_load(&h->draining))
+        return http_answer_job(r);
+    if (!http_parked_slot_take(h))
+        return http_respond_problem(r, 429, "too many waiting connections", NULL);
+
+    http_arm(r);
+    http_req_ref(r); /* for the watch callback */
+    uint64_t wid = 0;
+    int rc = jd_jobs_watch(http_jobs_of(h), r->job_id, r->since, r->terminal_only, http_on_watch, r,
+                           &wid);
+    if (rc != 0) {
+        http_req_unref(r);
+        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
+        if (rc == JD_ESHUTDOWN)
+            return http_answer_job(r);
+        return http_respond_error(r, rc, NULL);
+    }
+    r->watch_id = wid;
+    r->watching = true;
+    r->phase = PH_PARKED;
+    atomic_fetch_add_explicit(&h->metrics.parked, 1, memory_order_relaxed); /* a gauge */
+    pthread_mutex_lock(&r->mu);
+    bool fired = r->fired;
+    if (!fired) {
+        http_park_list_add(r, jd_now_ns() + (uint64_t)wait_ms * 1000000ull);
+        r->suspended = true;
+        MHD_suspend_connection(r->conn);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (fired) /* the job changed before we could suspend: answer now */
+        return http_finish_parked(r);
+    if (atomic_load(&h->draining))
+        http_wake(r, WAKE_SHUTDOWN); /* drain ran between our check and the list add */
+    return MHD_YES;
+}
+
+enum MHD_Result route_job_list(struct jd_req *r)
+{
+    struct jd_jobs_list_query q = {0};
+    q.state = http_query(r, "state");
+    q.queue = http_query(r, "queue");
+    q.cursor = http_query(r, "cursor");
+    const char *lim = http_query(r, "limit");
+    if (lim != NULL) {
+        int64_t v;
+        if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 1000)
+            return http_respond_problem(r, 400, "limit must be an integer from 1 to 1000", NULL);
+        q.limit = (unsigned)v;
+    }
+    if (q.state != NULL && jd_job_state_parse(q.state) < 0)
+        return http_respond_problem(r, 400,
+                                    "state must be one of queued, running, waiting, succeeded, "
+                                    "failed, cancelled",
+                                    NULL);
+    char *json = NULL;
+    struct jd_error err = {0};
+    int rc = jd_jobs_list_json(http_jobs_of(r->h), &q, &json, &err);
+    if (rc == JD_EINVAL || rc == JD_EPARSE)
+        return http_respond_problem(r, 400, err.message[0] ? err.message : "invalid query", NULL);
+    if (rc != 0)
+        return http_respond_error(r, rc, &err);
+    enum MHD_Result ret = http_respond_json(r, 200, json, NULL, NULL);
+    free(json);
+    return ret;
+}
+
+enum MHD_Result route_job_events(struct jd_req *r)
+{
+    struct jd_http *h = r->h;
+    if (!job_id_from_param(r, &r->job_id))
+        return http_respond_bad_job_id(r);
+    int64_t after = 0;
+    const char *a = http_query(r, "after");
+    const char *leid = http_header(r, "Last-Event-ID");
+    if (a != NULL && http_parse_i64(a, &after) != 0)
+        return http_respond_problem(r, 400, "after must be an event sequence number", NULL);
+    const char *accept = http_header(r, MHD_HTTP_HEADER_ACCEPT);
+    bool sse = accept != NULL && strstr(accept, "text/event-stream") != NULL;
+    if (!sse) {
+        unsigned limit = 1000;
+        const char *lim = http_query(r, "limit");
+        if (lim != NULL) {
+            int64_t v;
+            if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 10000)
+                return http_respond_problem(r, 400, "limit must be an integer from 1 to 10000",
+                                            NULL);
+            limit = (unsigned)v;
+        }
+        char *json = NULL;
+        int rc = jd_jobs_events_json(http_jobs_of(h), r->job_id, after, limit, &json);
+        if (rc != 0)
+            return http_respond_error(r, rc, NULL);
+        enum MHD_Result ret = http_respond_json(r, 200, json, NULL, NULL);
+        free(json);
+        return ret;
+    }
+    if (leid != NULL && http_parse_i64(leid, &after) != 0)
+        return http_respond_problem(r, 400, "Last-Event-ID must be an event sequence number", NULL);
+    char *json = NULL;
+    int64_t version;
+    bool terminal;
+    int rc = jd_jobs_get_json(http_jobs_of(h), r->job_id, &json, &version, &terminal);
+    if (rc != 0)
+        return http_respond_error(r, rc, NULL);
+    free(json);
+    if (!http_parked_slot_take(h))
+        return http_respond_problem(r, 429, "too many streaming connections", NULL);
+    r->is_sse = true;
+    r->sse_seq = after;
+    r->phase = PH_DONE;
+    http_req_ref(r); /* the response's reference, dropped by http_sse_free */
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 4096, http_sse_reader, r, http_sse_free);
+    if (resp == NULL) {
+        http_req_unref(r);
+        r->is_sse = false;
+        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    MHD_add_response_header(resp, "X-Request-Id", r->rid);
+    r->status = 200;
+    enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+enum MHD_Result route_job_submit(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    const char *key = http_header(r, "Idempotency-Key");
+    if (key != NULL && (key[0] == '\0' || strlen(key) > IDEM_KEY_MAX))
+        return http_respond_problem(r, 400, "Idempotency-Key must be 1 to 255 characters", NULL);
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, key,
+                            http_on_submit_done, r, &err);
+    return http_async_started(r, rc, &err);
+}
+
+enum MHD_Result route_job_batch(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_submit_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
+                                  http_on_submit_done, r, &err);
+    return http_async_started(r, rc, &err);
+}
+
+enum MHD_Result route_job_cancel(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    int64_t id = 0;
+    if (!job_id_from_param(r, &id))
+        return http_respond_bad_job_id(r);
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_cancel(http_jobs_of(r->h), id, http_on_action_done, r);
+    if (rc == JD_ECONFLICT)
+        jd_error_set(&err, rc, NULL, "job %" PRId64 " is already finished", id);
+    return http_async_started(r, rc, &err);
+}
+
+enum MHD_Result route_job_message(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    int64_t id = 0;
+    if (!job_id_from_param(r, &id))
+        return http_respond_bad_job_id(r);
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_message(http_jobs_of(r->h), id, r->body ? r->body : "", r->len,
+                             http_on_action_done, r, &err);
+    if (rc == JD_ECONFLICT && err.message[0] == '\0')
+        jd_error_set(&err, rc, NULL, "job %" PRId64 " is already finished", id);
+    return http_async_started(r, rc, &err);
+}
+
+enum MHD_Result route_job_retry(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    int64_t id = 0;
+    if (!job_id_from_param(r, &id))
+        return http_respond_bad_job_id(r);
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_retry(http_jobs_of(r->h), id, http_on_action_done, r);
+    if (rc == JD_ECONFLICT)
+        jd_error_set(&err, rc, NULL, "only failed or cancelled jobs can be retried");
+    return http_async_started(r, rc, &err);
+}

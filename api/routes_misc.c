@@ -1,0 +1,82 @@
+/*
+ * Route handlers outside the job resources: /livez, /readyz, /metrics,
+ * /v1/openapi.yaml and /v1/handlers. /livez, /readyz, /metrics and the
+ * OpenAPI document answer before the job layer is attached.
+ *
+ * Threading: handlers run on MHD pool threads (see routes_jobs.c).
+ */
+#include "api/http_impl.h"
+
+#include "api/metrics.h"
+#include "common/alloc.h"
+#include "plugins/registry.h"
+#include "scheduler/sched.h"
+#include "storage/store.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum MHD_Result route_livez(struct jd_req *r)
+{
+    char *text = jd_xstrdup("{\"status\":\"ok\"}\n");
+    return http_respond(r, 200, "application/json", text, strlen(text), NULL, NULL, NULL, NULL);
+}
+
+enum MHD_Result route_readyz(struct jd_req *r)
+{
+    struct jd_http *h = r->h;
+    if (http_jobs_of(h) == NULL)
+        return http_respond_problem(r, 503, "starting: recovering jobs", NULL);
+    if (atomic_load(&h->draining))
+        return http_respond_problem(r, 503, "draining: shutting down", NULL);
+    char *text = jd_xstrdup("{\"status\":\"ready\"}\n");
+    return http_respond(r, 200, "application/json", text, strlen(text), NULL, NULL, NULL, NULL);
+}
+
+enum MHD_Result route_metrics(struct jd_req *r)
+{
+    struct jd_http *h = r->h;
+    struct jd_jobs *j = http_jobs_of(h);
+    struct jd_metrics_sources src = {.http = &h->metrics};
+    struct jd_jobs_stats js;
+    struct jd_sched_stats ss;
+    struct jd_store_stats st;
+    struct jd_registry_stats rs;
+    if (j != NULL) {
+        jd_jobs_stats(j, &js);
+        jd_sched_stats(jd_jobs_sched(j), &ss);
+        jd_registry_stats(jd_jobs_registry(j), &rs);
+        src.jobs = &js;
+        src.sched = &ss;
+        src.registry = &rs;
+    }
+    struct jd_queue_counts *qc = NULL;
+    size_t nq = 0;
+    if (h->store != NULL) {
+        jd_store_stats(h->store, &st);
+        src.store = &st;
+        if (jd_store_queue_counts(h->store, &qc, &nq) == 0) {
+            src.queues = qc;
+            src.nqueues = nq;
+        }
+    }
+    src.ready = j != NULL && !atomic_load(&h->draining);
+    char *text = jd_metrics_render(&src);
+    if (qc != NULL)
+        jd_queue_counts_free(qc, nq);
+    return http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text),
+                        NULL, NULL, NULL, NULL);
+}
+
+enum MHD_Result route_openapi(struct jd_req *r)
+{
+    char *text = jd_xstrdup(jd_openapi_yaml);
+    return http_respond(r, 200, "application/yaml", text, strlen(text), NULL, NULL, NULL, NULL);
+}
+
+enum MHD_Result route_handlers(struct jd_req *r)
+{
+    char *text = NULL;
+    int rc = jd_jobs_handlers_json(http_jobs_of(r->h), &text);
+    return http_respond_json_rc(r, rc, text);
+}
