@@ -245,75 +245,31 @@ int http_parse_i64(const char *s, int64_t *out)
     return 0;
 }
 
-static bool route_takes_json_body(enum jd_route rt)
-{
-    return rt == JD_ROUTE_JOB_SUBMIT || rt == JD_ROUTE_JOB_BATCH || rt == JD_ROUTE_JOB_MESSAGE;
-}
+/* Each route's handler, by route id, from the route table (api/routes.h). */
+static jd_route_fn *const handlers[JD_ROUTE_COUNT] = {
+#define JD_ROUTE_HANDLER(id, method, pattern, handler, flags) [id] = handler,
+    JD_ROUTES(JD_ROUTE_HANDLER)
+#undef JD_ROUTE_HANDLER
+};
 
-static enum MHD_Result route_post(struct jd_req *r)
+/* The body is complete: check what the route's flags ask for, then hand
+ * the request to its handler. */
+static enum MHD_Result dispatch(struct jd_req *r)
 {
     struct jd_http *h = r->h;
+    unsigned flags = r->m.flags;
+    if ((flags & JD_RF_JOBS) && http_jobs_of(h) == NULL)
+        return http_respond_problem(r, 503, "starting: recovering jobs", NULL);
     /* seq_cst: a request arriving after drain began must not start work */
-    if (atomic_load(&h->draining))
+    if ((flags & JD_RF_WRITE) && atomic_load(&h->draining))
         return http_respond_problem(r, 503, "the server is shutting down", NULL);
-    if (route_takes_json_body(r->m.route)) {
+    if (flags & JD_RF_JSON) {
         if (r->len == 0)
             return http_respond_problem(r, 400, "the request needs a JSON body", NULL);
         if (!jd_utf8_valid(r->body, r->len))
             return http_respond_problem(r, 400, "the body is not valid UTF-8", NULL);
     }
-    switch (r->m.route) {
-    case JD_ROUTE_JOB_SUBMIT:
-        return route_job_submit(r);
-    case JD_ROUTE_JOB_BATCH:
-        return route_job_batch(r);
-    case JD_ROUTE_JOB_CANCEL:
-        return route_job_cancel(r);
-    case JD_ROUTE_JOB_MESSAGE:
-        return route_job_message(r);
-    case JD_ROUTE_JOB_RETRY:
-        return route_job_retry(r);
-    case JD_ROUTE_QUEUE_PAUSE:
-    case JD_ROUTE_QUEUE_RESUME:
-        return route_queue_pause(r);
-    default:
-        return http_respond_problem(r, 500, "unrouted POST", NULL);
-    }
-}
-
-static enum MHD_Result dispatch(struct jd_req *r)
-{
-    struct jd_http *h = r->h;
-    struct jd_jobs *j = http_jobs_of(h);
-    switch (r->m.route) {
-    case JD_ROUTE_LIVEZ:
-        return route_livez(r);
-    case JD_ROUTE_READYZ:
-        return route_readyz(r);
-    case JD_ROUTE_METRICS:
-        return route_metrics(r);
-    case JD_ROUTE_OPENAPI:
-        return route_openapi(r);
-    default:
-        break;
-    }
-    /* Everything below needs the job layer. */
-    if (j == NULL)
-        return http_respond_problem(r, 503, "starting: recovering jobs", NULL);
-    switch (r->m.route) {
-    case JD_ROUTE_JOB_GET:
-        return route_job_get(r);
-    case JD_ROUTE_JOB_LIST:
-        return route_job_list(r);
-    case JD_ROUTE_JOB_EVENTS:
-        return route_job_events(r);
-    case JD_ROUTE_HANDLERS:
-        return route_handlers(r);
-    case JD_ROUTE_QUEUES:
-        return route_queues(r);
-    default:
-        return route_post(r);
-    }
+    return handlers[r->m.route](r);
 }
 
 /* First call for a request: route, authenticate, check the headers. Returns
@@ -329,7 +285,7 @@ static enum MHD_Result first_call(struct jd_req *r)
     }
     if (r->match_rc == JD_ECONFLICT)
         return http_respond_problem(r, 405, "method not allowed on this route", NULL);
-    if (h->token != NULL && jd_route_is_v1(r->m.route) &&
+    if (h->token != NULL && (r->m.flags & JD_RF_V1) &&
         !jd_auth_bearer_ok(http_header(r, MHD_HTTP_HEADER_AUTHORIZATION), h->token))
         return http_respond_problem(r, 401, "missing or wrong bearer token", NULL);
     const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -341,7 +297,7 @@ static enum MHD_Result first_call(struct jd_req *r)
             return http_respond_problem(r, 413, d, NULL);
         }
     }
-    if (route_takes_json_body(r->m.route) &&
+    if ((r->m.flags & JD_RF_JSON) &&
         !jd_content_type_is_json(http_header(r, MHD_HTTP_HEADER_CONTENT_TYPE))) {
         char d[200];
         const char *ct = http_header(r, MHD_HTTP_HEADER_CONTENT_TYPE);

@@ -158,6 +158,9 @@ enum MHD_Result http_finish_async(struct jd_req *r);
 enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err);
 void http_wake_all_parked(struct jd_http *h);
 
+/* A route's handler (the handler column of api/routes.h). */
+typedef enum MHD_Result jd_route_fn(struct jd_req *r);
+
 /* Route handlers: each answers or suspends its request. http.c's dispatch
  * calls them on the request's MHD thread once the body is complete.
  * routes_jobs.c (http_answer_job: the job as it is now, for long-polls): */

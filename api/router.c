@@ -1,7 +1,8 @@
 /*
- * Route matching: the path is split on '/' into at most five segments and
- * compared with a small table of patterns. No allocation, no global state;
- * every input (including garbage from the fuzzer) ends in a 0, 404 or 405.
+ * Route matching: the path is split on '/' into at most MAXSEG segments and
+ * compared with the patterns of a route table, segment by segment. No
+ * allocation, no global state but the constant table; every input
+ * (including garbage from the fuzzer) ends in a 0, 404 or 405.
  */
 #include "api/router.h"
 
@@ -9,43 +10,14 @@
 
 #include <string.h>
 
-struct pattern {
-    const char *segs[5]; /* NULL-terminated; "*" is the parameter */
-    unsigned method;
-    enum jd_route route;
-    const char *name;
-};
-
-static const struct pattern table[] = {
-    {{"v1", "jobs", NULL}, JD_M_POST, JD_ROUTE_JOB_SUBMIT, "/v1/jobs"},
-    {{"v1", "jobs", NULL}, JD_M_GET, JD_ROUTE_JOB_LIST, "/v1/jobs"},
-    {{"v1", "jobs", "batch", NULL}, JD_M_POST, JD_ROUTE_JOB_BATCH, "/v1/jobs/batch"},
-    {{"v1", "jobs", "*", NULL}, JD_M_GET, JD_ROUTE_JOB_GET, "/v1/jobs/{id}"},
-    {{"v1", "jobs", "*", "events", NULL}, JD_M_GET, JD_ROUTE_JOB_EVENTS, "/v1/jobs/{id}/events"},
-    {{"v1", "jobs", "*", "cancel", NULL}, JD_M_POST, JD_ROUTE_JOB_CANCEL, "/v1/jobs/{id}/cancel"},
-    {{"v1", "jobs", "*", "messages", NULL},
-     JD_M_POST,
-     JD_ROUTE_JOB_MESSAGE,
-     "/v1/jobs/{id}/messages"},
-    {{"v1", "jobs", "*", "retry", NULL}, JD_M_POST, JD_ROUTE_JOB_RETRY, "/v1/jobs/{id}/retry"},
-    {{"v1", "handlers", NULL}, JD_M_GET, JD_ROUTE_HANDLERS, "/v1/handlers"},
-    {{"v1", "queues", NULL}, JD_M_GET, JD_ROUTE_QUEUES, "/v1/queues"},
-    {{"v1", "queues", "*", "pause", NULL},
-     JD_M_POST,
-     JD_ROUTE_QUEUE_PAUSE,
-     "/v1/queues/{queue}/pause"},
-    {{"v1", "queues", "*", "resume", NULL},
-     JD_M_POST,
-     JD_ROUTE_QUEUE_RESUME,
-     "/v1/queues/{queue}/resume"},
-    {{"v1", "openapi.yaml", NULL}, JD_M_GET, JD_ROUTE_OPENAPI, "/v1/openapi.yaml"},
-    {{"livez", NULL}, JD_M_GET, JD_ROUTE_LIVEZ, "/livez"},
-    {{"readyz", NULL}, JD_M_GET, JD_ROUTE_READYZ, "/readyz"},
-    {{"metrics", NULL}, JD_M_GET, JD_ROUTE_METRICS, "/metrics"},
+static const struct jd_route_def table[] = {
+#define JD_ROUTE_ROW(id, method, pattern, handler, flags) {id, method, pattern, flags},
+    JD_ROUTES(JD_ROUTE_ROW)
+#undef JD_ROUTE_ROW
 };
 
 #define NPAT (sizeof table / sizeof table[0])
-#define MAXSEG 5
+#define MAXSEG 16 /* deeper than any route but a rest-of-path one needs */
 
 struct seg {
     const char *p;
@@ -88,33 +60,72 @@ static unsigned method_bit(const char *method)
         return JD_M_HEAD;
     if (strcmp(method, "POST") == 0)
         return JD_M_POST;
+    if (strcmp(method, "PUT") == 0)
+        return JD_M_PUT;
+    if (strcmp(method, "DELETE") == 0)
+        return JD_M_DELETE;
     return 0;
 }
 
-/* 2: literal match, 1: match through the parameter, 0: no match. */
-static int pattern_match(const struct pattern *pt, const struct seg *segs, int n, int *param)
+enum how { NO_MATCH = 0, VIA_REST, VIA_PARAM, LITERAL };
+
+/* How pattern matches segs[0..n); *param is the index of the {name}
+ * segment, or -1; *rest the index where "*" took over, or -1. */
+static enum how pattern_match(const char *pattern, const struct seg *segs, int n, int *param,
+                              int *rest)
 {
-    int k;
-    int via_param = 0;
-    *param = -1;
-    for (k = 0; k < n; k++) {
-        const char *want = pt->segs[k];
-        if (want == NULL)
-            return 0;
-        if (strcmp(want, "*") == 0) {
-            *param = k;
-            via_param = 1;
-            continue;
+    enum how how = LITERAL;
+    const char *p = pattern + 1; /* patterns start with '/' */
+    *param = *rest = -1;
+    for (int k = 0;; k++) {
+        if (*p == '\0')
+            return k == n ? how : NO_MATCH;
+        const char *slash = strchr(p, '/');
+        size_t len = slash ? (size_t)(slash - p) : strlen(p);
+        if (len == 1 && p[0] == '*') {
+            *rest = k;
+            return VIA_REST;
         }
-        if (strlen(want) != segs[k].n || memcmp(want, segs[k].p, segs[k].n) != 0)
-            return 0;
+        if (k == n)
+            return NO_MATCH;
+        if (p[0] == '{') {
+            *param = k;
+            how = VIA_PARAM;
+        } else if (len != segs[k].n || memcmp(p, segs[k].p, len) != 0) {
+            return NO_MATCH;
+        }
+        p += len;
+        if (*p == '/')
+            p++;
     }
-    if (pt->segs[k] != NULL)
-        return 0;
-    return via_param ? 1 : 2;
 }
 
-int jd_router_match(const char *method, const char *path, struct jd_route_match *m)
+/* Copy the parameter into m: one segment, or segs[rest..n) joined by '/'.
+ * JD_ENOENT if it is too long, or the rest holds a "." or ".." segment. */
+static int take_param(struct jd_route_match *m, const struct seg *segs, int n, int param, int rest)
+{
+    if (param >= 0) {
+        if (segs[param].n >= JD_ROUTE_PARAM_MAX)
+            return JD_ENOENT;
+        memcpy(m->param, segs[param].p, segs[param].n);
+        m->param[segs[param].n] = '\0';
+    }
+    if (rest >= 0 && rest < n) {
+        for (int k = rest; k < n; k++)
+            if ((segs[k].n == 1 && segs[k].p[0] == '.') ||
+                (segs[k].n == 2 && segs[k].p[0] == '.' && segs[k].p[1] == '.'))
+                return JD_ENOENT;
+        size_t len = (size_t)(segs[n - 1].p + segs[n - 1].n - segs[rest].p);
+        if (len >= JD_ROUTE_PARAM_MAX)
+            return JD_ENOENT;
+        memcpy(m->param, segs[rest].p, len);
+        m->param[len] = '\0';
+    }
+    return 0;
+}
+
+int jd_router_match_in(const struct jd_route_def *rows, size_t nrows, const char *method,
+                       const char *path, struct jd_route_match *m)
 {
     struct seg segs[MAXSEG];
     memset(m, 0, sizeof *m);
@@ -125,58 +136,78 @@ int jd_router_match(const char *method, const char *path, struct jd_route_match 
     unsigned lookup = mb == JD_M_HEAD ? JD_M_GET : mb;
 
     /* The best (most literal) kind of match decides which patterns count. */
-    int best = 0;
-    for (size_t i = 0; i < NPAT; i++) {
-        int param;
-        int how = pattern_match(&table[i], segs, n, &param);
+    enum how best = NO_MATCH;
+    for (size_t i = 0; i < nrows; i++) {
+        int param, rest;
+        enum how how = pattern_match(rows[i].pattern, segs, n, &param, &rest);
         if (how > best)
             best = how;
     }
-    if (best == 0)
+    if (best == NO_MATCH)
         return JD_ENOENT;
-    for (size_t i = 0; i < NPAT; i++) {
-        int param;
-        if (pattern_match(&table[i], segs, n, &param) != best)
+    for (size_t i = 0; i < nrows; i++) {
+        int param, rest;
+        if (pattern_match(rows[i].pattern, segs, n, &param, &rest) != best)
             continue;
-        m->allow |= table[i].method;
-        if (table[i].method == JD_M_GET)
+        m->allow |= rows[i].method;
+        if (rows[i].method == JD_M_GET)
             m->allow |= JD_M_HEAD;
-        if (lookup != 0 && table[i].method == lookup && m->route == JD_ROUTE_NONE) {
-            if (param >= 0) {
-                if (segs[param].n >= JD_ROUTE_PARAM_MAX)
-                    return JD_ENOENT;
-                memcpy(m->param, segs[param].p, segs[param].n);
-                m->param[segs[param].n] = '\0';
-            }
-            m->route = table[i].route;
+        if (lookup != 0 && rows[i].method == lookup && m->route == JD_ROUTE_NONE) {
+            if (take_param(m, segs, n, param, rest) != 0)
+                return JD_ENOENT;
+            m->route = rows[i].route;
+            m->flags = rows[i].flags;
         }
     }
     return m->route == JD_ROUTE_NONE ? JD_ECONFLICT : 0;
 }
 
+int jd_router_match(const char *method, const char *path, struct jd_route_match *m)
+{
+    return jd_router_match_in(table, NPAT, method, path, m);
+}
+
 const char *jd_router_allow_text(unsigned allow)
 {
-    switch (allow & (JD_M_GET | JD_M_HEAD | JD_M_POST)) {
-    case JD_M_GET | JD_M_HEAD:
-        return "GET, HEAD";
-    case JD_M_POST:
-        return "POST";
-    case JD_M_GET | JD_M_HEAD | JD_M_POST:
-        return "GET, HEAD, POST";
-    default:
-        return "";
-    }
+    /* Indexed by GET+HEAD (both or neither), POST, PUT, DELETE. */
+    static const char *const text[16] = {
+        "",
+        "GET, HEAD",
+        "POST",
+        "GET, HEAD, POST",
+        "PUT",
+        "GET, HEAD, PUT",
+        "POST, PUT",
+        "GET, HEAD, POST, PUT",
+        "DELETE",
+        "GET, HEAD, DELETE",
+        "POST, DELETE",
+        "GET, HEAD, POST, DELETE",
+        "PUT, DELETE",
+        "GET, HEAD, PUT, DELETE",
+        "POST, PUT, DELETE",
+        "GET, HEAD, POST, PUT, DELETE",
+    };
+    unsigned get = allow & (JD_M_GET | JD_M_HEAD);
+    if (get != 0 && get != (JD_M_GET | JD_M_HEAD))
+        return ""; /* a GET route always answers HEAD too */
+    unsigned i = (get ? 1u : 0u) | (allow & JD_M_POST ? 2u : 0u) | (allow & JD_M_PUT ? 4u : 0u) |
+                 (allow & JD_M_DELETE ? 8u : 0u);
+    return text[i];
 }
 
 const char *jd_route_name(enum jd_route r)
 {
     for (size_t i = 0; i < NPAT; i++)
         if (table[i].route == r)
-            return table[i].name;
+            return table[i].pattern;
     return "other";
 }
 
 int jd_route_is_v1(enum jd_route r)
 {
-    return r >= JD_ROUTE_JOB_SUBMIT && r <= JD_ROUTE_OPENAPI;
+    for (size_t i = 0; i < NPAT; i++)
+        if (table[i].route == r)
+            return (table[i].flags & JD_RF_V1) != 0;
+    return 0;
 }

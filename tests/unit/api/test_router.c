@@ -115,6 +115,100 @@ static void test_route_names_and_v1(void **state)
     assert_false(jd_route_is_v1(JD_ROUTE_NONE));
 }
 
+/* A table of the shape the coming features use: PUT/GET/DELETE on one
+ * resource, a POST action under it, and a rest-of-path prefix route. */
+static const struct jd_route_def feature_rows[] = {
+    {JD_ROUTE_JOB_GET, JD_M_PUT, "/v1/things/{id}", JD_RF_V1 | JD_RF_JSON},
+    {JD_ROUTE_JOB_LIST, JD_M_GET, "/v1/things/{id}", JD_RF_V1},
+    {JD_ROUTE_JOB_CANCEL, JD_M_DELETE, "/v1/things/{id}", JD_RF_V1 | JD_RF_WRITE},
+    {JD_ROUTE_JOB_RETRY, JD_M_POST, "/v1/things/{id}/pause", JD_RF_V1},
+    {JD_ROUTE_OPENAPI, JD_M_GET, "/ui/*", 0},
+    {JD_ROUTE_LIVEZ, JD_M_GET, "/ui/health", 0},
+};
+#define NFEATURE (sizeof feature_rows / sizeof feature_rows[0])
+
+static void test_put_and_delete(void **state)
+{
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "PUT", "/v1/things/a1", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_JOB_GET);
+    assert_string_equal(m.param, "a1");
+    assert_int_equal(m.flags, JD_RF_V1 | JD_RF_JSON);
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "DELETE", "/v1/things/a1", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_JOB_CANCEL);
+    assert_int_equal(m.flags, JD_RF_V1 | JD_RF_WRITE);
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "HEAD", "/v1/things/a1", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_JOB_LIST);
+    /* 405 lists every method of the path, in a fixed order */
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "POST", "/v1/things/a1", &m),
+                     JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD, PUT, DELETE");
+    assert_int_equal(m.flags, 0);
+    assert_int_equal(
+        jd_router_match_in(feature_rows, NFEATURE, "DELETE", "/v1/things/a1/pause", &m),
+        JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "POST");
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "PATCH", "/v1/things/a1", &m),
+                     JD_ECONFLICT);
+    /* the server's table has no PUT or DELETE route yet: 405, as before */
+    assert_int_equal(jd_router_match("PUT", "/v1/jobs/1", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD");
+    assert_string_equal(jd_router_allow_text(JD_M_GET | JD_M_HEAD | JD_M_POST | JD_M_DELETE),
+                        "GET, HEAD, POST, DELETE");
+    assert_string_equal(jd_router_allow_text(JD_M_PUT | JD_M_DELETE), "PUT, DELETE");
+}
+
+static void expect_rest(const char *path, const char *want)
+{
+    struct jd_route_match m;
+    int rc = jd_router_match_in(feature_rows, NFEATURE, "GET", path, &m);
+    if (rc != 0 || m.route != JD_ROUTE_OPENAPI)
+        fail_msg("GET %s: rc %d route %d, want the /ui/* route", path, rc, m.route);
+    assert_string_equal(m.param, want);
+}
+
+static void test_prefix_route_carries_the_rest(void **state)
+{
+    expect_rest("/ui", "");
+    expect_rest("/ui/", "");
+    expect_rest("/ui/index.html", "index.html");
+    expect_rest("/ui/assets/js/app.js", "assets/js/app.js");
+    expect_rest("/ui/a/b/c/d/e/f/g/h/i/j/k/l/m/n/o", "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o");
+    expect_rest("/ui/health/x", "health/x");
+    /* a literal row beats the prefix */
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "GET", "/ui/health", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_LIVEZ);
+    /* the rest never climbs out of its folder, and is bounded */
+    const char *bad[] = {"/ui/../etc/passwd", "/ui/a/../../x", "/ui/./a",
+                         "/ui/a//b",          "/uix/a",        NULL};
+    for (int i = 0; bad[i] != NULL; i++)
+        if (jd_router_match_in(feature_rows, NFEATURE, "GET", bad[i], &m) != JD_ENOENT)
+            fail_msg("GET \"%s\" should be 404", bad[i]);
+    char path[512] = "/ui/";
+    memset(path + 4, 'a', 200);
+    path[204] = '\0';
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "GET", path, &m), JD_ENOENT);
+    assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "POST", "/ui/x", &m), JD_ECONFLICT);
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD");
+}
+
+static void test_table_flags(void **state)
+{
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match("POST", "/v1/jobs", &m), 0);
+    assert_int_equal(m.flags, JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON);
+    assert_int_equal(jd_router_match("POST", "/v1/jobs/3/cancel", &m), 0);
+    assert_int_equal(m.flags, JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE);
+    assert_int_equal(jd_router_match("GET", "/v1/jobs/3", &m), 0);
+    assert_int_equal(m.flags, JD_RF_V1 | JD_RF_JOBS);
+    assert_int_equal(jd_router_match("GET", "/v1/openapi.yaml", &m), 0);
+    assert_int_equal(m.flags, JD_RF_V1);
+    assert_int_equal(jd_router_match("GET", "/livez", &m), 0);
+    assert_int_equal(m.flags, 0);
+    assert_string_equal(jd_route_name(JD_ROUTE_QUEUE_PAUSE), "/v1/queues/{queue}/pause");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +218,9 @@ int main(void)
         cmocka_unit_test(test_literal_beats_parameter),
         cmocka_unit_test(test_parameter_length_bounded),
         cmocka_unit_test(test_route_names_and_v1),
+        cmocka_unit_test(test_put_and_delete),
+        cmocka_unit_test(test_prefix_route_carries_the_rest),
+        cmocka_unit_test(test_table_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
