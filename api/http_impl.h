@@ -36,6 +36,11 @@
 #define REQ_ID_MAX 64    /* longer client ids are replaced by ours */
 #define IDEM_KEY_MAX 255 /* as the common SaaS limits */
 
+struct jd_req;
+/* Answers a request whose job-layer callback succeeded; json is the
+ * callback's (borrowed; may be NULL). */
+typedef enum MHD_Result jd_async_answer_fn(struct jd_req *r, const char *json);
+
 struct jd_http {
     struct MHD_Daemon *daemon;
     MHD_socket quiesced_fd;
@@ -99,6 +104,7 @@ struct jd_req {
     int64_t cb_job_id;
     bool cb_existing;
     struct jd_error cb_err;
+    jd_async_answer_fn *answer; /* the success answer once the callback fired; NULL: 202 */
 
     /* parked list (under h->park_mu) */
     struct jd_req *pprev, *pnext;
@@ -155,7 +161,12 @@ enum MHD_Result http_finish_parked(struct jd_req *r);
 ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max);
 void http_sse_free(void *cls);
 enum MHD_Result http_finish_async(struct jd_req *r);
-enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err);
+/* The job layer accepted r for a callback (rc 0) or refused it at once
+ * (rc, err: the problem). Once the callback fired with success, `answer`
+ * (NULL: 202 with the callback's JSON) answers; an error becomes its
+ * problem. */
+enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err,
+                                   jd_async_answer_fn *answer);
 void http_wake_all_parked(struct jd_http *h);
 
 /* A route's handler (the handler column of api/routes.h). */

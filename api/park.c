@@ -371,23 +371,8 @@ enum MHD_Result http_finish_async(struct jd_req *r)
     enum MHD_Result ret;
     if (rc != 0) {
         ret = http_respond_error(r, rc, r->cb_err.code ? &r->cb_err : NULL);
-    } else if (r->m.route == JD_ROUTE_JOB_SUBMIT) {
-        char loc[48];
-        snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, r->cb_job_id);
-        snprintf(r->job_label, sizeof r->job_label, "%" PRId64, r->cb_job_id);
-        char *b = jd_xasprintf("%s\n", json ? json : "{}");
-        ret = http_respond(r, 201, "application/json", b, strlen(b), MHD_HTTP_HEADER_LOCATION, loc,
-                           r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
-    } else if (r->m.route == JD_ROUTE_JOB_BATCH) {
-        ret = http_respond_json(r, 201, json ? json : "{}", NULL, NULL);
-    } else if (r->m.route == JD_ROUTE_QUEUE_PAUSE || r->m.route == JD_ROUTE_QUEUE_RESUME) {
-        if (json != NULL) {
-            ret = http_respond_json(r, 200, json, NULL, NULL);
-        } else {
-            char *b = jd_xasprintf("{\"name\":\"%s\",\"paused\":%s}\n", r->m.param,
-                                   r->m.route == JD_ROUTE_QUEUE_PAUSE ? "true" : "false");
-            ret = http_respond(r, 200, "application/json", b, strlen(b), NULL, NULL, NULL, NULL);
-        }
+    } else if (r->answer != NULL) {
+        ret = r->answer(r, json);
     } else {
         ret = http_respond_json(r, 202, json ? json : "{}", NULL, NULL);
     }
@@ -396,8 +381,10 @@ enum MHD_Result http_finish_async(struct jd_req *r)
 }
 
 /* The job layer accepted r for a callback (rc 0) or refused it at once. */
-enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err)
+enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err,
+                                   jd_async_answer_fn *answer)
 {
+    r->answer = answer;
     if (rc != 0) {
         http_req_unref(r); /* the callback's reference: it will never run */
         pthread_mutex_lock(&r->mu);

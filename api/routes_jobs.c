@@ -10,6 +10,7 @@
 #include "api/http_impl.h"
 
 #include "api/problem.h"
+#include "common/alloc.h"
 #include "common/clock.h"
 #include "storage/store.h"
 
@@ -192,6 +193,23 @@ enum MHD_Result route_job_events(struct jd_req *r)
     return ret;
 }
 
+/* 201 with the job and its Location (Idempotent-Replayed when the key
+ * named a job stored earlier). */
+static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
+{
+    char loc[48];
+    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, r->cb_job_id);
+    snprintf(r->job_label, sizeof r->job_label, "%" PRId64, r->cb_job_id);
+    char *b = jd_xasprintf("%s\n", json ? json : "{}");
+    return http_respond(r, 201, "application/json", b, strlen(b), MHD_HTTP_HEADER_LOCATION, loc,
+                        r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
+}
+
+static enum MHD_Result answer_batch(struct jd_req *r, const char *json)
+{
+    return http_respond_json(r, 201, json ? json : "{}", NULL, NULL);
+}
+
 enum MHD_Result route_job_submit(struct jd_req *r)
 {
     struct jd_error err = {0};
@@ -202,7 +220,7 @@ enum MHD_Result route_job_submit(struct jd_req *r)
     http_req_ref(r);
     int rc = jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, key,
                             http_on_submit_done, r, &err);
-    return http_async_started(r, rc, &err);
+    return http_async_started(r, rc, &err, answer_submitted);
 }
 
 enum MHD_Result route_job_batch(struct jd_req *r)
@@ -212,7 +230,7 @@ enum MHD_Result route_job_batch(struct jd_req *r)
     http_req_ref(r);
     int rc = jd_jobs_submit_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
                                   http_on_submit_done, r, &err);
-    return http_async_started(r, rc, &err);
+    return http_async_started(r, rc, &err, answer_batch);
 }
 
 enum MHD_Result route_job_cancel(struct jd_req *r)
@@ -226,7 +244,7 @@ enum MHD_Result route_job_cancel(struct jd_req *r)
     int rc = jd_jobs_cancel(http_jobs_of(r->h), id, http_on_action_done, r);
     if (rc == JD_ECONFLICT)
         jd_error_set(&err, rc, NULL, "job %" PRId64 " is already finished", id);
-    return http_async_started(r, rc, &err);
+    return http_async_started(r, rc, &err, NULL);
 }
 
 enum MHD_Result route_job_message(struct jd_req *r)
@@ -241,7 +259,7 @@ enum MHD_Result route_job_message(struct jd_req *r)
                              http_on_action_done, r, &err);
     if (rc == JD_ECONFLICT && err.message[0] == '\0')
         jd_error_set(&err, rc, NULL, "job %" PRId64 " is already finished", id);
-    return http_async_started(r, rc, &err);
+    return http_async_started(r, rc, &err, NULL);
 }
 
 enum MHD_Result route_job_retry(struct jd_req *r)
@@ -255,5 +273,5 @@ enum MHD_Result route_job_retry(struct jd_req *r)
     int rc = jd_jobs_retry(http_jobs_of(r->h), id, http_on_action_done, r);
     if (rc == JD_ECONFLICT)
         jd_error_set(&err, rc, NULL, "only failed or cancelled jobs can be retried");
-    return http_async_started(r, rc, &err);
+    return http_async_started(r, rc, &err, NULL);
 }

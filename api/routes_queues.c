@@ -6,6 +6,8 @@
  */
 #include "api/http_impl.h"
 
+#include "common/alloc.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +32,16 @@ enum MHD_Result route_queues(struct jd_req *r)
     return http_respond_json_rc(r, rc, text);
 }
 
+/* 200 with the queue's new state. */
+static enum MHD_Result answer_paused(struct jd_req *r, const char *json)
+{
+    if (json != NULL)
+        return http_respond_json(r, 200, json, NULL, NULL);
+    char *b = jd_xasprintf("{\"name\":\"%s\",\"paused\":%s}\n", r->m.param,
+                           r->m.route == JD_ROUTE_QUEUE_PAUSE ? "true" : "false");
+    return http_respond(r, 200, "application/json", b, strlen(b), NULL, NULL, NULL, NULL);
+}
+
 /* POST /v1/queues/{queue}/pause and .../resume. */
 enum MHD_Result route_queue_pause(struct jd_req *r)
 {
@@ -40,5 +52,5 @@ enum MHD_Result route_queue_pause(struct jd_req *r)
     http_req_ref(r);
     int rc = jd_jobs_queue_pause(http_jobs_of(r->h), r->m.param, r->m.route == JD_ROUTE_QUEUE_PAUSE,
                                  http_on_action_done, r);
-    return http_async_started(r, rc, &err);
+    return http_async_started(r, rc, &err, answer_paused);
 }
