@@ -19,7 +19,8 @@ endif
 
 CC ?= cc
 PKGS := libmicrohttpd libcjson sqlite3 libcurl
-DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev pkg-config
+DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev pkg-config \
+            tzdata
 
 PKG_CFLAGS := $(foreach p,$(PKGS) cmocka,$(shell pkg-config --cflags $(p) 2>/dev/null))
 OPT ?= -O2

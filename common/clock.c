@@ -3,6 +3,7 @@
  */
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/tz.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -54,15 +55,6 @@ static int digits(const char **p, int n, int *out)
     return 0;
 }
 
-/* timegm() would quietly roll "2026-02-30" over into March: a run_at typo
- * must be refused, not scheduled on another day. */
-static int days_in_month(int y, int mo)
-{
-    static const int days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    return days[mo - 1] + (mo == 2 && leap);
-}
-
 int jd_time_parse(const char *s, int64_t *wall_ms)
 {
     const char *p = s;
@@ -73,7 +65,7 @@ int jd_time_parse(const char *s, int64_t *wall_ms)
     p++;
     if (digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &mi) || *p++ != ':' || digits(&p, 2, &se))
         return JD_EINVAL;
-    if (mo < 1 || mo > 12 || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || se > 60)
+    if (mo < 1 || mo > 12 || d < 1 || d > jd_days_in_month(y, mo) || h > 23 || mi > 59 || se > 60)
         return JD_EINVAL;
     if (*p == '.') {
         p++;
