@@ -105,6 +105,43 @@ static const char *const migrations[] = {
     "  key TEXT PRIMARY KEY,"
     "  value INTEGER NOT NULL"
     ") STRICT, WITHOUT ROWID;",
+
+    /* 3: schedules and their history, and which schedule made a job.
+     *
+     * A schedule row changes on every fire (next/last fire, counts), so
+     * its definition rides along: schedules are few next to jobs and one
+     * fire writes one row either way. The history is appended like job
+     * events and trimmed to the newest JD_SCHEDULE_EVENTS_KEEP per
+     * schedule by the writer. jobs.schedule_id is NULL for every job a
+     * schedule did not make, so the partial index costs those nothing. */
+    "ALTER TABLE jobs ADD COLUMN schedule_id TEXT;"
+    "CREATE INDEX jobs_schedule ON jobs(schedule_id, id) WHERE schedule_id IS NOT NULL;"
+    "CREATE TABLE schedules ("
+    "  id TEXT PRIMARY KEY,"
+    "  definition TEXT NOT NULL,"
+    "  paused INTEGER NOT NULL DEFAULT 0,"
+    "  retired INTEGER NOT NULL DEFAULT 0,"
+    "  next_fire_ms INTEGER NOT NULL DEFAULT 0,"
+    "  last_fire_ms INTEGER NOT NULL DEFAULT 0,"
+    "  last_job_id INTEGER NOT NULL DEFAULT 0,"
+    "  last_outcome TEXT,"
+    "  fires INTEGER NOT NULL DEFAULT 0,"
+    "  skips INTEGER NOT NULL DEFAULT 0,"
+    "  event_seq INTEGER NOT NULL DEFAULT 0,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL"
+    ") STRICT;"
+    "CREATE TABLE schedule_events ("
+    "  id INTEGER PRIMARY KEY,"
+    "  schedule_id TEXT NOT NULL,"
+    "  seq INTEGER NOT NULL,"
+    "  time_ms INTEGER NOT NULL,"
+    "  kind TEXT NOT NULL,"
+    "  fire_ms INTEGER NOT NULL DEFAULT 0,"
+    "  job_id INTEGER NOT NULL DEFAULT 0,"
+    "  data TEXT"
+    ") STRICT;"
+    "CREATE UNIQUE INDEX schedule_events_seq ON schedule_events(schedule_id, seq);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -70,7 +70,34 @@ void jd_job_clear(struct jd_job *j)
     free(j->output);
     free(j->error);
     free(j->idempotency_key);
+    free(j->schedule_id);
     memset(j, 0, sizeof *j);
+}
+
+void jd_schedule_row_clear(struct jd_schedule_row *r)
+{
+    if (!r)
+        return;
+    free(r->id);
+    free(r->definition);
+    free(r->last_outcome);
+    memset(r, 0, sizeof *r);
+}
+
+void jd_schedule_rows_free(struct jd_schedule_row *rows, size_t n)
+{
+    for (size_t i = 0; rows && i < n; i++)
+        jd_schedule_row_clear(&rows[i]);
+    free(rows);
+}
+
+void jd_schedule_events_free(struct jd_schedule_event *ev, size_t n)
+{
+    for (size_t i = 0; ev && i < n; i++) {
+        free(ev[i].kind);
+        free(ev[i].data);
+    }
+    free(ev);
 }
 
 void jd_jobs_free(struct jd_job *rows, size_t n)
@@ -371,9 +398,11 @@ fail:
     return rc;
 }
 
+#define JD_RS_MAX 24 /* read statements per connection (RS_N, checked below) */
+
 struct jd_rconn {
     sqlite3 *db;
-    sqlite3_stmt *st[16];
+    sqlite3_stmt *st[JD_RS_MAX];
     struct jd_rconn *next;
 };
 
@@ -443,7 +472,7 @@ void jd_store_stats(struct jd_store *s, struct jd_store_stats *out)
 #define JOB_COLS                                                                                   \
     "j.id, j.queue, j.priority, j.state, d.definition, j.run_at_ms, j.attempts, j.version,"        \
     " j.output, j.error, j.created_ms, j.updated_ms, j.started_ms, j.finished_ms,"                 \
-    " j.idempotency_key"
+    " j.idempotency_key, j.schedule_id"
 #define JOB_FROM " FROM jobs j CROSS JOIN job_definitions d ON d.job_id = j.id"
 #define EVENT_COLS "job_id, seq, time_ms, kind, tag, data"
 
@@ -460,10 +489,20 @@ enum {
     RS_ACTIVE,
     RS_RECOVER_EVENTS,
     RS_PAUSED,
+    RS_LIST_SCHEDULE,
+    RS_LIST_SCHEDULE_STATE,
+    RS_SCHED_GET,
+    RS_SCHED_LIST,
+    RS_SCHED_EVENTS,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
 };
+_Static_assert(RS_N <= JD_RS_MAX, "struct jd_rconn holds JD_RS_MAX statements");
+
+#define SCHED_COLS                                                                                 \
+    "id, definition, paused, retired, next_fire_ms, last_fire_ms, last_job_id, last_outcome,"      \
+    " fires, skips, event_seq, created_ms, updated_ms"
 
 /* Every read the store makes; tests check each plan with EXPLAIN QUERY PLAN. */
 static const char *const read_sql[RS_N] = {
@@ -489,6 +528,17 @@ static const char *const read_sql[RS_N] = {
     [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
                           " ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
+    [RS_LIST_SCHEDULE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_schedule"
+                         " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                         " WHERE j.schedule_id = ?5 AND j.id < ?1 ORDER BY j.id DESC LIMIT ?2",
+    [RS_LIST_SCHEDULE_STATE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_schedule"
+                               " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                               " WHERE j.schedule_id = ?5 AND j.state = ?3 AND j.id < ?1"
+                               " ORDER BY j.id DESC LIMIT ?2",
+    [RS_SCHED_GET] = "SELECT " SCHED_COLS " FROM schedules WHERE id = ?1",
+    [RS_SCHED_LIST] = "SELECT " SCHED_COLS " FROM schedules WHERE id > ?1 ORDER BY id LIMIT ?2",
+    [RS_SCHED_EVENTS] = "SELECT seq, time_ms, fire_ms, job_id, kind, data FROM schedule_events"
+                        " WHERE schedule_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -554,6 +604,7 @@ static void row_to_job(sqlite3_stmt *st, struct jd_job *j)
     j->started_ms = sqlite3_column_int64(st, 12);
     j->finished_ms = sqlite3_column_int64(st, 13);
     j->idempotency_key = col_text(st, 14);
+    j->schedule_id = col_text(st, 15);
 }
 
 static void row_to_event(sqlite3_stmt *st, struct jd_job_event *e)
@@ -603,8 +654,9 @@ int jd_store_job_list(struct jd_store *s, const struct jd_job_filter *f, struct 
     int rc = rconn_get(s, &c);
     if (rc)
         return rc;
-    int which = f->queue ? (f->state >= 0 ? RS_LIST_QUEUE_STATE : RS_LIST_QUEUE)
-                         : (f->state >= 0 ? RS_LIST_STATE : RS_LIST_ALL);
+    int which = f->schedule ? (f->state >= 0 ? RS_LIST_SCHEDULE_STATE : RS_LIST_SCHEDULE)
+                : f->queue  ? (f->state >= 0 ? RS_LIST_QUEUE_STATE : RS_LIST_QUEUE)
+                            : (f->state >= 0 ? RS_LIST_STATE : RS_LIST_ALL);
     sqlite3_stmt *st = c->st[which];
     sqlite3_bind_int64(st, 1, f->before_id > 0 ? f->before_id : INT64_MAX);
     sqlite3_bind_int64(st, 2, (int64_t)f->limit + 1); /* one extra: is there a next page? */
@@ -612,6 +664,8 @@ int jd_store_job_list(struct jd_store *s, const struct jd_job_filter *f, struct 
         sqlite3_bind_int(st, 3, f->state);
     if (f->queue)
         sqlite3_bind_text(st, 4, f->queue, -1, SQLITE_STATIC);
+    if (f->schedule)
+        sqlite3_bind_text(st, 5, f->schedule, -1, SQLITE_STATIC);
     struct jd_job *out = jd_xcalloc(f->limit + 1, sizeof *out);
     size_t k = 0;
     int src;
@@ -839,6 +893,127 @@ int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
         return rc;
     }
     *names = out;
+    *n = k;
+    return 0;
+}
+
+/* ---- schedules ---- */
+
+static void row_to_schedule(sqlite3_stmt *st, struct jd_schedule_row *r)
+{
+    r->id = col_text(st, 0);
+    r->definition = col_text(st, 1);
+    r->paused = sqlite3_column_int(st, 2) != 0;
+    r->retired = sqlite3_column_int(st, 3) != 0;
+    r->next_fire_ms = sqlite3_column_int64(st, 4);
+    r->last_fire_ms = sqlite3_column_int64(st, 5);
+    r->last_job_id = sqlite3_column_int64(st, 6);
+    r->last_outcome = col_text(st, 7);
+    r->fires = sqlite3_column_int64(st, 8);
+    r->skips = sqlite3_column_int64(st, 9);
+    r->event_seq = sqlite3_column_int64(st, 10);
+    r->created_ms = sqlite3_column_int64(st, 11);
+    r->updated_ms = sqlite3_column_int64(st, 12);
+}
+
+int jd_store_schedule_get(struct jd_store *s, const char *id, struct jd_schedule_row *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!id)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_SCHED_GET];
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int src = sqlite3_step(st);
+    if (src == SQLITE_ROW)
+        row_to_schedule(st, out);
+    rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    rconn_put(s, c);
+    return rc;
+}
+
+int jd_store_schedule_list(struct jd_store *s, const char *after, unsigned limit,
+                           struct jd_schedule_row **rows, size_t *n, char **next_cursor)
+{
+    *rows = NULL;
+    *n = 0;
+    *next_cursor = NULL;
+    if (limit < 1 || limit > 1000)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_SCHED_LIST];
+    sqlite3_bind_text(st, 1, after ? after : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, (int64_t)limit + 1); /* one extra: is there a next page? */
+    struct jd_schedule_row *out = jd_xcalloc(limit + 1, sizeof *out);
+    size_t k = 0;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW)
+        row_to_schedule(st, &out[k++]);
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    rconn_put(s, c);
+    if (rc) {
+        jd_schedule_rows_free(out, k);
+        return rc;
+    }
+    if (k > limit) {
+        jd_schedule_row_clear(&out[--k]);
+        *next_cursor = jd_xstrdup(out[k - 1].id);
+    }
+    *rows = out;
+    *n = k;
+    return 0;
+}
+
+int jd_store_schedule_events(struct jd_store *s, const char *id, int64_t after_seq, unsigned limit,
+                             struct jd_schedule_event **events, size_t *n)
+{
+    *events = NULL;
+    *n = 0;
+    if (!id || limit < 1 || limit > 10000)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_SCHED_EVENTS];
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, after_seq);
+    sqlite3_bind_int64(st, 3, limit);
+    size_t cap = limit < 64 ? limit : 64, k = 0;
+    struct jd_schedule_event *out = jd_xcalloc(cap, sizeof *out);
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (k == cap) {
+            cap *= 2;
+            out = jd_xrealloc(out, cap * sizeof *out);
+        }
+        struct jd_schedule_event *e = &out[k++];
+        e->seq = sqlite3_column_int64(st, 0);
+        e->time_ms = sqlite3_column_int64(st, 1);
+        e->fire_ms = sqlite3_column_int64(st, 2);
+        e->job_id = sqlite3_column_int64(st, 3);
+        e->kind = col_text(st, 4);
+        e->data = col_text(st, 5);
+    }
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    rconn_put(s, c);
+    if (rc) {
+        jd_schedule_events_free(out, k);
+        return rc;
+    }
+    *events = out;
     *n = k;
     return 0;
 }

@@ -74,6 +74,7 @@ struct jd_job {
     char *error;                                             /* JSON text or NULL */
     int64_t created_ms, updated_ms, started_ms, finished_ms; /* 0: unset */
     char *idempotency_key;                                   /* or NULL */
+    char *schedule_id; /* the schedule that created it, or NULL */
 };
 void jd_job_clear(struct jd_job *j); /* frees the strings, zeroes the struct */
 
@@ -116,9 +117,36 @@ int64_t jd_store_next_id(struct jd_store *s);
 /* ---- writes ---- */
 
 enum jd_write_op {
-    JD_W_JOB_INSERT = 0, /* insert `job` (+ idempotency key/fingerprint); event: state queued */
-    JD_W_JOB_CHANGE = 1, /* update the fields in `set` and/or append one event */
-    JD_W_QUEUE = 2,      /* upsert queue `queue` with `paused` */
+    JD_W_JOB_INSERT = 0,   /* insert `job` (+ idempotency key/fingerprint); event: state queued */
+    JD_W_JOB_CHANGE = 1,   /* update the fields in `set` and/or append one event */
+    JD_W_QUEUE = 2,        /* upsert queue `queue` with `paused` */
+    JD_W_SCHEDULE_PUT = 3, /* create or replace schedule `sched` (+ its event) */
+    JD_W_SCHEDULE_CHANGE = 4, /* update schedule `sched` (JD_SSET_*) and/or append its event */
+    JD_W_SCHEDULE_DELETE = 5, /* delete schedule `sched.id` and its history */
+};
+
+/* Fields of a schedule row a JD_W_SCHEDULE_CHANGE sets. */
+enum {
+    JD_SSET_PAUSED = 1u << 0,
+    JD_SSET_RETIRED = 1u << 1,
+    JD_SSET_NEXT_FIRE = 1u << 2,
+    JD_SSET_LAST = 1u << 3, /* last_fire_ms, last_job_id, last_outcome */
+};
+
+/* The schedule part of a write record (borrowed strings). */
+struct jd_schedule_write {
+    const char *id;
+    const char *definition; /* PUT: the schedule as JSON text */
+    unsigned set;           /* CHANGE: JD_SSET_* */
+    bool paused, retired;   /* PUT: paused; CHANGE: as set says */
+    int64_t next_fire_ms;   /* 0: none (paused, retired) */
+    int64_t last_fire_ms, last_job_id;
+    const char *last_outcome;
+    int64_t add_fires, add_skips; /* CHANGE: added to the counts */
+    /* the history event appended (PUT and CHANGE; event NULL: none) */
+    const char *event; /* "fired", "skipped", "caught_up", "paused", ... */
+    int64_t event_fire_ms, event_job_id;
+    const char *event_data; /* JSON text or NULL */
 };
 
 enum {
@@ -161,10 +189,14 @@ struct jd_write {
     const char *queue;
     bool paused;
 
+    /* JD_W_SCHEDULE_* */
+    struct jd_schedule_write sched;
+
     /* Called on the writer thread (or, after jd_store_done_thread, on the
      * completion thread) after the commit (rc 0) or failure (rc <
      * 0): JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
-     * the existing job), JD_ENOENT for a change to a missing job, JD_EIO when
+     * the existing job), JD_ENOENT for a change to a missing job (or a
+     * schedule change or delete of a missing schedule), JD_EIO when
      * the transaction failed. Must not block; may enqueue more writes. */
     void (*done)(void *arg, struct jd_write *w, int rc);
     void *arg;
@@ -203,10 +235,12 @@ int jd_store_done_thread(struct jd_store *s);
 int jd_store_job_get(struct jd_store *s, int64_t id, struct jd_job *out);
 
 struct jd_job_filter {
-    int state;         /* enum jd_job_state, or -1 for any */
-    const char *queue; /* or NULL for any */
-    int64_t before_id; /* keyset cursor: only ids < before_id; 0: from the newest */
-    unsigned limit;    /* 1..1000 */
+    int state;            /* enum jd_job_state, or -1 for any */
+    const char *queue;    /* or NULL for any */
+    const char *schedule; /* jobs this schedule created, or NULL for any (then queue is
+                             ignored) */
+    int64_t before_id;    /* keyset cursor: only ids < before_id; 0: from the newest */
+    unsigned limit;       /* 1..1000 */
 };
 /* Newest first. *rows freed with jd_jobs_free. *next_cursor is the id to
  * pass as before_id for the next page, or 0 when there is none. */
@@ -244,6 +278,46 @@ int jd_store_recover(struct jd_store *s,
 /* Paused queues (names). Free with jd_strings_free. */
 int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n);
 void jd_strings_free(char **v, size_t n);
+
+/* ---- schedules ---- */
+
+/* One row of the schedules table; strings malloc'd by reads (free with
+ * jd_schedule_row_clear). */
+struct jd_schedule_row {
+    char *id;
+    char *definition; /* JSON text */
+    bool paused, retired;
+    int64_t next_fire_ms; /* 0: none */
+    int64_t last_fire_ms, last_job_id;
+    char *last_outcome; /* or NULL */
+    int64_t fires, skips;
+    int64_t event_seq; /* seq of its newest history event */
+    int64_t created_ms, updated_ms;
+};
+void jd_schedule_row_clear(struct jd_schedule_row *r);
+void jd_schedule_rows_free(struct jd_schedule_row *rows, size_t n);
+
+struct jd_schedule_event {
+    int64_t seq, time_ms, fire_ms, job_id; /* fire_ms, job_id: 0 when not about one */
+    char *kind;
+    char *data; /* JSON text or NULL */
+};
+void jd_schedule_events_free(struct jd_schedule_event *ev, size_t n);
+
+/* History kept per schedule: older events are deleted as new ones come. */
+#define JD_SCHEDULE_EVENTS_KEEP 1000
+
+/* JD_ENOENT if no such schedule. */
+int jd_store_schedule_get(struct jd_store *s, const char *id, struct jd_schedule_row *out);
+/* Schedules with id > after (NULL: from the first), ascending, at most limit
+ * (1..1000). *next_cursor (caller frees) is the id to pass as after for
+ * the next page, or NULL when there is none. */
+int jd_store_schedule_list(struct jd_store *s, const char *after, unsigned limit,
+                           struct jd_schedule_row **rows, size_t *n, char **next_cursor);
+/* A schedule's events with seq > after_seq, ascending, at most limit
+ * (1..10000). An unknown schedule has none. */
+int jd_store_schedule_events(struct jd_store *s, const char *id, int64_t after_seq, unsigned limit,
+                             struct jd_schedule_event **events, size_t *n);
 
 struct jd_store_stats {
     uint64_t commits, records, failed_commits, retention_deleted;

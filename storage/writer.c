@@ -63,8 +63,8 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_IDEM_GET] = "SELECT job_id FROM idempotency WHERE key = ?1",
     [JD_WS_JOB_INSERT] = "INSERT INTO jobs(id, queue, priority, state, run_at_ms,"
                          " attempts, version, created_ms, updated_ms, started_ms, finished_ms,"
-                         " idempotency_key)"
-                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9)",
+                         " idempotency_key, schedule_id)"
+                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9, ?10)",
     [JD_WS_DEF_INSERT] = "INSERT INTO job_definitions(job_id, definition) VALUES (?1, ?2)",
     /* A change that sets no field (a history append); changes that set
      * fields use update_stmt(), one statement per JD_SET_* combination, so
@@ -83,6 +83,29 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_RET_DEL_IDEM] = "DELETE FROM idempotency WHERE key = ?1 AND job_id = ?2",
     [JD_WS_RET_MAX_ID] = "INSERT INTO meta(key, value) VALUES ('max_deleted_id', ?1)"
                          " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
+    [JD_WS_SCHED_UPSERT] =
+        "INSERT INTO schedules(id, definition, paused, next_fire_ms, created_ms, updated_ms)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?5) ON CONFLICT(id) DO UPDATE SET"
+        " definition = excluded.definition, paused = excluded.paused, retired = 0,"
+        " next_fire_ms = excluded.next_fire_ms, updated_ms = excluded.updated_ms",
+    /* One statement for every combination of JD_SSET_* (?3 is the mask):
+     * schedule changes are one per fire, so a statement per mask would buy
+     * nothing. */
+    [JD_WS_SCHED_UPDATE] = "UPDATE schedules SET"
+                           " paused = iif(?3 & 1, ?4, paused),"
+                           " retired = iif(?3 & 2, ?5, retired),"
+                           " next_fire_ms = iif(?3 & 4, ?6, next_fire_ms),"
+                           " last_fire_ms = iif(?3 & 8, ?7, last_fire_ms),"
+                           " last_job_id = iif(?3 & 8, ?8, last_job_id),"
+                           " last_outcome = iif(?3 & 8, ?9, last_outcome),"
+                           " fires = fires + ?10, skips = skips + ?11,"
+                           " event_seq = event_seq + ?12, updated_ms = ?2"
+                           " WHERE id = ?1 RETURNING event_seq",
+    [JD_WS_SCHED_EVENT] = "INSERT INTO schedule_events(schedule_id, seq, time_ms, kind, fire_ms,"
+                          " job_id, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [JD_WS_SCHED_TRIM] = "DELETE FROM schedule_events WHERE schedule_id = ?1 AND seq <= ?2",
+    [JD_WS_SCHED_DELETE] = "DELETE FROM schedules WHERE id = ?1",
+    [JD_WS_SCHED_DEL_EVENTS] = "DELETE FROM schedule_events WHERE schedule_id = ?1",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -238,6 +261,7 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
     sqlite3_bind_int64(st, 7, created);
     sqlite3_bind_int64(st, 8, jd_job_state_terminal(j->state) ? created : 0);
     bind_text(st, 9, j->idempotency_key);
+    bind_text(st, 10, j->schedule_id);
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
     st = s->wst[JD_WS_DEF_INSERT];
@@ -370,6 +394,95 @@ static int apply_queue(struct jd_store *s, struct jd_write *w)
     return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
 }
 
+#define JD_SCHED_TRIM_EVERY 64 /* trim a schedule's history once per this many events */
+
+/* Update the schedule row as w->sched says and append its event (if any).
+ * JD_ENOENT when the schedule does not exist. */
+static int apply_schedule_change(struct jd_store *s, const struct jd_schedule_write *sw,
+                                 int64_t now)
+{
+    if (!sw->id || sw->set > 15)
+        return JD_EINVAL;
+    sqlite3_stmt *st = s->wst[JD_WS_SCHED_UPDATE];
+    sqlite3_bind_text(st, 1, sw->id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, now);
+    sqlite3_bind_int(st, 3, (int)sw->set);
+    sqlite3_bind_int(st, 4, sw->paused);
+    sqlite3_bind_int(st, 5, sw->retired);
+    sqlite3_bind_int64(st, 6, sw->next_fire_ms);
+    sqlite3_bind_int64(st, 7, sw->last_fire_ms);
+    sqlite3_bind_int64(st, 8, sw->last_job_id);
+    bind_text(st, 9, sw->last_outcome);
+    sqlite3_bind_int64(st, 10, sw->add_fires);
+    sqlite3_bind_int64(st, 11, sw->add_skips);
+    sqlite3_bind_int(st, 12, sw->event != NULL);
+    int rc = sqlite3_step(st);
+    int64_t seq = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st);
+    if (rc == SQLITE_DONE)
+        return JD_ENOENT;
+    if (rc != SQLITE_ROW)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (!sw->event)
+        return 0;
+    st = s->wst[JD_WS_SCHED_EVENT];
+    sqlite3_bind_text(st, 1, sw->id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, seq);
+    sqlite3_bind_int64(st, 3, now);
+    sqlite3_bind_text(st, 4, sw->event, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 5, sw->event_fire_ms);
+    sqlite3_bind_int64(st, 6, sw->event_job_id);
+    bind_text(st, 7, sw->event_data);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (seq % JD_SCHED_TRIM_EVERY == 0 && seq > JD_SCHEDULE_EVENTS_KEEP) {
+        st = s->wst[JD_WS_SCHED_TRIM];
+        sqlite3_bind_text(st, 1, sw->id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, seq - JD_SCHEDULE_EVENTS_KEEP);
+        if (run(st) != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+    }
+    return 0;
+}
+
+static int apply_schedule(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    const struct jd_schedule_write *sw = &w->sched;
+    if (!sw->id)
+        return JD_EINVAL;
+    if (w->op == JD_W_SCHEDULE_CHANGE)
+        return apply_schedule_change(s, sw, now);
+    if (w->op == JD_W_SCHEDULE_DELETE) {
+        sqlite3_stmt *st = s->wst[JD_WS_SCHED_DELETE];
+        sqlite3_bind_text(st, 1, sw->id, -1, SQLITE_STATIC);
+        if (run(st) != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+        if (sqlite3_changes(s->wdb) == 0)
+            return JD_ENOENT;
+        st = s->wst[JD_WS_SCHED_DEL_EVENTS];
+        sqlite3_bind_text(st, 1, sw->id, -1, SQLITE_STATIC);
+        return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
+    }
+    if (!sw->definition)
+        return JD_EINVAL;
+    sqlite3_stmt *st = s->wst[JD_WS_SCHED_UPSERT];
+    sqlite3_bind_text(st, 1, sw->id, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, sw->definition, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, sw->paused);
+    sqlite3_bind_int64(st, 4, sw->next_fire_ms);
+    sqlite3_bind_int64(st, 5, now);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (!sw->event)
+        return 0;
+    struct jd_schedule_write ev = {.id = sw->id,
+                                   .event = sw->event,
+                                   .event_fire_ms = sw->event_fire_ms,
+                                   .event_job_id = sw->event_job_id,
+                                   .event_data = sw->event_data};
+    return apply_schedule_change(s, &ev, now);
+}
+
 /* vc: the batch's version cache, or NULL on the savepoint path. */
 static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
@@ -381,6 +494,10 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
         return apply_change(s, w, now, vc);
     case JD_W_QUEUE:
         return apply_queue(s, w);
+    case JD_W_SCHEDULE_PUT:
+    case JD_W_SCHEDULE_CHANGE:
+    case JD_W_SCHEDULE_DELETE:
+        return apply_schedule(s, w, now);
     default:
         return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
     }
