@@ -122,6 +122,7 @@ static const char *const migrations[] = {
     "  paused INTEGER NOT NULL DEFAULT 0,"
     "  retired INTEGER NOT NULL DEFAULT 0,"
     "  next_fire_ms INTEGER NOT NULL DEFAULT 0,"
+    "  anchor_ms INTEGER NOT NULL DEFAULT 0,"
     "  last_fire_ms INTEGER NOT NULL DEFAULT 0,"
     "  last_job_id INTEGER NOT NULL DEFAULT 0,"
     "  last_outcome TEXT,"

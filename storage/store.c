@@ -502,7 +502,7 @@ _Static_assert(RS_N <= JD_RS_MAX, "struct jd_rconn holds JD_RS_MAX statements");
 
 #define SCHED_COLS                                                                                 \
     "id, definition, paused, retired, next_fire_ms, last_fire_ms, last_job_id, last_outcome,"      \
-    " fires, skips, event_seq, created_ms, updated_ms"
+    " fires, skips, event_seq, created_ms, updated_ms, anchor_ms"
 
 /* Every read the store makes; tests check each plan with EXPLAIN QUERY PLAN. */
 static const char *const read_sql[RS_N] = {
@@ -914,6 +914,7 @@ static void row_to_schedule(sqlite3_stmt *st, struct jd_schedule_row *r)
     r->event_seq = sqlite3_column_int64(st, 10);
     r->created_ms = sqlite3_column_int64(st, 11);
     r->updated_ms = sqlite3_column_int64(st, 12);
+    r->anchor_ms = sqlite3_column_int64(st, 13);
 }
 
 int jd_store_schedule_get(struct jd_store *s, const char *id, struct jd_schedule_row *out)

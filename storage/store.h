@@ -140,6 +140,7 @@ struct jd_schedule_write {
     unsigned set;           /* CHANGE: JD_SSET_* */
     bool paused, retired;   /* PUT: paused; CHANGE: as set says */
     int64_t next_fire_ms;   /* 0: none (paused, retired) */
+    int64_t anchor_ms;      /* PUT: where intervals count from */
     int64_t last_fire_ms, last_job_id;
     const char *last_outcome;
     int64_t add_fires, add_skips; /* CHANGE: added to the counts */
@@ -288,6 +289,7 @@ struct jd_schedule_row {
     char *definition; /* JSON text */
     bool paused, retired;
     int64_t next_fire_ms; /* 0: none */
+    int64_t anchor_ms;    /* where intervals count from */
     int64_t last_fire_ms, last_job_id;
     char *last_outcome; /* or NULL */
     int64_t fires, skips;

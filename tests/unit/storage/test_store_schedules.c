@@ -49,7 +49,7 @@ static int put_wait(struct jd_store *s, const char *id, const char *def, int64_t
 {
     struct jd_write w = {.op = JD_W_SCHEDULE_PUT};
     w.sched = (struct jd_schedule_write){
-        .id = id, .definition = def, .next_fire_ms = next, .event = event};
+        .id = id, .definition = def, .next_fire_ms = next, .anchor_ms = 7, .event = event};
     struct tres r;
     return submit_wait(s, &w, &r);
 }
@@ -104,6 +104,7 @@ static void test_put_get_and_replace_keep_history_and_counts(void **state)
     assert_int_equal(jd_store_schedule_get(f->s, "nightly", &row), 0);
     assert_string_equal(row.definition, "{\"cron\":\"0 3 * * *\"}");
     assert_true(row.next_fire_ms == 1000);
+    assert_true(row.anchor_ms == 7);
     assert_int_equal(row.event_seq, 1);
     assert_false(row.paused);
     jd_schedule_row_clear(&row);
