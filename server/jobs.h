@@ -107,6 +107,28 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
 int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_submit_done_fn done,
                          void *arg, struct jd_error *err);
 
+/* A job whose insert commits together with the caller's own write records
+ * (e.g. a schedule's fire: its row update and history event), all or
+ * nothing, the caller's records first. Borrowed; each record's done() (may
+ * be NULL) fires after the commit as usual, before the job's done. */
+struct jd_jobs_submit_with {
+    int64_t job_id;              /* from jd_store_next_id, so the records can name it */
+    const char *idempotency_key; /* or NULL; a duplicate fails the whole group (the job's
+                                    done sees existing = true and the earlier job's id) */
+    const char *schedule_id;     /* stored with the job for listing, or NULL */
+    struct jd_write **extra;
+    size_t n_extra; /* at most JD_JOBS_MAX_EXTRA */
+    bool no_json;   /* the done callback needs no res->json (saves rendering the job) */
+};
+#define JD_JOBS_MAX_EXTRA 8
+
+/* As jd_jobs_submit, with the records of `with` in the same commit. A
+ * validation failure returns at once (err filled; no record is submitted
+ * and no done() is called). */
+int jd_jobs_submit_with(struct jd_jobs *j, const char *body, size_t len,
+                        const struct jd_jobs_submit_with *with, jd_submit_done_fn done, void *arg,
+                        struct jd_error *err);
+
 /* Validation alone (tests, fuzzing): 0 or the error submit would give. */
 int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err);
 

@@ -212,7 +212,8 @@ struct wrec {
     struct jd_jobs *j;
     struct job *job; /* referenced, or NULL */
     enum after after;
-    char *data, *output, *error, *def_text, *idem_key, *fingerprint, *queue_name;
+    char *data, *output, *error, *def_text, *idem_key, *fingerprint, *queue_name, *sched_id;
+    bool no_json; /* submit_done does not need the job rendered */
     struct jd_job row;
     struct jd_token token;
     char *res, *res_err; /* AFTER_COMPLETE / AFTER_MESSAGE payloads */

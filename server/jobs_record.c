@@ -52,6 +52,7 @@ void jobs_wrec_free(struct wrec *r)
     free(r->idem_key);
     free(r->fingerprint);
     free(r->queue_name);
+    free(r->sched_id);
     free(r->row.queue);
     free(r->res);
     free(r->res_err);
@@ -249,7 +250,8 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct batch *batch = r->batch; /* its last record frees every record */
     char *insert_json = NULL;
 
-    if (r->submit_done && rc == 0 && w->op == JD_W_JOB_INSERT && r->row.id == w->job_id) {
+    if (r->submit_done && !r->no_json && rc == 0 && w->op == JD_W_JOB_INSERT &&
+        r->row.id == w->job_id) {
         /* The row as the insert stored it: no read back, no re-parse, and
          * no lock (the row and jb->def, which r's reference keeps, are
          * not changed by anyone). */
@@ -357,7 +359,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         if (insert_json) {
             json = insert_json;
             insert_json = NULL;
-        } else if (res.rc == 0) {
+        } else if (res.rc == 0 && !r->no_json) {
             struct jd_job row = {0};
             if (jd_store_job_get(j->store, w->job_id, &row) == 0) {
                 json = jd_render_job_json(&row);

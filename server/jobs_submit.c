@@ -30,12 +30,12 @@ static void fingerprint(const char *text, char out[17])
     snprintf(out, 17, "%016" PRIx64, h);
 }
 
-/* Under mu: a job and its insert record. */
-static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, const char *key,
+/* Under mu: a job and its insert record (id 0: a fresh one). */
+static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, const char *key,
                                const char *fp)
 {
     int64_t now = jd_wall_ms();
-    struct job *jb = jobs_job_new(j, d, jd_store_next_id(j->store), now);
+    struct job *jb = jobs_job_new(j, d, id ? id : jd_store_next_id(j->store), now);
     jobs_job_insert(j, jb);
     struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_INSERT);
     r->row.id = jb->id;
@@ -109,7 +109,7 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
         i->next = j->idems;
         j->idems = i;
     }
-    struct wrec *r = insert_rec(j, d, idempotency_key, fp);
+    struct wrec *r = insert_rec(j, d, 0, idempotency_key, fp);
     r->submit_done = done;
     r->user_arg = arg;
     struct job *jb = r->job;
@@ -117,6 +117,51 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
     if (rc) {
         if (idempotency_key)
             jobs_idem_forget(j, idempotency_key);
+        jb->finished = true;
+        jobs_job_remove(j, jb);
+        jobs_job_unref(jb);
+        jobs_wrec_free(r);
+        j->st.submitted--;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (rc)
+        return jd_error_set(err, rc, NULL, "cannot store the job: %s", jd_strerror(rc));
+    return 0;
+}
+
+int jd_jobs_submit_with(struct jd_jobs *j, const char *body, size_t len,
+                        const struct jd_jobs_submit_with *with, jd_submit_done_fn done, void *arg,
+                        struct jd_error *err)
+{
+    jd_error_clear(err);
+    if (with->n_extra > JD_JOBS_MAX_EXTRA || with->job_id <= 0)
+        return jd_error_set(err, JD_EINVAL, NULL, "bad submit_with");
+    struct jd_jobdef *d = NULL;
+    int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
+    if (rc)
+        return rc;
+    struct jd_write *ws[JD_JOBS_MAX_EXTRA + 1];
+    pthread_mutex_lock(&j->mu);
+    if (j->draining) {
+        pthread_mutex_unlock(&j->mu);
+        jd_jobdef_free(d);
+        return jd_error_set(err, JD_ESHUTDOWN, NULL, "the server is shutting down");
+    }
+    /* No fingerprint: the key's uniqueness in the store is what is wanted. */
+    struct wrec *r = insert_rec(j, d, with->job_id, with->idempotency_key, NULL);
+    if (with->schedule_id) {
+        r->sched_id = jd_xstrdup(with->schedule_id);
+        r->row.schedule_id = r->sched_id;
+    }
+    r->no_json = with->no_json;
+    r->submit_done = done;
+    r->user_arg = arg;
+    for (size_t i = 0; i < with->n_extra; i++)
+        ws[i] = with->extra[i];
+    ws[with->n_extra] = &r->w;
+    rc = jd_store_submit_many(j->store, ws, with->n_extra + 1);
+    if (rc) {
+        struct job *jb = r->job;
         jb->finished = true;
         jobs_job_remove(j, jb);
         jobs_job_unref(jb);
@@ -193,7 +238,7 @@ int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_sub
         rc = JD_ESHUTDOWN;
     } else {
         for (size_t k = 0; k < n; k++) {
-            b->recs[k] = insert_rec(j, defs[k], NULL, NULL);
+            b->recs[k] = insert_rec(j, defs[k], 0, NULL, NULL);
             b->recs[k]->batch = b;
             ws[k] = &b->recs[k]->w;
         }
