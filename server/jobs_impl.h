@@ -323,6 +323,9 @@ void jd_sb_number(struct jd_sbuf *b, int64_t v);            /* v as a cJSON numb
  * puts `otherwise` (raw) instead. */
 void jd_sb_json(struct jd_sbuf *b, const char *text, const char *otherwise);
 
+/* Add o[name] = the time as RFC 3339 text, or null for ms <= 0 (unset). */
+void jd_render_add_time(cJSON *o, const char *name, int64_t ms);
+
 /* jd_time_format(wall_ms, buf, 32) without gmtime_r and snprintf. */
 void jd_render_time(int64_t wall_ms, char buf[32]);
 

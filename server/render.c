@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void add_time(cJSON *o, const char *name, int64_t ms)
+void jd_render_add_time(cJSON *o, const char *name, int64_t ms)
 {
     if (ms <= 0) {
         cJSON_AddNullToObject(o, name);
@@ -57,11 +57,11 @@ cJSON *jd_render_job(const struct jd_job *row)
     cJSON *def = row->definition ? cJSON_Parse(row->definition) : NULL;
     const cJSON *labels = def ? cJSON_GetObjectItemCaseSensitive(def, "labels") : NULL;
     cJSON_AddItemToObject(o, "labels", labels ? cJSON_Duplicate(labels, 1) : cJSON_CreateObject());
-    add_time(o, "created_at", row->created_ms);
-    add_time(o, "updated_at", row->updated_ms);
-    add_time(o, "started_at", row->started_ms);
-    add_time(o, "finished_at", row->finished_ms);
-    add_time(o, "run_at", row->run_at_ms);
+    jd_render_add_time(o, "created_at", row->created_ms);
+    jd_render_add_time(o, "updated_at", row->updated_ms);
+    jd_render_add_time(o, "started_at", row->started_ms);
+    jd_render_add_time(o, "finished_at", row->finished_ms);
+    jd_render_add_time(o, "run_at", row->run_at_ms);
     cJSON_AddItemToObject(o, "definition", def ? def : cJSON_CreateNull());
     return o;
 }
@@ -380,7 +380,7 @@ cJSON *jd_render_event(const struct jd_job_event *ev)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "seq", (double)ev->seq);
-    add_time(o, "time", ev->time_ms);
+    jd_render_add_time(o, "time", ev->time_ms);
     cJSON_AddStringToObject(o, "kind", jd_event_kind_name(ev->kind));
     cJSON_AddNumberToObject(o, "tag", ev->tag);
     add_json(o, "data", ev->data);
