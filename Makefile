@@ -5,7 +5,7 @@
 #   make test            install missing packages, build, run every test; last line "N passed, N failed"
 #   make tsan            concurrency tests under ThreadSanitizer
 #   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make bench-sched | bench-store | bench-compare | bench-e2e
+#   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules
 #   make crash | fuzz | docker-smoke | format | clean
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
@@ -211,6 +211,12 @@ bench-compare: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/sched
 	JD_BUILD=$(BUILD) bench/compare.sh
 
+# 10,000 schedules with "every": "1s" firing real jobs; fire lag p99 beside bare timers.
+bench-schedules: deps
+	$(Q)$(MAKE) --no-print-directory all $(BUILD)/bench/schedules
+	$(BUILD)/bench/schedules --dir $(BUILD) --plugin-dir $(BUILD)/plugins \
+	    $(if $(N),--schedules $(N)) $(if $(SECONDS),--seconds $(SECONDS))
+
 bench-e2e: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/bench/loadgen
 	JD_BUILD=$(BUILD) bench/e2e/run.sh
@@ -233,6 +239,6 @@ clean:
 	rm -rf build
 
 .PHONY: all deps run test tsan tsan-build sanitize unit-build bench-sched bench-store \
-        bench-compare bench-e2e crash fuzz docker-smoke format clean
+        bench-compare bench-e2e bench-schedules crash fuzz docker-smoke format clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -39,7 +39,7 @@ struct jd_schedules;
 struct jd_store;
 struct jd_jobs;
 
-#define JD_SCHEDULE_ID_MAX 128      /* ids are [A-Za-z0-9._-], 1..128 characters */
+#define JD_SCHEDULE_ID_MAX 100      /* ids are [A-Za-z0-9._-], 1..100 characters */
 #define JD_SCHEDULE_CATCHUP_CAP 100 /* catchup "all" runs at most this many missed fires */
 
 /* Timers, replaceable for tests (STYLE.md rule 9): after(ctx, delay_ms, fn,
