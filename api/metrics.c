@@ -10,6 +10,7 @@
 #include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
+#include "server/schedules.h"
 #include "storage/store.h"
 
 #include <stdarg.h>
@@ -174,6 +175,27 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
               (double)j->duration_ms_sum / 1e3);
 }
 
+static void render_schedules(struct buf *b, const struct jd_schedules_stats *s)
+{
+    scalar(b, "jackdaw_schedules", "gauge", "Schedules kept (active, paused and retired).",
+           s->schedules);
+    scalar(b, "jackdaw_schedule_fires_total", "counter",
+           "Jobs created by schedules (fires, catch-ups and triggers).", s->fires);
+    scalar(b, "jackdaw_schedule_skips_total", "counter",
+           "Fire times skipped (the previous job still running, or an invalid job).", s->skips);
+    scalar(b, "jackdaw_schedule_catchups_total", "counter",
+           "Catch-up decisions after fire times were missed (downtime).", s->caught_up);
+    scalar(b, "jackdaw_schedule_retired_total", "counter", "Schedules retired by end_at.",
+           s->retired);
+    double le[JD_SCHED_LAG_BUCKETS - 1];
+    for (int i = 0; i < JD_SCHED_LAG_BUCKETS - 1; i++)
+        le[i] = (double)jd_sched_lag_bounds_ms[i] / 1e3;
+    family(b, "jackdaw_schedule_fire_lag_seconds", "histogram",
+           "How late a fire's decision ran after its fire time (on-time fires only).");
+    histogram(b, "jackdaw_schedule_fire_lag_seconds", "", le, s->lag_hist, JD_SCHED_LAG_BUCKETS,
+              (double)s->lag_ms_sum / 1e3);
+}
+
 static void render_sched(struct buf *b, const struct jd_sched_stats *s)
 {
     family(b, "jackdaw_sched_processes", "gauge", "Processes by scheduler state.");
@@ -297,6 +319,8 @@ char *jd_metrics_render(const struct jd_metrics_sources *src)
         render_store(&b, src->store);
     if (src->registry)
         render_registry(&b, src->registry);
+    if (src->schedules)
+        render_schedules(&b, src->schedules);
     if (src->queues)
         render_queues(&b, src->queues, src->nqueues);
     return b.p;

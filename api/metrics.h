@@ -21,6 +21,7 @@ struct jd_sched_stats;
 struct jd_store_stats;
 struct jd_registry_stats;
 struct jd_queue_counts;
+struct jd_schedules_stats;
 
 /* Statuses counted per route; anything else lands in the last column. */
 #define JD_METRICS_CODES 20
@@ -47,6 +48,7 @@ struct jd_metrics_sources {
     const struct jd_sched_stats *sched;
     const struct jd_store_stats *store;
     const struct jd_registry_stats *registry;
+    const struct jd_schedules_stats *schedules;
     const struct jd_queue_counts *queues; /* durable counts per queue and state */
     size_t nqueues;
     int ready; /* 1 ready, 0 starting or draining */

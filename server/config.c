@@ -77,6 +77,8 @@ static const struct opt opts[] = {
      "SSE heartbeat comment interval (default 15s)"},
     {"--grace", "JACKDAW_GRACE", OPT_DURATION, F(grace_ms), "DURATION",
      "on SIGTERM/SIGINT, wait this long for running steps (default 10s)"},
+    {"--max-schedules", "JACKDAW_MAX_SCHEDULES", OPT_UINT, F(max_schedules), "N",
+     "schedules kept at most; creating more gets 429 (default 10000)"},
 };
 
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -272,6 +274,7 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->max_wait_ms = 60000;
     c->heartbeat_ms = 15000; /* below common proxy idle timeouts (30-60 s) */
     c->grace_ms = 10000;
+    c->max_schedules = 10000; /* each holds a timer and its definition in memory */
 
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);

@@ -41,6 +41,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.log_level, JD_LOG_INFO);
     assert_int_equal(c.conn_timeout_s, 30);
     assert_int_equal(c.max_parked, 512);
+    assert_int_equal(c.max_schedules, 10000);
     assert_false(c.help);
     jd_config_free(&c);
 }
@@ -133,23 +134,12 @@ static void test_listen_forms_and_help(void **state)
     FILE *f = open_memstream(&text, &len);
     jd_config_usage(f, "jackdawd");
     fclose(f);
-    const char *flags[] = {"--listen",
-                           "--db",
-                           "--workers",
-                           "--plugin-dir",
-                           "--sync",
-                           "--token",
-                           "--exec-allow",
-                           "--http-allow",
-                           "--retention",
-                           "--max-body",
-                           "--log-level",
-                           "--max-connections",
-                           "--conn-timeout",
-                           "--max-parked",
-                           "--pin-workers",
-                           "JACKDAW_TOKEN",
-                           NULL};
+    const char *flags[] = {"--listen",       "--db",          "--workers",
+                           "--plugin-dir",   "--sync",        "--token",
+                           "--exec-allow",   "--http-allow",  "--retention",
+                           "--max-body",     "--log-level",   "--max-connections",
+                           "--conn-timeout", "--max-parked",  "--max-schedules",
+                           "--pin-workers",  "JACKDAW_TOKEN", NULL};
     for (int i = 0; flags[i]; i++)
         if (strstr(text, flags[i]) == NULL)
             fail_msg("--help does not mention %s", flags[i]);

@@ -12,6 +12,7 @@
 #include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
+#include "server/schedules.h"
 #include "storage/store.h"
 
 #include <stdlib.h>
@@ -71,7 +72,12 @@ static void test_all_families(void **state)
     struct jd_registry_stats rs = {.calls = 6, .ok = 5, .failed = 1};
     struct jd_queue_counts qc[2] = {{.queue = "default"}, {.queue = "we\"ird\n", .paused = true}};
     qc[0].counts[JD_JOB_SUCCEEDED] = 12;
+    struct jd_schedules_stats sch = {.schedules = 4, .fires = 30, .skips = 2, .caught_up = 1};
+    sch.lag_hist[0] = 25; /* <= 1 ms */
+    sch.lag_hist[5] = 4;  /* <= 100 ms */
+    sch.lag_hist[JD_SCHED_LAG_BUCKETS - 1] = 1;
     struct jd_metrics_sources src = {.jobs = &js,
+                                     .schedules = &sch,
                                      .sched = &ss,
                                      .store = &st,
                                      .registry = &rs,
@@ -100,6 +106,12 @@ static void test_all_families(void **state)
         "jackdaw_queue_jobs{queue=\"default\",state=\"succeeded\"} 12\n",
         "jackdaw_queue_jobs{queue=\"default\",state=\"queued\"} 0\n",
         "jackdaw_queue_paused{queue=\"we\\\"ird\\n\"} 1\n",
+        "jackdaw_schedules 4\n",
+        "jackdaw_schedule_fires_total 30\n",
+        "jackdaw_schedule_skips_total 2\n",
+        "jackdaw_schedule_fire_lag_seconds_bucket{le=\"0.001\"} 25\n",
+        "jackdaw_schedule_fire_lag_seconds_bucket{le=\"0.1\"} 29\n",
+        "jackdaw_schedule_fire_lag_seconds_bucket{le=\"+Inf\"} 30\n",
         NULL,
     };
     for (int i = 0; want[i]; i++)
