@@ -41,6 +41,23 @@ static void add_json(cJSON *o, const char *name, const char *text)
     cJSON_AddItemToObject(o, name, v ? v : cJSON_CreateNull());
 }
 
+/* The fire time a schedule's job was made for, from its idempotency key
+ * "schedule:<id>:<fire ms>"; 0 for a trigger ("schedule:<id>:trigger:...")
+ * or anything else. */
+static int64_t schedule_fire_ms(const struct jd_job *row)
+{
+    const char *k = row->idempotency_key;
+    size_t n = strlen(row->schedule_id);
+    if (!k || strncmp(k, "schedule:", 9) != 0 || strncmp(k + 9, row->schedule_id, n) != 0 ||
+        k[9 + n] != ':')
+        return 0;
+    const char *p = k + 10 + n;
+    int64_t v = 0;
+    for (; *p >= '0' && *p <= '9' && v < INT64_MAX / 10 - 10; p++)
+        v = v * 10 + (*p - '0');
+    return *p == '\0' ? v : 0;
+}
+
 cJSON *jd_render_job(const struct jd_job *row)
 {
     cJSON *o = cJSON_CreateObject();
@@ -63,6 +80,11 @@ cJSON *jd_render_job(const struct jd_job *row)
     jd_render_add_time(o, "finished_at", row->finished_ms);
     jd_render_add_time(o, "run_at", row->run_at_ms);
     cJSON_AddItemToObject(o, "definition", def ? def : cJSON_CreateNull());
+    if (row->schedule_id) {
+        cJSON *sc = cJSON_AddObjectToObject(o, "schedule");
+        cJSON_AddStringToObject(sc, "id", row->schedule_id);
+        jd_render_add_time(sc, "fire_time", schedule_fire_ms(row));
+    }
     return o;
 }
 
@@ -372,6 +394,12 @@ char *jd_render_job_json(const struct jd_job *row)
     sb_time(&b, ",\"run_at\":", row->run_at_ms);
     jd_sb_puts(&b, ",\"definition\":");
     jd_sb_puts(&b, row->definition);
+    if (row->schedule_id) {
+        jd_sb_puts(&b, ",\"schedule\":{\"id\":");
+        jd_sb_string(&b, row->schedule_id);
+        sb_time(&b, ",\"fire_time\":", schedule_fire_ms(row));
+        jd_sb_puts(&b, "}");
+    }
     jd_sb_puts(&b, "}");
     return b.p;
 }

@@ -65,6 +65,40 @@ static void test_fresh_job_matches_the_tree_rendering(void **state)
     free(def);
 }
 
+/* A schedule's job says which schedule and which fire time made it. */
+static void test_schedule_jobs_name_their_fire_time(void **state)
+{
+    (void)state;
+    char *def = compact("{\"handler\":\"echo\",\"labels\":{\"schedule\":\"n\"}}");
+    struct jd_job row = {.id = 7,
+                         .queue = "default",
+                         .state = JD_JOB_QUEUED,
+                         .definition = def,
+                         .version = 1,
+                         .created_ms = 1700000000123,
+                         .updated_ms = 1700000000123,
+                         .idempotency_key = "schedule:n:1700000000000",
+                         .schedule_id = "n"};
+    check_same(&row);
+    char *got = jd_render_job_json(&row);
+    assert_non_null(strstr(got, ",\"schedule\":{\"id\":\"n\",\"fire_time\":"
+                                "\"2023-11-14T22:13:20.000Z\"}}"));
+    free(got);
+    row.idempotency_key = "schedule:n:trigger:1700000000000:7";
+    check_same(&row);
+    got = jd_render_job_json(&row);
+    assert_non_null(strstr(got, "\"fire_time\":null"));
+    free(got);
+    row.idempotency_key = "schedule:nn:1700000000000"; /* another schedule's key shape */
+    check_same(&row);
+    row.schedule_id = NULL;
+    check_same(&row);
+    got = jd_render_job_json(&row);
+    assert_null(strstr(got, "\"schedule\":{"));
+    free(got);
+    free(def);
+}
+
 static void test_every_field_and_odd_values_match(void **state)
 {
     (void)state;
@@ -217,6 +251,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fresh_job_matches_the_tree_rendering),
+        cmocka_unit_test(test_schedule_jobs_name_their_fire_time),
         cmocka_unit_test(test_every_field_and_odd_values_match),
         cmocka_unit_test(test_definitions_without_labels_or_not_compact_match),
         cmocka_unit_test(test_embedded_json_matches_cjson_reprint),
