@@ -1016,7 +1016,7 @@ static void change_done(void *arg, struct jd_write *w, int rc)
             memset(&o->sp, 0, sizeof o->sp);
             sc->anchor_ms = o->anchor_ms;
             sc->paused = o->paused;
-            sc->retired = o->next_ms == 0;
+            sc->retired = !o->paused && o->next_ms == 0;
             sc->next_fire_ms = o->next_ms;
             sc->catchup_until = 0;
             sc->loaded = true;
@@ -1127,6 +1127,7 @@ int jd_schedules_put(struct jd_schedules *S, const char *id, const char *body, s
     w->sched.id = sc->id;
     w->sched.definition = sp.def_text;
     w->sched.paused = sp.paused;
+    w->sched.retired = !sp.paused && o->next_ms == 0; /* end_at already passed */
     w->sched.next_fire_ms = o->next_ms;
     w->sched.anchor_ms = now;
     w->sched.event = created ? "created" : "replaced";

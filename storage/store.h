@@ -138,7 +138,7 @@ struct jd_schedule_write {
     const char *id;
     const char *definition; /* PUT: the schedule as JSON text */
     unsigned set;           /* CHANGE: JD_SSET_* */
-    bool paused, retired;   /* PUT: paused; CHANGE: as set says */
+    bool paused, retired;   /* PUT: both; CHANGE: as set says */
     int64_t next_fire_ms;   /* 0: none (paused, retired) */
     int64_t anchor_ms;      /* PUT: where intervals count from */
     int64_t last_fire_ms, last_job_id;

@@ -84,9 +84,10 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_RET_MAX_ID] = "INSERT INTO meta(key, value) VALUES ('max_deleted_id', ?1)"
                          " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
     [JD_WS_SCHED_UPSERT] =
-        "INSERT INTO schedules(id, definition, paused, next_fire_ms, anchor_ms, created_ms,"
-        " updated_ms) VALUES (?1, ?2, ?3, ?4, ?6, ?5, ?5) ON CONFLICT(id) DO UPDATE SET"
-        " definition = excluded.definition, paused = excluded.paused, retired = 0,"
+        "INSERT INTO schedules(id, definition, paused, retired, next_fire_ms, anchor_ms,"
+        " created_ms, updated_ms) VALUES (?1, ?2, ?3, ?7, ?4, ?6, ?5, ?5) ON CONFLICT(id) DO"
+        " UPDATE SET definition = excluded.definition, paused = excluded.paused,"
+        " retired = excluded.retired,"
         " next_fire_ms = excluded.next_fire_ms, anchor_ms = excluded.anchor_ms,"
         " updated_ms = excluded.updated_ms",
     /* One statement for every combination of JD_SSET_* (?3 is the mask):
@@ -473,6 +474,7 @@ static int apply_schedule(struct jd_store *s, struct jd_write *w, int64_t now)
     sqlite3_bind_int64(st, 4, sw->next_fire_ms);
     sqlite3_bind_int64(st, 5, now);
     sqlite3_bind_int64(st, 6, sw->anchor_ms);
+    sqlite3_bind_int(st, 7, sw->retired);
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
     if (!sw->event)

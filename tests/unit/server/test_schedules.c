@@ -523,6 +523,23 @@ static void test_start_end_and_retire(void **state)
     assert_string_equal(str(last_event(ev), "kind"), "retired");
     cJSON_Delete(ev);
     assert_int_equal(ft_pending(), 0);
+    /* made with its end already past: retired at once, never fires */
+    put_ok(f, "late", body);
+    assert_int_equal(jd_schedules_get_json(f->s, "late", &json), 0);
+    o = cJSON_Parse(json);
+    free(json);
+    assert_string_equal(str(o, "state"), "retired");
+    cJSON_Delete(o);
+    /* created paused: paused, not retired; resumed, it fires */
+    put_ok(f, "sleepy", "{\"every\":\"1m\",\"paused\":true,\"job\":" ECHO "}");
+    assert_int_equal(jd_schedules_get_json(f->s, "sleepy", &json), 0);
+    o = cJSON_Parse(json);
+    free(json);
+    assert_string_equal(str(o, "state"), "paused");
+    cJSON_Delete(o);
+    assert_int_equal(action(f, 1, "sleepy", NULL), 0);
+    advance(f, 60000, 1000);
+    assert_int_equal(jobs_of(f, "sleepy", fires, 8), 1);
 }
 
 static void test_pause_resume_trigger_delete(void **state)
