@@ -31,10 +31,11 @@ done
 declare -A SRCS=(
     [router]="api/router.c api/problem.c ${CORE[*]}"
     [jobdef]="${JOBS[*]} ${CORE[*]}"
+    [cron]="${CORE[*]}"
 )
 n=0
 failed=0
-for name in router jobdef; do
+for name in router jobdef cron; do
     n=$((n + 1))
     bin=$OUT/fuzz_$name
     log=$OUT/$name.log
