@@ -187,9 +187,10 @@ static void render_schedules(struct buf *b, const struct jd_schedules_stats *s)
            "Catch-up decisions after fire times were missed (downtime).", s->caught_up);
     scalar(b, "jackdaw_schedule_retired_total", "counter", "Schedules retired by end_at.",
            s->retired);
+    static const int64_t bounds[JD_SCHED_LAG_BUCKETS - 1] = JD_SCHED_LAG_BOUNDS_MS;
     double le[JD_SCHED_LAG_BUCKETS - 1];
     for (int i = 0; i < JD_SCHED_LAG_BUCKETS - 1; i++)
-        le[i] = (double)jd_sched_lag_bounds_ms[i] / 1e3;
+        le[i] = (double)bounds[i] / 1e3;
     family(b, "jackdaw_schedule_fire_lag_seconds", "histogram",
            "How late a fire's decision ran after its fire time (on-time fires only).");
     histogram(b, "jackdaw_schedule_fire_lag_seconds", "", le, s->lag_hist, JD_SCHED_LAG_BUCKETS,

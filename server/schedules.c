@@ -60,8 +60,7 @@
 #define RESEED_S (7 * 86400) /* then counting restarts this long before now */
 #define NBUCKETS 4096
 
-const int64_t jd_sched_lag_bounds_ms[JD_SCHED_LAG_BUCKETS - 1] = {1,   5,   10,   25,   50,   100,
-                                                                  250, 500, 1000, 5000, 60000};
+static const int64_t lag_bounds_ms[JD_SCHED_LAG_BUCKETS - 1] = JD_SCHED_LAG_BOUNDS_MS;
 
 enum overlap { OV_SKIP, OV_ALLOW, OV_CANCEL };
 enum catchup { CU_NONE, CU_LATEST, CU_ALL };
@@ -230,7 +229,7 @@ static void note_lag(struct jd_schedules *S, int64_t lag_ms)
     if (lag_ms < 0)
         lag_ms = 0;
     int b = 0;
-    while (b < JD_SCHED_LAG_BUCKETS - 1 && lag_ms > jd_sched_lag_bounds_ms[b])
+    while (b < JD_SCHED_LAG_BUCKETS - 1 && lag_ms > lag_bounds_ms[b])
         b++;
     atomic_fetch_add_explicit(&S->st_lag[b], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&S->st_lag_sum, (uint64_t)lag_ms, memory_order_relaxed);
@@ -672,7 +671,8 @@ static void fire(struct jd_schedules *S, struct sched *sc, int64_t fire_ms, int6
                                        .idempotency_key = o->key,
                                        .schedule_id = sc->id,
                                        .extra = extra,
-                                       .n_extra = o->nw};
+                                       .n_extra = o->nw,
+                                       .no_json = true};
     struct jd_error err;
     int rc = jd_jobs_submit_with(S->jobs, sc->sp.job_text, strlen(sc->sp.job_text), &with,
                                  fire_done, o, &err);

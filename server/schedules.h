@@ -113,7 +113,11 @@ struct jd_schedules_stats {
     uint64_t lag_ms_sum;
 };
 void jd_schedules_stats(struct jd_schedules *s, struct jd_schedules_stats *out);
-/* The upper bounds of the lag buckets, in ms (the last is +inf). */
-extern const int64_t jd_sched_lag_bounds_ms[JD_SCHED_LAG_BUCKETS - 1];
+/* The upper bounds of the lag buckets, in ms (the last bucket is +inf); an
+ * initializer, so /metrics needs no symbol of the engine's. */
+#define JD_SCHED_LAG_BOUNDS_MS                                                                     \
+    {                                                                                              \
+        1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 60000                                         \
+    }
 
 #endif
