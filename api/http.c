@@ -75,6 +75,12 @@ struct jd_jobs *http_jobs_of(struct jd_http *h)
     return atomic_load_explicit(&h->jobs, memory_order_acquire);
 }
 
+struct jd_schedules *http_schedules_of(struct jd_http *h)
+{
+    /* acquire: pairs with the release in jd_http_attach_schedules */
+    return atomic_load_explicit(&h->schedules, memory_order_acquire);
+}
+
 enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, char *body,
                              size_t len, const char *h1, const char *v1, const char *h2,
                              const char *v2)
@@ -497,6 +503,12 @@ fail:
 uint16_t jd_http_port(const struct jd_http *h)
 {
     return h->port;
+}
+
+void jd_http_attach_schedules(struct jd_http *h, struct jd_schedules *s)
+{
+    /* release: handlers that see the pointer see the loaded schedules */
+    atomic_store_explicit(&h->schedules, s, memory_order_release);
 }
 
 void jd_http_attach(struct jd_http *h, struct jd_jobs *jobs)

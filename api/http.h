@@ -24,6 +24,7 @@
 
 struct jd_http;
 struct jd_jobs;
+struct jd_schedules;
 struct jd_store;
 
 struct jd_http_config {
@@ -50,6 +51,9 @@ uint16_t jd_http_port(const struct jd_http *h);
 /* Hand over the job layer (borrowed; it must outlive jd_http_stop) and
  * become ready. */
 void jd_http_attach(struct jd_http *h, struct jd_jobs *jobs);
+/* Hand over the schedules (borrowed, outliving jd_http_stop), before
+ * jd_http_attach; /v1/schedules answers 503 without them. */
+void jd_http_attach_schedules(struct jd_http *h, struct jd_schedules *s);
 
 /* Begin shutdown: /readyz and new submissions answer 503, the listening
  * socket stops accepting, every parked long-poll is answered with the job's

@@ -7,6 +7,7 @@
  *                    timer, job-layer callbacks, long-poll end, SSE stream
  *   routes_jobs.c    /v1/jobs handlers
  *   routes_queues.c  /v1/queues handlers
+ *   routes_schedules.c /v1/schedules handlers
  *   routes_misc.c    /livez, /readyz, /metrics, /v1/openapi.yaml, /v1/handlers
  *
  * Threading: a struct jd_req is used by one MHD pool thread at a time (the
@@ -51,11 +52,12 @@ struct jd_http {
     int64_t max_wait_ms, heartbeat_ms;
     struct jd_store *store;
 
-    _Atomic(struct jd_jobs *) jobs; /* release on attach: handlers see a built layer */
-    atomic_bool draining;           /* seq_cst everywhere: checked before parking, set before
-                                       waking, so a waiter either sees it or gets woken */
-    atomic_uint inflight;           /* requests between first call and completion */
-    atomic_uint parked_count;       /* long-polls parked + SSE streams alive */
+    _Atomic(struct jd_jobs *) jobs;           /* release on attach: handlers see a built layer */
+    _Atomic(struct jd_schedules *) schedules; /* likewise (attached before jobs) */
+    atomic_bool draining;     /* seq_cst everywhere: checked before parking, set before
+                                 waking, so a waiter either sees it or gets woken */
+    atomic_uint inflight;     /* requests between first call and completion */
+    atomic_uint parked_count; /* long-polls parked + SSE streams alive */
     atomic_uint_fast64_t rid_counter;
     uint64_t rid_seed;
 
@@ -130,6 +132,7 @@ struct jd_req {
 void http_req_ref(struct jd_req *r);
 void http_req_unref(struct jd_req *r);
 struct jd_jobs *http_jobs_of(struct jd_http *h);
+struct jd_schedules *http_schedules_of(struct jd_http *h); /* NULL until attached */
 enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, char *body,
                              size_t len, const char *h1, const char *v1, const char *h2,
                              const char *v2);
@@ -188,6 +191,15 @@ enum MHD_Result route_job_retry(struct jd_req *r);
 /* routes_queues.c: */
 enum MHD_Result route_queues(struct jd_req *r);
 enum MHD_Result route_queue_pause(struct jd_req *r);
+
+/* routes_schedules.c: */
+enum MHD_Result route_schedule_list(struct jd_req *r);
+enum MHD_Result route_schedule_put(struct jd_req *r);
+enum MHD_Result route_schedule_get(struct jd_req *r);
+enum MHD_Result route_schedule_delete(struct jd_req *r);
+enum MHD_Result route_schedule_pause(struct jd_req *r);
+enum MHD_Result route_schedule_trigger(struct jd_req *r);
+enum MHD_Result route_schedule_events(struct jd_req *r);
 
 /* routes_misc.c: */
 enum MHD_Result route_livez(struct jd_req *r);

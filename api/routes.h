@@ -51,6 +51,22 @@
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
     X(JD_ROUTE_QUEUE_RESUME, JD_M_POST, "/v1/queues/{queue}/resume", route_queue_pause,            \
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_SCHEDULE_LIST,    JD_M_GET,    "/v1/schedules",           route_schedule_list,      \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_SCHEDULE_PUT,     JD_M_PUT,    "/v1/schedules/{id}",      route_schedule_put,       \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON)                                            \
+    X(JD_ROUTE_SCHEDULE_GET,     JD_M_GET,    "/v1/schedules/{id}",      route_schedule_get,       \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_SCHEDULE_DELETE,  JD_M_DELETE, "/v1/schedules/{id}",      route_schedule_delete,    \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_SCHEDULE_PAUSE,   JD_M_POST,   "/v1/schedules/{id}/pause", route_schedule_pause,    \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_SCHEDULE_RESUME,  JD_M_POST,   "/v1/schedules/{id}/resume", route_schedule_pause,   \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_SCHEDULE_TRIGGER, JD_M_POST,   "/v1/schedules/{id}/trigger", route_schedule_trigger, \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_SCHEDULE_EVENTS,  JD_M_GET,    "/v1/schedules/{id}/events", route_schedule_events,  \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_OPENAPI,      JD_M_GET,  "/v1/openapi.yaml",          route_openapi,                \
       JD_RF_V1)                                                                                    \
     X(JD_ROUTE_LIVEZ,        JD_M_GET,  "/livez",                    route_livez,       0)         \

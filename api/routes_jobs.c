@@ -105,6 +105,7 @@ enum MHD_Result route_job_list(struct jd_req *r)
     struct jd_jobs_list_query q = {0};
     q.state = http_query(r, "state");
     q.queue = http_query(r, "queue");
+    q.schedule = http_query(r, "schedule");
     q.cursor = http_query(r, "cursor");
     const char *lim = http_query(r, "limit");
     if (lim != NULL) {
@@ -216,6 +217,12 @@ enum MHD_Result route_job_submit(struct jd_req *r)
     const char *key = http_header(r, "Idempotency-Key");
     if (key != NULL && (key[0] == '\0' || strlen(key) > IDEM_KEY_MAX))
         return http_respond_problem(r, 400, "Idempotency-Key must be 1 to 255 characters", NULL);
+    /* Those name a schedule's fire: a client's key could take a fire's place. */
+    if (key != NULL && strncmp(key, "schedule:", 9) == 0)
+        return http_respond_problem(r, 400,
+                                    "Idempotency-Keys starting with \"schedule:\" are "
+                                    "reserved for schedules",
+                                    NULL);
     http_arm(r);
     http_req_ref(r);
     int rc = jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, key,

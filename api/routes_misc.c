@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "plugins/registry.h"
 #include "scheduler/sched.h"
+#include "server/schedules.h"
 #include "storage/store.h"
 
 #include <stdlib.h>
@@ -42,6 +43,12 @@ enum MHD_Result route_metrics(struct jd_req *r)
     struct jd_sched_stats ss;
     struct jd_store_stats st;
     struct jd_registry_stats rs;
+    struct jd_schedules_stats sch;
+    struct jd_schedules *sc = http_schedules_of(h);
+    if (sc != NULL) {
+        jd_schedules_stats(sc, &sch);
+        src.schedules = &sch;
+    }
     if (j != NULL) {
         jd_jobs_stats(j, &js);
         jd_sched_stats(jd_jobs_sched(j), &ss);

@@ -137,10 +137,11 @@ int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_
 int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *version, bool *terminal);
 
 struct jd_jobs_list_query {
-    const char *state;  /* or NULL; unknown state: JD_EINVAL */
-    const char *queue;  /* or NULL */
-    unsigned limit;     /* 0: 50; max 1000 */
-    const char *cursor; /* opaque, from a previous page's next_cursor; or NULL */
+    const char *state;    /* or NULL; unknown state: JD_EINVAL */
+    const char *queue;    /* or NULL */
+    const char *schedule; /* only jobs this schedule made; or NULL */
+    unsigned limit;       /* 0: 50; max 1000 */
+    const char *cursor;   /* opaque, from a previous page's next_cursor; or NULL */
 };
 /* {"jobs":[...],"next_cursor":"..."|null} */
 int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, char **json,

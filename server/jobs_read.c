@@ -51,7 +51,10 @@ int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, cha
                       struct jd_error *err)
 {
     jd_error_clear(err);
-    struct jd_job_filter f = {.state = -1, .queue = q->queue, .limit = q->limit ? q->limit : 50};
+    struct jd_job_filter f = {
+        .state = -1, .queue = q->queue, .schedule = q->schedule, .limit = q->limit ? q->limit : 50};
+    if (q->schedule && q->queue)
+        return jd_error_set(err, JD_EINVAL, NULL, "give schedule or queue, not both");
     if (f.limit > 1000)
         f.limit = 1000;
     if (q->state && (f.state = jd_job_state_parse(q->state)) < 0)

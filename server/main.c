@@ -1,12 +1,13 @@
 /*
  * jackdawd: the composition root. Parses the configuration, opens storage,
  * starts HTTP (so /livez and /readyz answer while jobs are recovered),
- * creates the job layer (scheduler, plugins, recovery), becomes ready, and
+ * creates the job layer (scheduler, plugins, recovery) and loads the
+ * schedules (arming their timers; missed fires catch up), becomes ready, and
  * waits for SIGTERM/SIGINT. Then: readiness 503, stop accepting, answer
- * parked waiters, drain the job layer (running steps finish within --grace,
- * pending commits complete and their requests are answered), stop HTTP,
- * free the job layer, close storage, exit 0. Jobs still running stay
- * non-terminal in the database and resume on the next start.
+ * parked waiters, stop the schedules' timers, drain the job layer (running steps finish within
+ * --grace, pending commits complete and their requests are answered), stop HTTP, free the job
+ * layer, close storage, exit 0. Jobs still running stay non-terminal in the database and resume on
+ * the next start.
  *
  * Threading: main() is the only thread here; signals are blocked in every
  * thread and taken synchronously with sigwait, so no handler runs
@@ -19,6 +20,7 @@
 #include "common/log.h"
 #include "server/config.h"
 #include "server/jobs.h"
+#include "server/schedules.h"
 #include "storage/store.h"
 
 #include <libgen.h>
@@ -60,6 +62,7 @@ int main(int argc, char **argv)
     struct jd_error err = {0};
     struct jd_store *store = NULL;
     struct jd_jobs *jobs = NULL;
+    struct jd_schedules *schedules = NULL;
     struct jd_http *http = NULL;
     int status = 1;
 
@@ -137,6 +140,14 @@ int main(int argc, char **argv)
                err.message[0] ? err.message : jd_strerror(rc), NULL);
         goto out;
     }
+    struct jd_schedules_config schcfg = {
+        .store = store, .jobs = jobs, .max_schedules = cfg.max_schedules};
+    if ((rc = jd_schedules_create(&schcfg, &schedules, &err)) != 0) {
+        jd_log(JD_LOG_ERROR, "cannot load the schedules", "error",
+               err.message[0] ? err.message : jd_strerror(rc), NULL);
+        goto out;
+    }
+    jd_http_attach_schedules(http, schedules);
     jd_http_attach(http, jobs);
     jd_log(JD_LOG_INFO, "ready", "addr", addr, "db", cfg.db, "plugin_dir",
            cfg.plugin_dir ? cfg.plugin_dir : "", NULL);
@@ -156,6 +167,8 @@ int main(int argc, char **argv)
 out:
     if (http != NULL)
         jd_http_drain(http);
+    if (schedules != NULL)
+        jd_schedules_stop(schedules); /* no fire starts; those in flight commit */
     if (jobs != NULL) {
         rc = jd_jobs_drain(jobs, cfg.grace_ms);
         if (rc != 0)
@@ -164,6 +177,8 @@ out:
     }
     if (http != NULL)
         jd_http_stop(http, 2000);
+    if (schedules != NULL)
+        jd_schedules_destroy(schedules);
     if (jobs != NULL)
         jd_jobs_destroy(jobs);
     if (store != NULL)

@@ -235,8 +235,13 @@ awk '/^paths:/{p=1;next} p && /^  \/[^ ]*:$/{sub(/:$/,"");gsub(/^ +/,"");path=$0
      p && /^    (get|post):$/{m=$1;sub(/:$/,"",m);print toupper(m), path}' api/openapi.yaml >"$WORK/routes"
 nroutes=$(wc -l <"$WORK/routes")
 bad=""
+req PUT /v1/schedules/specsched -H 'Content-Type: application/json' \
+    --data-binary '{"cron":"@yearly","job":{"handler":"echo"}}'
 while read -r m p; do
-    p=${p//\{id\}/$TASK}
+    case $p in
+    /v1/schedules/*) p=${p//\{id\}/specsched} ;;
+    *) p=${p//\{id\}/$TASK} ;;
+    esac
     p=${p//\{queue\}/specq}
     if [ "$m" = POST ]; then
         req POST "$p" -H 'Content-Type: application/json' --data-binary '{}'

@@ -22,6 +22,7 @@
 #include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
+#include "server/schedules.h"
 #include "storage/store.h"
 
 #include <arpa/inet.h>
@@ -394,6 +395,51 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
 }
 void jd_jobs_destroy(struct jd_jobs *j)
 {
+}
+
+/* The schedule engine is not attached here (its routes answer 503); these
+ * stand in for it at link time so the fake job layer stays the only one. */
+int jd_schedules_check_id(const char *id, struct jd_error *err)
+{
+    return 0;
+}
+int jd_schedules_put(struct jd_schedules *s, const char *id, const char *body, size_t len,
+                     jd_schedule_done_fn done, void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_schedules_delete(struct jd_schedules *s, const char *id, jd_schedule_done_fn done,
+                        void *arg)
+{
+    return JD_EINTERNAL;
+}
+int jd_schedules_pause(struct jd_schedules *s, const char *id, bool paused,
+                       jd_schedule_done_fn done, void *arg)
+{
+    return JD_EINTERNAL;
+}
+int jd_schedules_trigger(struct jd_schedules *s, const char *id, jd_schedule_done_fn done,
+                         void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_schedules_get_json(struct jd_schedules *s, const char *id, char **json)
+{
+    return JD_EINTERNAL;
+}
+int jd_schedules_list_json(struct jd_schedules *s, const char *cursor, unsigned limit,
+                           char **json, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_schedules_events_json(struct jd_schedules *s, const char *id, int64_t after_seq,
+                             unsigned limit, char **json)
+{
+    return JD_EINTERNAL;
+}
+void jd_schedules_stats(struct jd_schedules *s, struct jd_schedules_stats *out)
+{
+    memset(out, 0, sizeof *out);
 }
 
 /* ---------------- the client ---------------- */
