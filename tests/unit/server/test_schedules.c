@@ -716,6 +716,27 @@ static void test_count_is_bounded(void **state)
     cJSON_Delete(o);
 }
 
+/* Jitter delays the timer by a fixed amount within jitter_ms; the fire time
+ * (and so the job's key) stays the nominal one. */
+static void test_jitter_delays_the_timer_not_the_fire_time(void **state)
+{
+    struct fx *f = *state;
+    put_ok(f, "j", "{\"every\":\"1m\",\"jitter_ms\":30000,\"overlap\":\"allow\",\"job\":" ECHO "}");
+    pthread_mutex_lock(&ft_mu);
+    int64_t due = 0;
+    for (size_t i = 0; i < ft_n; i++)
+        if (ft[i].live)
+            due = ft[i].due;
+    pthread_mutex_unlock(&ft_mu);
+    assert_true(due >= T0 + 60000 && due <= T0 + 90000);
+    int64_t fires[4];
+    advance(f, due - 1 - fake_wall(), 1000); /* just before the jittered moment */
+    assert_int_equal(jobs_of(f, "j", fires, 4), 0);
+    advance(f, 1, 1);
+    assert_int_equal(jobs_of(f, "j", fires, 4), 1);
+    assert_true(fires[0] == T0 + 60000);
+}
+
 /* Restart with nothing missed: the same timers come back, nothing doubles. */
 static void test_restart_rearms_without_doubling(void **state)
 {
@@ -747,6 +768,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_fire_time_gets_one_job_ever, setup, teardown),
         cmocka_unit_test_setup_teardown(test_validation_points_at_the_field, setup, teardown),
         cmocka_unit_test_setup_teardown(test_count_is_bounded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_jitter_delays_the_timer_not_the_fire_time, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_restart_rearms_without_doubling, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
