@@ -928,9 +928,16 @@ static void unwatch(struct jd_schedules *S, uint64_t wid, struct wctx *ctx)
     }
 }
 
-/* Not under mu (the watch may call back at once). */
+/* Not under mu (the watch may call back at once). Only schedules whose
+ * overlap policy looks at the previous job watch it ("allow" never asks;
+ * a PUT that changes that watches the last job then). */
 static void watch_job(struct jd_schedules *S, struct sched *sc, int64_t job_id)
 {
+    pthread_mutex_lock(&S->mu);
+    bool wanted = sc->sp.overlap != OV_ALLOW;
+    pthread_mutex_unlock(&S->mu);
+    if (!wanted)
+        return;
     struct wctx *w = jd_xmalloc(sizeof *w);
     w->sc = sc;
     w->job_id = job_id;
@@ -1021,6 +1028,7 @@ static void change_done(void *arg, struct jd_write *w, int rc)
             sc->catchup_until = 0;
             sc->loaded = true;
             sc->deleting = false;
+            watch = sc->last_job_id; /* the policy may look at it now */
         } else if (!sc->loaded && !sc->ops && !sc->gone) {
             unlink_sched(S, sc); /* a create that did not happen */
             sched_unref(sc);     /* the hash's reference; o still holds one */

@@ -417,6 +417,19 @@ static void test_overlap_skip_allow_and_cancel_previous(void **state)
     usleep(20000); /* the watch's callback */
     advance(f, 60000, 60000);
     assert_int_equal(jobs_of(f, "skip", fires, 8), 2);
+    /* "allow" does not watch its jobs; replaced by "skip", it starts to:
+     * its last job finished, so the next fire runs */
+    put_ok(f, "flip", "{\"every\":\"1m\",\"overlap\":\"allow\",\"job\":" ECHO "}");
+    advance(f, 60000, 60000);
+    q = (struct jd_job_filter){.state = -1, .schedule = "flip", .limit = 1};
+    assert_int_equal(jd_store_job_list(f->e.store, &q, &rows, &n, &next), 0);
+    int64_t first = rows[0].id;
+    jd_jobs_free(rows, n);
+    cJSON_Delete(wait_terminal(f->e.jobs, first, 5000));
+    put_ok(f, "flip", "{\"every\":\"1m\",\"overlap\":\"skip\",\"job\":" ECHO "}");
+    usleep(20000); /* the watch's callback */
+    advance(f, 60000, 60000);
+    assert_int_equal(jobs_of(f, "flip", fires, 8), 2);
 }
 
 /* Downtime: the engine is gone for `down_ms`, then comes back. */
