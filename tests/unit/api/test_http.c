@@ -408,8 +408,7 @@ int jd_schedules_put(struct jd_schedules *s, const char *id, const char *body, s
 {
     return JD_EINTERNAL;
 }
-int jd_schedules_delete(struct jd_schedules *s, const char *id, jd_schedule_done_fn done,
-                        void *arg)
+int jd_schedules_delete(struct jd_schedules *s, const char *id, jd_schedule_done_fn done, void *arg)
 {
     return JD_EINTERNAL;
 }
@@ -427,8 +426,8 @@ int jd_schedules_get_json(struct jd_schedules *s, const char *id, char **json)
 {
     return JD_EINTERNAL;
 }
-int jd_schedules_list_json(struct jd_schedules *s, const char *cursor, unsigned limit,
-                           char **json, struct jd_error *err)
+int jd_schedules_list_json(struct jd_schedules *s, const char *cursor, unsigned limit, char **json,
+                           struct jd_error *err)
 {
     return JD_EINTERNAL;
 }
