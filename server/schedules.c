@@ -77,8 +77,9 @@ struct spec {
     enum catchup catchup;
     int64_t start_at, end_at, jitter_ms; /* 0: none */
     bool paused;                         /* as the body said (PUT only) */
-    char *def_text;                      /* what is stored: the body, normalised */
-    char *job_text;                      /* the job to submit, labels merged */
+    char *def_text; /* what is stored: the body, normalised (freed once stored: reads
+                       render the row, so memory holds only what fires need) */
+    char *job_text; /* the job to submit, labels merged */
 };
 
 struct sched {
@@ -1021,6 +1022,8 @@ static void change_done(void *arg, struct jd_write *w, int rc)
             spec_clear(&sc->sp);
             sc->sp = o->sp;
             memset(&o->sp, 0, sizeof o->sp);
+            free(sc->sp.def_text);
+            sc->sp.def_text = NULL;
             sc->anchor_ms = o->anchor_ms;
             sc->paused = o->paused;
             sc->retired = !o->paused && o->next_ms == 0;
@@ -1467,6 +1470,8 @@ static void load_row(struct jd_schedules *S, const struct jd_schedule_row *row)
     }
     struct sched *sc = jd_xcalloc(1, sizeof *sc);
     sc->id = jd_xstrdup(row->id);
+    free(sp.def_text); /* the row has it */
+    sp.def_text = NULL;
     sc->sp = sp;
     sc->anchor_ms = row->anchor_ms;
     sc->paused = row->paused;
