@@ -102,6 +102,18 @@ $(JACKDAWD): $(call obj,server/main.c) $(call deplibs,api)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(api_LIBS) $(LIBS_SYS)
 
+# ---- the client: cli/ links libcurl, cJSON and common/ only (DESIGN.md 9) ----
+JACKDAW := $(BUILD)/jackdaw
+cli_SRC := $(filter-out cli/main.c,$(wildcard cli/*.c))
+cli_LIBS := $(shell pkg-config --libs libcurl libcjson 2>/dev/null)
+$(call lib,cli): $(call obj,$(cli_SRC))
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(JACKDAW): $(call obj,cli/main.c) $(call lib,cli) $(call lib,common)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(cli_LIBS) $(LIBS_SYS)
+
 # ---- plugins: plugins/<name>/*.c -> $(BUILD)/plugins/<name>.so ----
 PLUGIN_DIRS := $(patsubst %/,%,$(dir $(wildcard plugins/*/*.c)))
 PLUGIN_NAMES := $(sort $(notdir $(PLUGIN_DIRS)))
@@ -156,7 +168,7 @@ $(BUILD)/bench/%: bench/%.c $(call deplibs,api)
 
 # ---- targets ----
 .DEFAULT_GOAL := all
-all: $(JACKDAWD) $(PLUGIN_SOS)
+all: $(JACKDAWD) $(JACKDAW) $(PLUGIN_SOS)
 
 deps:
 	@tools/deps.sh $(DEB_PKGS)
