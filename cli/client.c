@@ -91,8 +91,7 @@ int jd_cli_request(const struct jd_cli_conn *c, const char *method, const char *
     if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && b.truncated)) {
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status);
         if (b.truncated)
-            snprintf(resp->err, sizeof resp->err, "response larger than %u bytes",
-                     JD_CLI_BODY_MAX);
+            snprintf(resp->err, sizeof resp->err, "response larger than %u bytes", JD_CLI_BODY_MAX);
     } else {
         if (!resp->err[0])
             snprintf(resp->err, sizeof resp->err, "%s", curl_easy_strerror(rc));

@@ -20,8 +20,8 @@ struct jd_cli_conn {
 };
 
 struct jd_cli_resp {
-    long status;  /* HTTP status, 0 when no answer came */
-    char *body;   /* NUL-terminated, caller frees with free() */
+    long status; /* HTTP status, 0 when no answer came */
+    char *body;  /* NUL-terminated, caller frees with free() */
     size_t len;
     int truncated; /* the body went past JD_CLI_BODY_MAX */
     char err[256]; /* curl's error text when status is 0 */

@@ -20,6 +20,7 @@
 
 #include "cli/client.h"
 #include "cli/table.h"
+#include "cli/work.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 
@@ -48,6 +49,7 @@ static const char usage_main[] =
     "  pause QUEUE | resume QUEUE     stop / restart dispatch from a queue\n"
     "  message ID TOPIC JSON          send a message to a running or waiting job\n"
     "  handlers                       loaded plugins and their commands\n"
+    "  work --command NAME -- PROGRAM ARGS...   run PROGRAM for each task of NAME\n"
     "  COMMAND --help                 help for one command\n"
     "\n"
     "Environment: JACKDAW_URL (default http://127.0.0.1:8080), JACKDAW_TOKEN\n"
@@ -99,8 +101,8 @@ static int report(const struct jd_cli_resp *r, int rc)
 
 /* One request; on success *out is the parsed JSON (caller frees with
  * cJSON_Delete) and raw the body (caller frees). */
-static int call(const char *method, const char *path, const char *body, long timeout_s,
-                cJSON **out, char **raw)
+static int call(const char *method, const char *path, const char *body, long timeout_s, cJSON **out,
+                char **raw)
 {
     struct jd_cli_resp r;
     int rc = jd_cli_request(&conn, method, path, body, timeout_s, &r);
@@ -147,8 +149,8 @@ static void print_json(const cJSON *j)
 /* A job for people: one "key<TAB>value" line per field present. */
 static void print_job(const cJSON *job)
 {
-    static const char *const keys[] = {"id",         "state",      "handler",     "queue",
-                                       "priority",   "attempts",   "max_attempts", "created_at",
+    static const char *const keys[] = {"id",         "state",       "handler",      "queue",
+                                       "priority",   "attempts",    "max_attempts", "created_at",
                                        "started_at", "finished_at", "run_at"};
     struct jd_cli_table t;
     jd_cli_table_init(&t, 2);
@@ -196,9 +198,8 @@ static int get_job(const char *id, int64_t wait_ms, int waiting)
     int ex;
     for (;;) {
         int64_t left = deadline - ((int64_t)(jd_now_ns() / 1000000));
-        char *path = waiting && left > 0
-                         ? jd_xasprintf("/v1/jobs/%s?wait=%" PRId64 "ms", eid, left)
-                         : jd_xasprintf("/v1/jobs/%s", eid);
+        char *path = waiting && left > 0 ? jd_xasprintf("/v1/jobs/%s?wait=%" PRId64 "ms", eid, left)
+                                         : jd_xasprintf("/v1/jobs/%s", eid);
         cJSON_Delete(job);
         free(raw);
         job = NULL;
@@ -294,8 +295,7 @@ static int cmd_submit(int argc, char **argv)
     if (f != stdin)
         fclose(f);
     if (!body) {
-        fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file,
-                JD_CLI_BODY_MAX);
+        fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file, JD_CLI_BODY_MAX);
         return EX_USAGE_;
     }
     cJSON *job = NULL;
@@ -565,8 +565,8 @@ static int cmd_queues(int argc, char **argv)
     if (ex == EX_OK && opt_json) {
         print_json(j);
     } else if (ex == EX_OK) {
-        static const char *const states[] = {"queued", "running", "waiting", "succeeded",
-                                             "failed", "cancelled"};
+        static const char *const states[] = {"queued",    "running", "waiting",
+                                             "succeeded", "failed",  "cancelled"};
         struct jd_cli_table t;
         jd_cli_table_init(&t, 8);
         jd_cli_table_row(&t, (const char *[]){"QUEUE", "PAUSED", "QUEUED", "RUNNING", "WAITING",
@@ -631,8 +631,8 @@ static int cmd_message(int argc, char **argv)
     return ex;
 }
 
-static const char usage_handlers[] =
-    "usage: jackdaw handlers\nThe loaded plugins: PLUGIN VERSION COMMANDS (process types marked).\n";
+static const char usage_handlers[] = "usage: jackdaw handlers\nThe loaded plugins: PLUGIN VERSION "
+                                     "COMMANDS (process types marked).\n";
 
 static int cmd_handlers(int argc, char **argv)
 {
@@ -693,14 +693,19 @@ static int cmd_resume(int argc, char **argv)
     return simple_post(argc, argv, "/v1/queues/%s/resume", usage_resume);
 }
 
+static int cmd_work(int argc, char **argv)
+{
+    return jd_work_main(&conn, argc, argv);
+}
+
 static const struct {
     const char *name;
     int (*fn)(int, char **);
 } commands[] = {
-    {"submit", cmd_submit}, {"get", cmd_get},       {"events", cmd_events},
-    {"cancel", cmd_cancel}, {"retry", cmd_retry},   {"ls", cmd_ls},
-    {"queues", cmd_queues}, {"pause", cmd_pause},   {"resume", cmd_resume},
-    {"message", cmd_message}, {"handlers", cmd_handlers},
+    {"submit", cmd_submit},   {"get", cmd_get},           {"events", cmd_events},
+    {"cancel", cmd_cancel},   {"retry", cmd_retry},       {"ls", cmd_ls},
+    {"queues", cmd_queues},   {"pause", cmd_pause},       {"resume", cmd_resume},
+    {"message", cmd_message}, {"handlers", cmd_handlers}, {"work", cmd_work},
 };
 
 int main(int argc, char **argv)
@@ -729,6 +734,11 @@ int main(int argc, char **argv)
     int n = 0;
     char **args = jd_xcalloc((size_t)(argc - i + 1), sizeof *args);
     for (int k = i; k < argc; k++) {
+        if (strcmp(argv[k], "--") == 0) { /* the rest is a program's (work) */
+            while (k < argc)
+                args[n++] = argv[k++];
+            break;
+        }
         if (strcmp(argv[k], "--json") == 0) {
             opt_json = 1;
         } else if ((strcmp(argv[k], "--url") == 0 || strcmp(argv[k], "--token") == 0) &&
