@@ -49,13 +49,14 @@ Q := @
 endif
 
 # ---- layers: each is a static archive; dependencies point one way ----
-LAYERS := common scheduler storage plugins server api
+LAYERS := common scheduler storage plugins server api cli
 common_SRC := $(wildcard common/*.c)
 scheduler_SRC := $(wildcard scheduler/*.c)
 storage_SRC := $(wildcard storage/*.c)
 plugins_SRC := $(wildcard plugins/*.c)
 server_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 api_SRC := $(wildcard api/*.c)
+cli_SRC := $(filter-out cli/main.c,$(wildcard cli/*.c))
 
 # What a unit test in tests/unit/<layer>/ links against, top layer first.
 common_DEPS := common
@@ -64,6 +65,7 @@ storage_DEPS := storage common
 plugins_DEPS := plugins scheduler common
 server_DEPS := server plugins storage scheduler common
 api_DEPS := api server plugins storage scheduler common
+cli_DEPS := cli common
 
 common_LIBS :=
 scheduler_LIBS :=
@@ -71,6 +73,7 @@ storage_LIBS := -lsqlite3
 plugins_LIBS := $(shell pkg-config --libs libcjson 2>/dev/null)
 server_LIBS := $(shell pkg-config --libs libcjson sqlite3 2>/dev/null)
 api_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+cli_LIBS := $(shell pkg-config --libs libcurl libcjson 2>/dev/null)
 
 lib = $(BUILD)/lib/libjd_$(1).a
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -104,11 +107,6 @@ $(JACKDAWD): $(call obj,server/main.c) $(call deplibs,api)
 
 # ---- the client: cli/ links libcurl, cJSON and common/ only (DESIGN.md 9) ----
 JACKDAW := $(BUILD)/jackdaw
-cli_SRC := $(filter-out cli/main.c,$(wildcard cli/*.c))
-cli_LIBS := $(shell pkg-config --libs libcurl libcjson 2>/dev/null)
-$(call lib,cli): $(call obj,$(cli_SRC))
-	@mkdir -p $(dir $@)
-	$(Q)rm -f $@ && ar rcs $@ $^
 $(JACKDAW): $(call obj,cli/main.c) $(call lib,cli) $(call lib,common)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")

@@ -142,6 +142,36 @@ if [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$BASE/v1/tasks/claim")" 
 else
     run work --help
     check "work --help exits 0" eval 'rc_is 0 && out_has "usage: jackdaw work"'
+    req PUT /v1/commands/clitest -H 'Content-Type: application/json' -d '{}'
+    check "a remote command registers" eval '[ "${STATUS:0:1}" = 2 ]'
+    cat >"$WORK/prog.sh" <<'SH'
+#!/bin/sh
+in=$(cat)
+case "$in" in
+*temp*) echo "try later" >&2; exit 75 ;;
+*bad*) echo "no such thing" >&2; exit 3 ;;
+*text*) echo plain words ;;
+*) echo "$in" ;;
+esac
+SH
+    chmod +x "$WORK/prog.sh"
+    "$JDC" work --command clitest --concurrency 2 --lease 3s -- "$WORK/prog.sh" 2>"$WORK/work.err" &
+    WPID=$!
+    for a in '{"n":1}' '{"text":1}' '{"bad":1}'; do
+        echo "{\"handler\":\"clitest\",\"args\":$a}" >"$WORK/t.json"
+        run submit "$WORK/t.json" --wait 20s --json
+        cp "$OUT" "$WORK/res.$a"
+    done
+    OUT="$WORK/res.{\"n\":1}"
+    check "work: stdout JSON is the result" py "j['state'] == 'succeeded' and j['output'] == {'n': 1}"
+    OUT="$WORK/res.{\"text\":1}"
+    check "work: text stdout is wrapped as a string" py "j['output'] == 'plain words'"
+    OUT="$WORK/res.{\"bad\":1}"
+    check "work: a non-zero exit fails with the stderr tail" py "j['state'] == 'failed' and 'no such thing' in json.dumps(j['error'])"
+    OUT=$WORK/out
+    kill -TERM "$WPID"
+    wait "$WPID"
+    check "work drains and exits 0 on SIGTERM" [ $? = 0 ]
 fi
 
 stop_server
