@@ -634,6 +634,63 @@ int jd_jobdef_parse(const char *text, size_t len, const struct jd_job_limits *li
     return jd_jobdef_from_json(root, "", limits, registry, out, err);
 }
 
+int jd_jobdef_parse_batch(const char *text, size_t len, const struct jd_job_limits *limits,
+                          const struct jd_registry *registry, struct jd_jobdef ***out, size_t *n,
+                          struct jd_error *err)
+{
+    struct jd_job_limits l = jd_jobdef_limits(limits);
+    struct jd_jobdef **defs = NULL;
+    size_t count = 0;
+    cJSON *root = NULL;
+    int rc;
+    *out = NULL;
+    *n = 0;
+    size_t cap = l.max_definition_bytes * (size_t)(l.max_batch > 16 ? 16 : 1);
+    if (len > cap) {
+        rc = jd_error_set(err, JD_ETOOBIG, "", "batch is %zu bytes, the limit is %zu", len, cap);
+        goto fail;
+    }
+    struct jd_job_limits tl = l;
+    tl.max_definition_bytes = cap;
+    tl.max_depth = l.max_depth + 2; /* {"jobs":[ ... ]} */
+    if ((rc = jd_jobdef_check_text(text, len, &tl, err)))
+        goto fail;
+    root = cJSON_ParseWithLength(text, len);
+    if (!root) {
+        rc = jd_error_set(err, JD_EPARSE, "", "malformed JSON");
+        goto fail;
+    }
+    const cJSON *jobs = cJSON_GetObjectItemCaseSensitive(root, "jobs");
+    if (!cJSON_IsObject(root) || !cJSON_IsArray(jobs) || cJSON_GetArraySize(jobs) == 0) {
+        rc = jd_error_set(err, JD_EINVAL, "/jobs", "a batch is {\"jobs\": [definition, ...]}");
+        goto fail;
+    }
+    count = (size_t)cJSON_GetArraySize(jobs);
+    if (count > l.max_batch) {
+        rc = jd_error_set(err, JD_ETOOBIG, "/jobs", "%zu jobs in one batch, the limit is %u", count,
+                          l.max_batch);
+        goto fail;
+    }
+    defs = jd_xcalloc(count, sizeof *defs);
+    size_t i = 0;
+    for (const cJSON *c = jobs->child; c; c = c->next, i++) {
+        char base[32];
+        snprintf(base, sizeof base, "/jobs/%zu", i);
+        if ((rc = jd_jobdef_from_json(cJSON_Duplicate(c, 1), base, &l, registry, &defs[i], err)))
+            goto fail;
+    }
+    cJSON_Delete(root);
+    *out = defs;
+    *n = count;
+    return 0;
+fail:
+    for (size_t k = 0; defs && k < count; k++)
+        jd_jobdef_free(defs[k]);
+    free(defs);
+    cJSON_Delete(root);
+    return rc;
+}
+
 void jd_jobdef_free(struct jd_jobdef *d)
 {
     if (!d)

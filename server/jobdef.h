@@ -98,6 +98,17 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
                         struct jd_error *err);
 void jd_jobdef_free(struct jd_jobdef *d);
 
+/*
+ * Parse and validate a batch {"jobs": [definition, ...]} of `len` bytes: at
+ * most limits->max_batch jobs, each validated as jd_jobdef_from_json does at
+ * pointer /jobs/<i>. The first problem rejects the whole batch. On success
+ * *out is an array of *n definitions (caller frees each with jd_jobdef_free
+ * and the array with free).
+ */
+int jd_jobdef_parse_batch(const char *text, size_t len, const struct jd_job_limits *limits,
+                          const struct jd_registry *registry, struct jd_jobdef ***out, size_t *n,
+                          struct jd_error *err);
+
 /* The retry policy in force for the yield with this tag: the step's, else
  * the job's, else a single attempt. */
 struct jd_retry_policy jd_jobdef_retry_for_tag(const struct jd_jobdef *d, uint32_t tag);
