@@ -5,7 +5,7 @@
 #   make test            install missing packages, build, run every test; last line "N passed, N failed"
 #   make tsan            concurrency tests under ThreadSanitizer
 #   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules
+#   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse
 #   make crash | fuzz | docker-smoke | format | clean
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
@@ -213,6 +213,11 @@ bench-sched: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/sched
 	$(BUILD)/bench/sched $(if $(W),--workers $(W)) $(if $(ITERS),--iters $(ITERS))
 
+# The slowest job definitions under the default limits: exits 1 past 1 s.
+bench-parse: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/parse $(PLUGIN_SOS)
+	JD_BUILD=$(BUILD) $(BUILD)/bench/parse 2>/dev/null
+
 bench-store: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/bench/store
 	$(BUILD)/bench/store
@@ -248,7 +253,7 @@ format:
 clean:
 	rm -rf build
 
-.PHONY: all deps run test tsan tsan-build sanitize unit-build bench-sched bench-store \
+.PHONY: all deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
         bench-compare bench-e2e bench-schedules crash fuzz docker-smoke format clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

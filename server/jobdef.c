@@ -22,6 +22,12 @@
 #define MAX_ATTEMPTS 100                        /* retries beyond this are a loop, not a policy */
 #define MAX_NAME 64                             /* queue names, step ids, topics, label keys */
 #define MAX_LABELS 64
+/* A batch's text, and its jobs' args after substitution, may take this many
+ * definitions' worth of bytes (16 MiB by default): room for 1000 ordinary
+ * jobs, while a batch of jobs that each splice their input into args up to
+ * the definition limit (a 6 KB job can ask for 1 MiB) costs at most this
+ * much work at submit, not max_batch MiB. */
+#define BATCH_DEFINITIONS 16
 
 struct jd_job_limits jd_jobdef_limits(const struct jd_job_limits *l)
 {
@@ -86,59 +92,98 @@ static void ptr_index(char *out, size_t cap, const char *base, int i)
     ptr_join(out, cap, base, idx);
 }
 
-static int check_strings(const cJSON *v, const char *ptr, size_t max, struct jd_error *err)
+static int check_strings(const cJSON *v, const struct jd_ptr_frame *at, const char *base,
+                         size_t max, struct jd_error *err)
 {
-    if (cJSON_IsString(v) && strlen(v->valuestring) > max)
-        return jd_error_set(err, JD_ETOOBIG, ptr, "string is %zu bytes, the limit is %zu",
+    char p[JD_ERROR_PTR_MAX];
+    if (cJSON_IsString(v) && strnlen(v->valuestring, max + 1) > max) {
+        jd_ptr_frame_format(at, base, p, sizeof p);
+        return jd_error_set(err, JD_ETOOBIG, p, "string is %zu bytes, the limit is %zu",
                             strlen(v->valuestring), max);
-    int i = 0;
-    for (const cJSON *c = (cJSON_IsArray(v) || cJSON_IsObject(v)) ? v->child : NULL; c;
-         c = c->next, i++) {
-        char p[JD_ERROR_PTR_MAX];
-        if (cJSON_IsObject(v)) {
-            if (strlen(c->string) > max)
-                return jd_error_set(err, JD_ETOOBIG, ptr,
-                                    "member name is %zu bytes, the limit is %zu", strlen(c->string),
-                                    max);
-            ptr_join(p, sizeof p, ptr, c->string);
-        } else {
-            ptr_index(p, sizeof p, ptr, i);
+    }
+    if (!cJSON_IsArray(v) && !cJSON_IsObject(v))
+        return 0;
+    size_t i = 0;
+    for (const cJSON *c = v->child; c; c = c->next, i++) {
+        if (cJSON_IsObject(v) && strnlen(c->string, max + 1) > max) {
+            jd_ptr_frame_format(at, base, p, sizeof p);
+            return jd_error_set(err, JD_ETOOBIG, p, "member name is %zu bytes, the limit is %zu",
+                                strlen(c->string), max);
         }
-        int rc = check_strings(c, p, max, err);
+        struct jd_ptr_frame f = {.up = at, .key = cJSON_IsObject(v) ? c->string : NULL, .index = i};
+        int rc = check_strings(c, &f, base, max, err);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-static int check_dups(const cJSON *obj, const char *ptr, struct jd_error *err)
+struct member_at {
+    const cJSON *m;
+    size_t pos; /* place in the object, in document order */
+};
+
+static int cmp_member(const void *a, const void *b)
 {
-    for (const cJSON *a = obj->child; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (strcmp(a->string, b->string) == 0) {
-                char p[JD_ERROR_PTR_MAX];
-                ptr_join(p, sizeof p, ptr, b->string);
-                return jd_error_set(err, JD_EINVAL, p, "duplicate member \"%s\"", b->string);
-            }
-    return 0;
+    const struct member_at *x = a, *y = b;
+    int c = strcmp(x->m->string, y->m->string);
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
 }
 
-/* Reject members not in the NULL-terminated allowed list. */
+/* Reject an object with two members of one name, naming the first member
+ * (in document order) that repeats an earlier one. n log n: the members are
+ * sorted by (name, position); in each run of one name, the run's second
+ * entry is that name's first repeat. */
+static int check_dups(const cJSON *obj, const char *ptr, struct jd_error *err)
+{
+    size_t n = 0;
+    for (const cJSON *c = obj->child; c; c = c->next)
+        n++;
+    if (n < 2)
+        return 0;
+    struct member_at *m = jd_xmalloc(n * sizeof *m);
+    size_t i = 0;
+    for (const cJSON *c = obj->child; c; c = c->next, i++)
+        m[i] = (struct member_at){.m = c, .pos = i};
+    qsort(m, n, sizeof *m, cmp_member);
+    const struct member_at *dup = NULL;
+    for (i = 1; i < n; i++)
+        if (strcmp(m[i - 1].m->string, m[i].m->string) == 0 &&
+            (i < 2 || strcmp(m[i - 2].m->string, m[i].m->string) != 0) &&
+            (!dup || m[i].pos < dup->pos))
+            dup = &m[i];
+    int rc = 0;
+    if (dup) {
+        char p[JD_ERROR_PTR_MAX];
+        ptr_join(p, sizeof p, ptr, dup->m->string);
+        rc = jd_error_set(err, JD_EINVAL, p, "duplicate member \"%s\"", dup->m->string);
+    }
+    free(m);
+    return rc;
+}
+
+/* Reject members not in the NULL-terminated allowed list (at most 32
+ * names), and a member given twice. One pass: each member is matched
+ * against the list and marked, so this is linear in the members whatever
+ * their number. */
 static int check_members(const cJSON *obj, const char *ptr, const char *const *allowed,
                          const char *what, struct jd_error *err)
 {
-    int rc = check_dups(obj, ptr, err);
-    if (rc)
-        return rc;
+    uint32_t seen = 0;
     for (const cJSON *c = obj->child; c; c = c->next) {
-        bool ok = false;
-        for (const char *const *a = allowed; *a && !ok; a++)
-            ok = strcmp(*a, c->string) == 0;
-        if (!ok) {
-            char p[JD_ERROR_PTR_MAX];
+        int k = 0;
+        while (allowed[k] && strcmp(allowed[k], c->string) != 0)
+            k++;
+        char p[JD_ERROR_PTR_MAX];
+        if (!allowed[k]) {
             ptr_join(p, sizeof p, ptr, c->string);
             return jd_error_set(err, JD_EINVAL, p, "unknown member \"%s\" in %s", c->string, what);
         }
+        if (seen & (UINT32_C(1) << k)) {
+            ptr_join(p, sizeof p, ptr, c->string);
+            return jd_error_set(err, JD_EINVAL, p, "duplicate member \"%s\"", c->string);
+        }
+        seen |= UINT32_C(1) << k;
     }
     return 0;
 }
@@ -220,12 +265,18 @@ static int parse_retry(const cJSON *v, const char *ptr, struct jd_retry_policy *
 
 /* ---- steps ---- */
 
+/* What a batch's jobs' args may take after substitution, in all. */
+struct batch_budget {
+    size_t cap, left;
+};
+
 struct vctx {
     struct jd_jobdef *d;
     const struct jd_job_limits *limits;
     const struct jd_registry *registry;
     size_t cap;
-    size_t done_before; /* steps[0..done_before) are referable (finished earlier) */
+    size_t done_before;         /* steps[0..done_before) are referable (finished earlier) */
+    struct batch_budget *batch; /* shared by a batch's jobs; NULL otherwise */
 };
 
 static bool step_known(void *arg, const char *id)
@@ -238,24 +289,56 @@ static bool step_known(void *arg, const char *id)
     return false;
 }
 
-static int handler_validate(struct vctx *v, const char *cmd, const cJSON *args, const char *ptr,
-                            const char *args_ptr, struct jd_error *err)
+/* The handler exists and its validate hook accepts the args. nrefs: the
+ * references in args (jd_subst_check); without any, and without a hook,
+ * there is nothing to substitute or print, which keeps large plain args
+ * cheap. */
+static int handler_validate(struct vctx *v, const char *cmd, const cJSON *args, size_t nrefs,
+                            const char *ptr, const char *args_ptr, struct jd_error *err)
 {
     if (!v->registry)
         return 0;
-    if (!jd_registry_command(v->registry, cmd))
+    const struct jd_command *c = jd_registry_command(v->registry, cmd);
+    if (!c)
         return jd_error_set(err, JD_EINVAL, ptr, "unknown handler \"%s\"", cmd);
-    /* Hooks see the args with ${input..} and ${job.id} filled in as far as
-     * they are known at submit time; ${steps..} stay as written. */
-    struct jd_subst_ctx sc = {.input = v->d->input, .job_id = "0", .keep_unresolved = true};
-    struct jd_error serr;
-    jd_error_clear(&serr);
-    cJSON *a = jd_subst(args, &sc, &serr);
-    if (!a)
-        return jd_error_set(err, JD_EINVAL, args_ptr, "%s", serr.message);
-    char *text = cJSON_PrintUnformatted(a);
-    cJSON_Delete(a);
-    int rc = jd_registry_validate(v->registry, cmd, text, args_ptr, err);
+    char *text = NULL;
+    if (nrefs) {
+        /* Hooks see the args with ${input..} and ${job.id} filled in as far
+         * as they are known at submit time; ${steps..} stay as written. The
+         * same bounds as at run time hold, so a job that would fail its step
+         * for them is refused here instead. */
+        size_t bytes = 0;
+        struct jd_subst_ctx sc = {.input = v->d->input,
+                                  .job_id = "0",
+                                  .keep_unresolved = true,
+                                  .max_string = v->limits->max_string,
+                                  .max_bytes = v->limits->max_definition_bytes,
+                                  .bytes = &bytes};
+        bool batch_bound = v->batch && v->batch->left < sc.max_bytes;
+        if (batch_bound)
+            sc.max_bytes = v->batch->left ? v->batch->left : 1; /* 0 would mean the default */
+        struct jd_error serr;
+        jd_error_clear(&serr);
+        cJSON *a = jd_subst(args, &sc, &serr);
+        if (!a) {
+            char p[JD_ERROR_PTR_MAX];
+            snprintf(p, sizeof p, "%s%s", args_ptr, serr.pointer);
+            if (serr.code == JD_ETOOBIG && batch_bound)
+                return jd_error_set(err, JD_EINVAL, p,
+                                    "substitution makes the args of this batch's jobs larger "
+                                    "than %zu bytes in all, the limit for a batch",
+                                    v->batch->cap);
+            return jd_error_set(err, JD_EINVAL, p, "%s", serr.message);
+        }
+        if (v->batch)
+            v->batch->left -= bytes; /* jd_subst kept it within left */
+        if (c->validate)
+            text = cJSON_PrintUnformatted(a);
+        cJSON_Delete(a);
+    } else if (c->validate && args) {
+        text = cJSON_PrintUnformatted(args);
+    }
+    int rc = c->validate ? jd_registry_validate(v->registry, cmd, text, args_ptr, err) : 0;
     free(text);
     if (rc && err && !err->pointer[0])
         snprintf(err->pointer, sizeof err->pointer, "%s", args_ptr);
@@ -356,9 +439,10 @@ static int parse_step(struct vctx *v, const cJSON *s, const char *ptr, int paren
                 return rc;
             st->has_retry = true;
         }
-        if ((rc = jd_subst_check(args, ap, step_known, v, err)))
+        size_t nrefs = 0;
+        if ((rc = jd_subst_check(args, ap, step_known, v, &nrefs, err)))
             return rc;
-        if ((rc = handler_validate(v, st->call, args, p, ap, err)))
+        if ((rc = handler_validate(v, st->call, args, nrefs, p, ap, err)))
             return rc;
     } else if (slp) {
         st->kind = JD_JSTEP_SLEEP;
@@ -443,14 +527,18 @@ static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base
         ptr_join(p, sizeof p, base, "labels");
         if (!cJSON_IsObject(c))
             return jd_error_set(err, JD_EINVAL, p, "labels must be an object of strings");
-        if ((rc = check_dups(c, p, err)))
-            return rc;
         int n = 0;
         for (const cJSON *l = c->child; l; l = l->next, n++) {
             char lp[JD_ERROR_PTR_MAX];
             ptr_join(lp, sizeof lp, p, l->string);
             if (n >= MAX_LABELS)
                 return jd_error_set(err, JD_EINVAL, lp, "more than %d labels", MAX_LABELS);
+        }
+        if ((rc = check_dups(c, p, err)))
+            return rc;
+        for (const cJSON *l = c->child; l; l = l->next) {
+            char lp[JD_ERROR_PTR_MAX];
+            ptr_join(lp, sizeof lp, p, l->string);
             if (!l->string[0] || strlen(l->string) > MAX_NAME)
                 return jd_error_set(err, JD_EINVAL, lp, "label names are 1 to %d characters",
                                     MAX_NAME);
@@ -463,9 +551,10 @@ static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base
     return 0;
 }
 
-int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limits *limits,
-                        const struct jd_registry *registry, struct jd_jobdef **out,
-                        struct jd_error *err)
+/* jd_jobdef_from_json; batch as in struct vctx. */
+static int from_json(cJSON *root, const char *base, const struct jd_job_limits *limits,
+                     const struct jd_registry *registry, struct batch_budget *batch,
+                     struct jd_jobdef **out, struct jd_error *err)
 {
     static const char *const allowed[] = {"handler",    "args",  "steps",    "process",  "method",
                                           "input",      "queue", "priority", "delay_ms", "run_at",
@@ -480,9 +569,18 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
         rc = jd_error_set(err, JD_EINVAL, base, "a job definition must be a JSON object");
         goto fail;
     }
-    if ((rc = check_strings(root, base, l.max_string, err)))
-        goto fail;
     if ((rc = check_members(root, base, allowed, "a job definition", err)))
+        goto fail;
+    /* What is stored is the compact text: each job of a batch is held to
+     * the definition limit here, as a single body is before parsing. */
+    d->text = cJSON_PrintUnformatted(root);
+    if (strlen(d->text) > l.max_definition_bytes) {
+        /* 422, not 413: the request itself was within its limit. */
+        rc = jd_error_set(err, JD_EINVAL, base, "definition is %zu bytes, the limit is %zu",
+                          strlen(d->text), l.max_definition_bytes);
+        goto fail;
+    }
+    if ((rc = check_strings(root, NULL, base, l.max_string, err)))
         goto fail;
     const cJSON *handler = cJSON_GetObjectItemCaseSensitive(root, "handler");
     const cJSON *steps = cJSON_GetObjectItemCaseSensitive(root, "steps");
@@ -498,7 +596,7 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
         goto fail;
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(root, "args");
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
-    struct vctx v = {.d = d, .limits = &l, .registry = registry};
+    struct vctx v = {.d = d, .limits = &l, .registry = registry, .batch = batch};
     if (handler) {
         d->shape = JD_JOBDEF_TASK;
         ptr_join(p, sizeof p, base, "method");
@@ -523,9 +621,10 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
                                               .call = handler->valuestring,
                                               .args = args,
                                               .parent = -1};
-        if ((rc = jd_subst_check(args, ap, NULL, NULL, err)))
+        size_t nrefs = 0;
+        if ((rc = jd_subst_check(args, ap, NULL, NULL, &nrefs, err)))
             goto fail;
-        if ((rc = handler_validate(&v, handler->valuestring, args, p, ap, err)))
+        if ((rc = handler_validate(&v, handler->valuestring, args, nrefs, p, ap, err)))
             goto fail;
     } else if (steps) {
         d->shape = JD_JOBDEF_WORKFLOW;
@@ -601,12 +700,18 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
                 pt->destroy(inst);
         }
     }
-    d->text = cJSON_PrintUnformatted(root);
     *out = d;
     return 0;
 fail:
     jd_jobdef_free(d);
     return rc;
+}
+
+int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limits *limits,
+                        const struct jd_registry *registry, struct jd_jobdef **out,
+                        struct jd_error *err)
+{
+    return from_json(root, base, limits, registry, NULL, out, err);
 }
 
 int jd_jobdef_parse(const char *text, size_t len, const struct jd_job_limits *limits,
@@ -632,6 +737,68 @@ int jd_jobdef_parse(const char *text, size_t len, const struct jd_job_limits *li
                                 (size_t)(p - text));
         }
     return jd_jobdef_from_json(root, "", limits, registry, out, err);
+}
+
+int jd_jobdef_parse_batch(const char *text, size_t len, const struct jd_job_limits *limits,
+                          const struct jd_registry *registry, struct jd_jobdef ***out, size_t *n,
+                          struct jd_error *err)
+{
+    struct jd_job_limits l = jd_jobdef_limits(limits);
+    struct jd_jobdef **defs = NULL;
+    size_t count = 0;
+    cJSON *root = NULL;
+    int rc;
+    *out = NULL;
+    *n = 0;
+    size_t cap =
+        l.max_definition_bytes * (size_t)(l.max_batch > BATCH_DEFINITIONS ? BATCH_DEFINITIONS : 1);
+    struct batch_budget budget = {.cap = cap, .left = cap};
+    if (len > cap) {
+        rc = jd_error_set(err, JD_ETOOBIG, "", "batch is %zu bytes, the limit is %zu", len, cap);
+        goto fail;
+    }
+    struct jd_job_limits tl = l;
+    tl.max_definition_bytes = cap;
+    tl.max_depth = l.max_depth + 2; /* {"jobs":[ ... ]} */
+    if ((rc = jd_jobdef_check_text(text, len, &tl, err)))
+        goto fail;
+    root = cJSON_ParseWithLength(text, len);
+    if (!root) {
+        rc = jd_error_set(err, JD_EPARSE, "", "malformed JSON");
+        goto fail;
+    }
+    cJSON *jobs = cJSON_GetObjectItemCaseSensitive(root, "jobs");
+    if (!cJSON_IsObject(root) || !cJSON_IsArray(jobs) || cJSON_GetArraySize(jobs) == 0) {
+        rc = jd_error_set(err, JD_EINVAL, "/jobs", "a batch is {\"jobs\": [definition, ...]}");
+        goto fail;
+    }
+    count = (size_t)cJSON_GetArraySize(jobs);
+    if (count > l.max_batch) {
+        rc = jd_error_set(err, JD_ETOOBIG, "/jobs", "%zu jobs in one batch, the limit is %u", count,
+                          l.max_batch);
+        goto fail;
+    }
+    defs = jd_xcalloc(count, sizeof *defs);
+    size_t i = 0;
+    for (cJSON *c = jobs->child, *next; c; c = next, i++) {
+        char base[32];
+        snprintf(base, sizeof base, "/jobs/%zu", i);
+        next = c->next;
+        /* Each definition owns its tree: moved out of the batch, not copied. */
+        if ((rc = from_json(cJSON_DetachItemViaPointer(jobs, c), base, &l, registry, &budget,
+                            &defs[i], err)))
+            goto fail;
+    }
+    cJSON_Delete(root);
+    *out = defs;
+    *n = count;
+    return 0;
+fail:
+    for (size_t k = 0; defs && k < count; k++)
+        jd_jobdef_free(defs[k]);
+    free(defs);
+    cJSON_Delete(root);
+    return rc;
 }
 
 void jd_jobdef_free(struct jd_jobdef *d)

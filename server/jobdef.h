@@ -98,6 +98,17 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
                         struct jd_error *err);
 void jd_jobdef_free(struct jd_jobdef *d);
 
+/*
+ * Parse and validate a batch {"jobs": [definition, ...]} of `len` bytes: at
+ * most limits->max_batch jobs, each validated as jd_jobdef_from_json does at
+ * pointer /jobs/<i>. The first problem rejects the whole batch. On success
+ * *out is an array of *n definitions (caller frees each with jd_jobdef_free
+ * and the array with free).
+ */
+int jd_jobdef_parse_batch(const char *text, size_t len, const struct jd_job_limits *limits,
+                          const struct jd_registry *registry, struct jd_jobdef ***out, size_t *n,
+                          struct jd_error *err);
+
 /* The retry policy in force for the yield with this tag: the step's, else
  * the job's, else a single attempt. */
 struct jd_retry_policy jd_jobdef_retry_for_tag(const struct jd_jobdef *d, uint32_t tag);
@@ -114,23 +125,49 @@ struct jd_subst_ctx {
     const cJSON *steps;   /* object id -> output, ${steps.<id>.output...}; may be NULL */
     const char *job_id;   /* ${job.id}; NULL leaves it unsubstituted */
     bool keep_unresolved; /* leave ${steps..} (and unresolvable refs) as written */
+    /* The bounds on what substitution may produce, so that a small definition
+     * cannot ask for a huge one: no string longer than max_string bytes, and
+     * the whole result no larger than max_bytes as compact JSON. 0: the
+     * default job limits' max_string and max_definition_bytes (a string or a
+     * definition a client could not have sent is not made by substitution
+     * either). Submit passes the configured limits; the workflow at run time
+     * uses the defaults. */
+    size_t max_string;
+    size_t max_bytes;
+    size_t *bytes; /* if not NULL, receives the result's size as compact JSON */
 };
 
 /* A deep copy of v with every ${...} in its strings substituted. A string
  * that is exactly one reference takes the referenced value's type; inside a
  * longer string the value is spliced in as text (strings raw, others as
  * compact JSON). Caller frees with cJSON_Delete. Returns NULL and fills err
- * (JD_EINVAL, message naming the reference) if a reference is malformed or
- * does not resolve. */
+ * if a reference is malformed or does not resolve (JD_EINVAL, message naming
+ * the reference) or the result would pass ctx's bounds (JD_ETOOBIG, message
+ * naming the limit); err's pointer is the place in v. Time and memory are
+ * linear in the size of v and the bounds, whatever v refers to. */
 cJSON *jd_subst(const cJSON *v, const struct jd_subst_ctx *ctx, struct jd_error *err);
 
 /* Check the syntax of every reference in v (at pointer ptr): known roots
  * only, and ${steps.<id>...} must name a step for which known(arg, id) is
- * true. 0 or JD_EINVAL with the pointer of the string. */
+ * true. 0 or JD_EINVAL with the pointer of the string. *nrefs (may be
+ * NULL) receives the number of references found ("$${" is not one). */
 int jd_subst_check(const cJSON *v, const char *ptr, bool (*known)(void *arg, const char *id),
-                   void *arg, struct jd_error *err);
+                   void *arg, size_t *nrefs, struct jd_error *err);
 
 /* Append a JSON pointer token (escaping ~ and /) to buf. */
 void jd_ptr_append(char *buf, size_t cap, const char *token);
+
+/* A JSON pointer kept as a chain of stack frames while walking a tree, and
+ * formatted only when an error needs it (building it at every node would
+ * cost O(depth) per node). A frame is a member (key) or an array element
+ * (key NULL, index). */
+struct jd_ptr_frame {
+    const struct jd_ptr_frame *up; /* the parent's frame; NULL at the top */
+    const char *key;
+    size_t index;
+};
+
+/* base followed by the tokens from the top frame down to f, into buf. */
+void jd_ptr_frame_format(const struct jd_ptr_frame *f, const char *base, char *buf, size_t cap);
 
 #endif

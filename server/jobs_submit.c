@@ -187,45 +187,11 @@ int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_sub
                          void *arg, struct jd_error *err)
 {
     jd_error_clear(err);
-    size_t cap = j->limits.max_definition_bytes * (size_t)(j->limits.max_batch > 16 ? 16 : 1);
-    if (len > cap)
-        return jd_error_set(err, JD_ETOOBIG, "", "batch is %zu bytes, the limit is %zu", len, cap);
-    struct jd_job_limits tl = j->limits;
-    tl.max_definition_bytes = cap;
-    tl.max_depth = j->limits.max_depth + 2; /* {"jobs":[ ... ]} */
-    int rc = jd_jobdef_check_text(body, len, &tl, err);
+    struct jd_jobdef **defs = NULL;
+    size_t n = 0;
+    int rc = jd_jobdef_parse_batch(body, len, &j->limits, j->reg, &defs, &n, err);
     if (rc)
         return rc;
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root)
-        return jd_error_set(err, JD_EPARSE, "", "malformed JSON");
-    const cJSON *jobs = cJSON_GetObjectItemCaseSensitive(root, "jobs");
-    if (!cJSON_IsObject(root) || !cJSON_IsArray(jobs) || cJSON_GetArraySize(jobs) == 0) {
-        cJSON_Delete(root);
-        return jd_error_set(err, JD_EINVAL, "/jobs", "a batch is {\"jobs\": [definition, ...]}");
-    }
-    size_t n = (size_t)cJSON_GetArraySize(jobs);
-    if (n > j->limits.max_batch) {
-        cJSON_Delete(root);
-        return jd_error_set(err, JD_ETOOBIG, "/jobs", "%zu jobs in one batch, the limit is %u", n,
-                            j->limits.max_batch);
-    }
-    struct jd_jobdef **defs = jd_xcalloc(n, sizeof *defs);
-    size_t i = 0;
-    for (const cJSON *c = jobs->child; c; c = c->next, i++) {
-        char base[32];
-        snprintf(base, sizeof base, "/jobs/%zu", i);
-        rc = jd_jobdef_from_json(cJSON_Duplicate(c, 1), base, &j->limits, j->reg, &defs[i], err);
-        if (rc)
-            break;
-    }
-    cJSON_Delete(root);
-    if (rc) {
-        for (size_t k = 0; k < n; k++)
-            jd_jobdef_free(defs[k]);
-        free(defs);
-        return rc;
-    }
     struct batch *b = jd_xcalloc(1, sizeof *b);
     b->n = n;
     b->remaining = (int)n;

@@ -143,9 +143,17 @@ static bool start_leaf(struct wf *w, size_t i, struct jd_step_out *out)
         jd_error_clear(&e);
         cJSON *args = jd_subst(s->args, &sc, &e);
         if (!args) {
+            /* A reference that does not resolve, or args that would pass the
+             * substitution bounds (jd_subst_ctx): the message names the
+             * limit, "at" the place in the step's args. */
             char msg[JD_ERROR_MSG_MAX + 64];
             snprintf(msg, sizeof msg, "step \"%s\": %s", s->id, e.message);
-            fail_simple(out, "substitution", s->id, msg);
+            cJSON *err = cJSON_CreateObject();
+            cJSON_AddStringToObject(err, "kind", "substitution");
+            cJSON_AddStringToObject(err, "message", msg);
+            cJSON_AddStringToObject(err, "step", s->id);
+            cJSON_AddStringToObject(err, "at", e.pointer);
+            fail_json(out, err);
             return false;
         }
         char *text = cJSON_PrintUnformatted(args);

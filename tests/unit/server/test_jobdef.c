@@ -367,6 +367,318 @@ static void test_substitution(void **state)
     assert_non_null(strstr(err.message, "steps.z.output.q"));
 }
 
+/* A growable string for building large bodies. */
+struct text {
+    char *p;
+    size_t n, cap;
+};
+
+static void add(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(struct text *t, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(t->p ? t->p + t->n : NULL, t->p ? t->cap - t->n : 0, fmt, ap);
+        va_end(ap);
+        if (t->p && (size_t)k < t->cap - t->n) {
+            t->n += (size_t)k;
+            return;
+        }
+        t->cap = (t->cap + (size_t)k + 1) * 2;
+        t->p = realloc(t->p, t->cap);
+    }
+}
+
+static void add_repeat(struct text *t, const char *s, int times)
+{
+    for (int i = 0; i < times; i++)
+        add(t, "%s", s);
+}
+
+/* jd_jobdef_parse with the default limits: rc, and err filled. */
+static int parse_default(const struct text *t, struct jd_error *err)
+{
+    struct jd_jobdef *d = NULL;
+    jd_error_clear(err);
+    int rc = jd_jobdef_parse(t->p, t->n, NULL, reg, &d, err);
+    jd_jobdef_free(d);
+    return rc;
+}
+
+/* Objects with 60,000 to 90,000 members (bodies near 1 MiB) get the same answers as
+ * small ones: the first unknown member, the first repeat, the 65th label.
+ * (bench/parse.c times these; here only the answers are asserted.) */
+static void test_many_members_get_the_first_problem(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    struct text t = {0};
+    add(&t, "{\"handler\":\"t.echo\"");
+    for (int i = 0; i < 90000; i++)
+        add(&t, ",\"k%d\":0", i);
+    add(&t, "}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/k0");
+    assert_non_null(strstr(err.message, "unknown member \"k0\" in a job definition"));
+
+    /* Known names repeated: the second occurrence is the one named. */
+    t.n = 0;
+    add(&t, "{\"handler\":\"t.echo\"");
+    for (int i = 0; i < 80000; i++)
+        add(&t, ",\"queue\":\"q\"");
+    add(&t, "}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/queue");
+    assert_non_null(strstr(err.message, "duplicate member \"queue\""));
+
+    /* A repeat and an unknown member: whichever comes first. */
+    t.n = 0;
+    add(&t, "{\"handler\":\"t.echo\",\"zz\":1,\"handler\":\"t.echo\"}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/zz");
+
+    /* Step and retry objects are checked the same way. */
+    t.n = 0;
+    add(&t, "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"retry\":{\"max_attempts\":2");
+    for (int i = 0; i < 60000; i++)
+        add(&t, ",\"max_attempts\":2");
+    add(&t, "}}]}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/steps/0/retry/max_attempts");
+    assert_non_null(strstr(err.message, "duplicate member"));
+
+    /* 80,000 labels: the 65th is over the count. */
+    t.n = 0;
+    add(&t, "{\"handler\":\"t.echo\",\"labels\":{");
+    for (int i = 0; i < 80000; i++)
+        add(&t, "%s\"l%d\":\"\"", i ? "," : "", i);
+    add(&t, "}}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/labels/l64");
+    assert_non_null(strstr(err.message, "more than 64 labels"));
+
+    /* Duplicate labels: the first member that repeats an earlier one. */
+    t.n = 0;
+    add(&t, "{\"handler\":\"t.echo\",\"labels\":{\"b\":\"\",\"c\":\"\",\"a\":\"\","
+            "\"c\":\"\",\"b\":\"\",\"a\":\"\"}}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/labels/c");
+    assert_non_null(strstr(err.message, "duplicate member \"c\""));
+    free(t.p);
+}
+
+/* The issue's submit-time attack: a handler job whose args splice a large
+ * ${input.s} many times is refused with 422 and a pointer, without building
+ * the result. */
+static void test_submit_refuses_what_substitution_would_blow_up(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    struct text t = {0};
+    char s[1001];
+    memset(s, 'x', 1000);
+    s[1000] = '\0';
+    /* One string: 100 x 1,000 bytes passes the 64 KiB string limit. */
+    add(&t, "{\"handler\":\"t.echo\",\"input\":{\"s\":\"%s\"},\"args\":{\"x\":\"", s);
+    add_repeat(&t, "${input.s}", 100);
+    add(&t, "\"}}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/x");
+    assert_non_null(strstr(err.message, "65536-byte string limit"));
+
+    /* Many strings each under the string limit, together past 1 MiB. */
+    t.n = 0;
+    add(&t, "{\"handler\":\"t.echo\",\"input\":{\"s\":\"%s\"},\"args\":{", s);
+    for (int i = 0; i < 100; i++) {
+        add(&t, "%s\"s%d\":\"", i ? "," : "", i);
+        add_repeat(&t, "${input.s}", 60);
+        add(&t, "\"");
+    }
+    add(&t, "}}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/s17"); /* 18 x 60,000 bytes pass 1 MiB */
+    assert_non_null(strstr(err.message, "1048576-byte limit"));
+
+    /* Whole-value references to a big value, many times over. */
+    t.n = 0;
+    add(&t, "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{");
+    for (int i = 0; i < 30; i++)
+        add(&t, "%s\"x%d\":\"${input}\"", i ? "," : "", i);
+    add(&t, "}}],\"input\":{\"l\":[\"%s\"", s);
+    for (int i = 0; i < 40; i++)
+        add(&t, ",\"%s\"", s);
+    add(&t, "]}}");
+    assert_int_equal(parse_default(&t, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/steps/0/args/x25"); /* 26 x 41 KB pass 1 MiB */
+
+    /* Under the limits the same shapes are accepted. */
+    t.n = 0;
+    add(&t, "{\"handler\":\"t.echo\",\"input\":{\"s\":\"%s\"},\"args\":{\"x\":\"", s);
+    add_repeat(&t, "${input.s}", 65);
+    add(&t, "\"}}");
+    assert_int_equal(parse_default(&t, &err), 0);
+    free(t.p);
+}
+
+/* Each job of a batch is held to the definition limit (422 at /jobs/N),
+ * and a batch's jobs together to what a batch may take after substitution. */
+static void test_batch_jobs_are_held_to_the_limits(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    struct jd_jobdef **defs = NULL;
+    size_t n = 0;
+    struct text t = {0};
+    char big[5001];
+    memset(big, 'y', 5000);
+    big[5000] = '\0';
+    struct jd_job_limits l = limits; /* 4096-byte definitions, 64 KiB batches */
+    l.max_string = 10000;
+    add(&t, "{\"jobs\":[{\"handler\":\"t.echo\"},{\"handler\":\"t.echo\",\"input\":\"%s\"}]}", big);
+    jd_error_clear(&err);
+    assert_int_equal(jd_jobdef_parse_batch(t.p, t.n, &l, reg, &defs, &n, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/jobs/1");
+    assert_non_null(strstr(err.message, "the limit is 4096"));
+    assert_null(defs);
+    assert_int_equal(n, 0);
+
+    /* 20 jobs of 130 bytes, each asking for 3,600 bytes: 72 KB in all. */
+    t.n = 0;
+    add(&t, "{\"jobs\":[");
+    for (int j = 0; j < 20; j++) {
+        add(&t, "%s{\"handler\":\"t.echo\",\"input\":{\"s\":\"%.100s\"},\"args\":{\"v\":\"",
+            j ? "," : "", big);
+        add_repeat(&t, "${input.s}", 36);
+        add(&t, "\"}}");
+    }
+    add(&t, "]}");
+    jd_error_clear(&err);
+    assert_int_equal(jd_jobdef_parse_batch(t.p, t.n, &l, reg, &defs, &n, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/jobs/18/args/v");
+    assert_non_null(strstr(err.message, "65536 bytes in all, the limit for a batch"));
+
+    /* The same jobs, fewer of them, are accepted. */
+    t.n = 0;
+    add(&t, "{\"jobs\":[");
+    for (int j = 0; j < 3; j++) {
+        add(&t, "%s{\"handler\":\"t.echo\",\"input\":{\"s\":\"%.100s\"},\"args\":{\"v\":\"",
+            j ? "," : "", big);
+        add_repeat(&t, "${input.s}", 36);
+        add(&t, "\"}}");
+    }
+    add(&t, "]}");
+    jd_error_clear(&err);
+    assert_int_equal(jd_jobdef_parse_batch(t.p, t.n, &l, reg, &defs, &n, &err), 0);
+    assert_int_equal(n, 3);
+    for (size_t i = 0; i < n; i++)
+        jd_jobdef_free(defs[i]);
+    free(defs);
+    free(t.p);
+}
+
+/* jd_subst with explicit bounds: the result's size is counted exactly (as
+ * compact JSON), strings and totals fail with the place and the limit. */
+static void test_substitution_bounds(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    cJSON *in = cJSON_Parse("{\"s\":\"0123456789\",\"o\":{\"k\":[1,2]},\"q\":\"a\\\"b\"}");
+    cJSON *t = cJSON_Parse("{\"a\":\"${input.s}\"}"); /* {"a":"0123456789"}: 18 bytes */
+    struct jd_subst_ctx ctx = {.input = in, .max_bytes = 18};
+    size_t bytes = 0;
+    ctx.bytes = &bytes;
+    cJSON *r = jd_subst(t, &ctx, &err);
+    assert_non_null(r);
+    assert_int_equal(bytes, 18);
+    cJSON_Delete(r);
+    ctx.max_bytes = 17;
+    jd_error_clear(&err);
+    assert_null(jd_subst(t, &ctx, &err));
+    assert_int_equal(err.code, JD_ETOOBIG);
+    assert_string_equal(err.pointer, "/a");
+    assert_non_null(strstr(err.message, "17-byte limit"));
+    cJSON_Delete(t);
+
+    /* Escapes count as printed; spliced values as their JSON. */
+    t = cJSON_Parse("[\"${input.q}\",\"v=${input.o}\",\"${input.o}\",5,true,null]");
+    ctx = (struct jd_subst_ctx){.input = in, .bytes = &bytes};
+    r = jd_subst(t, &ctx, &err);
+    char *p = cJSON_PrintUnformatted(r);
+    assert_string_equal(p, "[\"a\\\"b\",\"v={\\\"k\\\":[1,2]}\",{\"k\":[1,2]},5,true,null]");
+    assert_int_equal(bytes, strlen(p));
+    free(p);
+    cJSON_Delete(r);
+    cJSON_Delete(t);
+
+    /* The string limit, on raw bytes as the definition's own strings. */
+    t = cJSON_Parse("{\"o\":{\"x\":[\"${input.s}${input.s}\"]}}");
+    ctx = (struct jd_subst_ctx){.input = in, .max_string = 20};
+    r = jd_subst(t, &ctx, &err);
+    assert_non_null(r);
+    cJSON_Delete(r);
+    ctx.max_string = 19;
+    jd_error_clear(&err);
+    assert_null(jd_subst(t, &ctx, &err));
+    assert_int_equal(err.code, JD_ETOOBIG);
+    assert_string_equal(err.pointer, "/o/x/0");
+    assert_non_null(strstr(err.message, "19-byte string limit"));
+    cJSON_Delete(t);
+    cJSON_Delete(in);
+}
+
+/* Array indexes are bounded unsigned values: one past any array is "not
+ * found", never wrapped to a small index. Big containers (indexed, not
+ * scanned) resolve as small ones, the first of duplicate keys winning. */
+static void test_reference_paths(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    static const char *const far[] = {
+        "4294967296", "4294967297", "18446744073709551617", "99999999999999999999", "-1",
+        "+1",         "1x"};
+    for (size_t i = 0; i < sizeof far / sizeof far[0]; i++) {
+        char tmpl[96];
+        snprintf(tmpl, sizeof tmpl, "[\"${input.a.%s}\"]", far[i]);
+        jd_error_clear(&err);
+        char *s = subst_text(tmpl, "{\"a\":[10,20]}", NULL, &err);
+        if (s)
+            fail_msg("%s resolved to %s", tmpl, s);
+        assert_int_equal(err.code, JD_EINVAL);
+        assert_non_null(strstr(err.message, "does not resolve"));
+    }
+    char *s = subst_text("[\"${input.a.01}\"]", "{\"a\":[10,20]}", NULL, &err);
+    assert_string_equal(s, "[20]");
+    free(s);
+
+    struct text in = {0};
+    add(&in, "{\"a\":[");
+    for (int i = 0; i < 1000; i++)
+        add(&in, "%s%d", i ? "," : "", i);
+    add(&in, "],\"o\":{");
+    for (int i = 0; i < 1000; i++)
+        add(&in, "%s\"k%d\":%d", i ? "," : "", i, i);
+    add(&in, ",\"k7\":-1}}");
+    s = subst_text("[\"${input.a.999}\",\"${input.a.17}\",\"${input.a.3}\",\"${input.o.k999}\","
+                   "\"${input.o.k7}\",\"${input.o.k0} ${input.a.998}\"]",
+                   in.p, NULL, &err);
+    assert_string_equal(s, "[999,17,3,999,7,\"0 998\"]");
+    free(s);
+    jd_error_clear(&err);
+    assert_null(subst_text("[\"${input.a.1000}\"]", in.p, NULL, &err));
+    assert_null(subst_text("[\"${input.o.k1000}\"]", in.p, NULL, &err));
+    free(in.p);
+
+    /* At submit, a far index is refused with a pointer to the string. */
+    static const char def[] = "{\"handler\":\"t.echo\",\"input\":{\"a\":[10,20]},"
+                              "\"args\":{\"v\":\"${input.a.4294967297}\"}}";
+    struct jd_jobdef *d = NULL;
+    jd_error_clear(&err);
+    assert_int_equal(jd_jobdef_parse(def, strlen(def), &limits, reg, &d, &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/v");
+    assert_non_null(strstr(err.message, "does not resolve"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +688,11 @@ int main(void)
         cmocka_unit_test(test_good_workflow_flattens_steps_into_tags),
         cmocka_unit_test(test_good_process),
         cmocka_unit_test(test_substitution),
+        cmocka_unit_test(test_many_members_get_the_first_problem),
+        cmocka_unit_test(test_submit_refuses_what_substitution_would_blow_up),
+        cmocka_unit_test(test_batch_jobs_are_held_to_the_limits),
+        cmocka_unit_test(test_substitution_bounds),
+        cmocka_unit_test(test_reference_paths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

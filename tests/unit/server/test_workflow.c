@@ -253,6 +253,77 @@ static void test_cancel_and_substitution_failures(void **state)
     run_end(&r);
 }
 
+/* The issue's poison job: step a splices ${input.s} (1,000 bytes) into a
+ * 60,000-byte string, b splices a's output 300 times (18 MB in one string),
+ * c splices b's output thousands of times. The job fails at b with a
+ * substitution error naming the step and the limit; nothing large is
+ * built. A variant splices a's output into many strings, each under the
+ * string limit, and fails on the args limit instead. */
+static void test_substitution_bounds_fail_the_step(void **state)
+{
+    (void)state;
+    size_t cap = 1 << 20, n = 0;
+    char *def = malloc(cap);
+    n += (size_t)snprintf(def + n, cap - n,
+                          "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"v\":\"");
+    for (int i = 0; i < 60; i++)
+        n += (size_t)snprintf(def + n, cap - n, "${input.s}");
+    n += (size_t)snprintf(def + n, cap - n,
+                          "\"}},{\"id\":\"b\",\"call\":\"t.echo\",\"args\":{\"v\":\"");
+    for (int i = 0; i < 300; i++)
+        n += (size_t)snprintf(def + n, cap - n, "${steps.a.output.v}");
+    n += (size_t)snprintf(def + n, cap - n,
+                          "\"}},{\"id\":\"c\",\"call\":\"t.echo\",\"args\":{\"v\":\"");
+    for (int i = 0; i < 3000; i++)
+        n += (size_t)snprintf(def + n, cap - n, "${steps.b.output.v}");
+    n += (size_t)snprintf(def + n, cap - n, "\"}}],\"input\":{\"s\":\"%01000d\"}}", 0);
+
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops, def);
+    step(&r, NULL, 0);
+    assert_int_equal(r.out.nyields, 1);
+    expect_yield(&r, 0, 1, "t.echo", NULL);
+    assert_int_equal(strlen(r.out.yields[0].args), 60000 + 8); /* {"v":"..."} */
+    struct jd_event e = done_ev(1, r.out.yields[0].args);      /* echo: output = args */
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    assert_int_equal(r.out.nyields, 0);
+    cJSON *err = cJSON_Parse(r.out.error);
+    assert_string_equal(cJSON_GetObjectItem(err, "kind")->valuestring, "substitution");
+    assert_string_equal(cJSON_GetObjectItem(err, "step")->valuestring, "b");
+    assert_string_equal(cJSON_GetObjectItem(err, "at")->valuestring, "/v");
+    const char *msg = cJSON_GetObjectItem(err, "message")->valuestring;
+    assert_non_null(strstr(msg, "step \"b\""));
+    assert_non_null(strstr(msg, "65536-byte string limit"));
+    cJSON_Delete(err);
+    run_end(&r);
+
+    /* b splices a's output into 100 strings of 60,000 bytes: 6 MB of args. */
+    n = 0;
+    n += (size_t)snprintf(def + n, cap - n,
+                          "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"v\":\"");
+    for (int i = 0; i < 60; i++)
+        n += (size_t)snprintf(def + n, cap - n, "${input.s}");
+    n += (size_t)snprintf(def + n, cap - n, "\"}},{\"id\":\"b\",\"call\":\"t.echo\",\"args\":{");
+    for (int i = 0; i < 100; i++)
+        n += (size_t)snprintf(def + n, cap - n, "%s\"v%d\":\"${steps.a.output.v}\"", i ? "," : "",
+                              i);
+    n += (size_t)snprintf(def + n, cap - n, "}}],\"input\":{\"s\":\"%01000d\"}}", 0);
+    run_start(&r, &jd_workflow_ops, def);
+    step(&r, NULL, 0);
+    e = done_ev(1, r.out.yields[0].args);
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    err = cJSON_Parse(r.out.error);
+    assert_string_equal(cJSON_GetObjectItem(err, "kind")->valuestring, "substitution");
+    assert_string_equal(cJSON_GetObjectItem(err, "step")->valuestring, "b");
+    assert_string_equal(cJSON_GetObjectItem(err, "at")->valuestring, "/v17");
+    assert_non_null(strstr(cJSON_GetObjectItem(err, "message")->valuestring, "1048576-byte limit"));
+    cJSON_Delete(err);
+    run_end(&r);
+    free(def);
+}
+
 static void test_task_output_is_the_call_result(void **state)
 {
     (void)state;
@@ -520,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_wait_timeout_fails_and_timer_is_always_yielded),
         cmocka_unit_test(test_cancel_and_substitution_failures),
         cmocka_unit_test(test_task_output_is_the_call_result),
+        cmocka_unit_test(test_substitution_bounds_fail_the_step),
         cmocka_unit_test(test_same_events_give_same_yields),
         cmocka_unit_test(test_plugin_process_type_adapter),
         cmocka_unit_test(test_decisions_depend_on_event_order_not_batching),
