@@ -165,7 +165,9 @@ static inline void *penv_timer_thread(void *arg)
             if (p->due_ms < next)
                 next = p->due_ms;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
+        /* The condition variable waits on CLOCK_REALTIME (the default): a
+         * monotonic deadline would lie in its past and make this spin. */
+        clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t wait = next == UINT64_MAX ? 100 : next - now;
         if (wait > 100)
             wait = 100;
