@@ -42,6 +42,7 @@ struct penv {
     bool stop;
     pthread_t thread;
     const char *exec_allow, *http_allow, *output_cap;
+    const char *exec_env_allow, *exec_timeout_ms, *http_timeout_ms;
 };
 
 static inline uint64_t penv_mono_ms(void)
@@ -235,6 +236,12 @@ static inline const char *penv_config(void *ctx, const char *key)
         return e->http_allow;
     if (strcmp(key, "output_cap") == 0)
         return e->output_cap;
+    if (strcmp(key, "exec_env_allow") == 0)
+        return e->exec_env_allow;
+    if (strcmp(key, "exec_timeout_ms") == 0)
+        return e->exec_timeout_ms;
+    if (strcmp(key, "http_timeout_ms") == 0)
+        return e->http_timeout_ms;
     return NULL;
 }
 
