@@ -26,6 +26,7 @@
 #include "scheduler/process.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -1245,6 +1246,196 @@ static void test_http_allow_list(void **state)
     fx_free(f);
 }
 
+/* Item 9: ports in allow entries, link-local refused, framing headers
+ * refused, curl's sockets close-on-exec, a default deadline. */
+static void test_http_allow_ports_and_link_local(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    struct jd_error err;
+    char list[128], url[256];
+    srv_start(&s);
+    snprintf(list, sizeof list, "127.0.0.1:%d, [::1]:%d, localhost", s.port, s.port);
+    struct fx *f = fx_new(NULL, list, NULL);
+
+    snprintf(url, sizeof url, "{\"url\":\"http://127.0.0.1:%d/text\"}", s.port);
+    assert_int_equal(jd_registry_validate(f->r, "http", url, "/args", &err), 0);
+    snprintf(url, sizeof url, "{\"url\":\"http://127.0.0.1:%d/text\"}", s.port + 1);
+    assert_int_equal(jd_registry_validate(f->r, "http", url, "/args", &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/url");
+    assert_non_null(strstr(err.message, "allow-list"));
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://127.0.0.1/x\"}", "", &err),
+        JD_EINVAL); /* port 80, not the one listed */
+    snprintf(url, sizeof url, "{\"url\":\"http://[::1]:%d/x\"}", s.port);
+    assert_int_equal(jd_registry_validate(f->r, "http", url, "", &err), 0);
+    assert_int_equal(jd_registry_validate(f->r, "http", "{\"url\":\"http://[::1]:1/x\"}", "", &err),
+                     JD_EINVAL);
+    /* A name entry without a port: any port. */
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://localhost:1/x\"}", "", &err), 0);
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    http_call(f, &s, "{\"url\":\"http://localhost:%d/text\"}", 0, &rec);
+    assert_true(rec.ok || strcmp(rec.kind, "http_error") == 0); /* ::1 may not listen */
+    prec_fini(&rec);
+    fx_free(f);
+
+    /* Link-local and metadata addresses: refused with no list at all, in
+     * any spelling, at submit and at run time. */
+    f = fx_new(NULL, NULL, NULL);
+    static const char *const meta[] = {
+        "http://169.254.169.254/latest/meta-data/",
+        "http://169.254.1.1:8080/",
+        "http://[fe80::1]/",
+        "http://[fd00:ec2::254]/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://0xa9fea9fe/",
+        "http://2852039166/",
+    };
+    for (size_t i = 0; i < sizeof meta / sizeof *meta; i++) {
+        char args[200];
+        snprintf(args, sizeof args, "{\"url\":\"%s\"}", meta[i]);
+        prec_init(&rec);
+        call_wait(f, "http", args, 0, &rec);
+        if (rec.ok || strcmp(rec.kind, "not_allowed") != 0)
+            fprintf(stderr, "not refused: %s (%s)\n", meta[i], rec.kind);
+        assert_false(rec.ok);
+        assert_string_equal(rec.kind, "not_allowed");
+        assert_false(rec.retryable);
+        prec_fini(&rec);
+    }
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://169.254.169.254/\"}", "/args", &err),
+        JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/url");
+    assert_non_null(strstr(err.message, "link-local"));
+    /* Ordinary addresses still pass with no list. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    fx_free(f);
+    /* Listed explicitly: allowed. */
+    f = fx_new(NULL, "169.254.169.254, 127.0.0.1", NULL);
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://169.254.169.254/latest\"}", "", &err),
+        0);
+    fx_free(f);
+    srv_stop(&s);
+}
+
+/* An address entry is checked against the address curl connects to, not
+ * only against the URL's text: here the URL is listed, but a proxy from the
+ * environment would take the connection to an address that is not. */
+static void test_http_connect_address_checked(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    char list[64], proxy[64];
+    srv_start(&s);
+    snprintf(list, sizeof list, "127.0.0.1:%d", s.port);
+    snprintf(proxy, sizeof proxy, "http://127.0.0.2:%d", s.port);
+    struct fx *f = fx_new(NULL, list, NULL);
+    setenv("http_proxy", proxy, 1);
+    unsetenv("no_proxy");
+    unsetenv("NO_PROXY");
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    unsetenv("http_proxy");
+    assert_false(rec.ok);
+    assert_string_equal(rec.kind, "not_allowed");
+    assert_non_null(strstr(rec.result, "127.0.0.2"));
+    prec_fini(&rec);
+    /* Without the proxy the same request goes through. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    fx_free(f);
+    srv_stop(&s);
+}
+
+static void test_http_framing_headers_refused(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new(NULL, NULL, NULL);
+    struct jd_error err;
+    struct precord rec;
+    static const char *const names[] = {"Host",       "content-length", "Transfer-Encoding",
+                                        "Connection", "Upgrade",        "TE",
+                                        "Expect",     "Trailer",        "Keep-Alive"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char args[256], want[64];
+        snprintf(args, sizeof args,
+                 "{\"url\":\"http://127.0.0.1:1/\",\"headers\":{\"X-Ok\":\"1\",\"%s\":\"x\"}}",
+                 names[i]);
+        snprintf(want, sizeof want, "/args/headers/%s", names[i]);
+        assert_int_equal(jd_registry_validate(f->r, "http", args, "/args", &err), JD_EINVAL);
+        assert_string_equal(err.pointer, want);
+        prec_init(&rec);
+        call_wait(f, "http", args, 0, &rec);
+        assert_string_equal(rec.kind, "not_allowed");
+        prec_fini(&rec);
+    }
+    /* A name that is not a token is malformed, not refused. */
+    assert_int_equal(
+        jd_registry_validate(f->r, "http",
+                             "{\"url\":\"http://127.0.0.1:1/\",\"headers\":{\"a\\tb\":\"x\"}}", "",
+                             &err),
+        JD_EINVAL);
+    fx_free(f);
+}
+
+/* 1 if every socket of ours connected to port is close-on-exec (and there
+ * is at least one). */
+static int client_sockets_cloexec(int port)
+{
+    int found = 0, all = 1;
+    for (int fd = 3; fd < 1024; fd++) {
+        struct sockaddr_in peer;
+        socklen_t len = sizeof peer;
+        if (getpeername(fd, (struct sockaddr *)&peer, &len) != 0 || peer.sin_family != AF_INET ||
+            ntohs(peer.sin_port) != port)
+            continue;
+        found++;
+        if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+            all = 0;
+    }
+    return found && all;
+}
+
+static void test_http_sockets_cloexec_and_default_deadline(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    char args[256];
+    srv_start(&s);
+    struct fx *f = fx_new(NULL, NULL, NULL);
+    f->env.http_timeout_ms = "1500";
+    snprintf(args, sizeof args, "{\"url\":\"http://127.0.0.1:%d/slow\"}", s.port);
+    prec_init(&rec);
+    struct jd_call_request req = {
+        .command = "http", .args_json = args, .done = prec_done, .arg = &rec};
+    uint64_t t0 = penv_mono_ms();
+    assert_int_equal(jd_registry_call(f->r, &req, NULL), 0);
+    int ok = 0;
+    for (int i = 0; i < 100 && !ok; i++) {
+        usleep(10000);
+        ok = client_sockets_cloexec(s.port);
+    }
+    assert_true(ok);
+    /* No timeout_ms anywhere: --http-timeout ends it. */
+    assert_true(prec_wait(&rec, 20000));
+    assert_true(penv_mono_ms() - t0 < 5000);
+    assert_string_equal(rec.kind, "http_error");
+    prec_fini(&rec);
+    fx_free(f);
+    srv_stop(&s);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1268,6 +1459,10 @@ int main(void)
         cmocka_unit_test(test_exec_kills_group_when_leader_exits),
         cmocka_unit_test(test_exec_default_deadline),
         cmocka_unit_test(test_exec_huge_timeout),
+        cmocka_unit_test(test_http_allow_ports_and_link_local),
+        cmocka_unit_test(test_http_connect_address_checked),
+        cmocka_unit_test(test_http_framing_headers_refused),
+        cmocka_unit_test(test_http_sockets_cloexec_and_default_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
