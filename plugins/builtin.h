@@ -64,6 +64,38 @@ static inline size_t jd_builtin_output_cap(const struct jd_host *h, size_t dflt)
     return *end || v == 0 ? dflt : (size_t)v;
 }
 
+/* Config key as a count of milliseconds (a positive decimal), or dflt when
+ * it is unset or not one. */
+static inline int64_t jd_builtin_config_ms(const struct jd_host *h, const char *key, int64_t dflt)
+{
+    const char *s = h->config(key);
+    char *end;
+    long long v;
+    if (!s || *s < '0' || *s > '9')
+        return dflt;
+    v = strtoll(s, &end, 10);
+    return *end || v <= 0 ? dflt : (int64_t)v;
+}
+
+/* Write prefix + "/" + tok into ptr (ptrlen bytes) as a JSON pointer: tok
+ * escaped as RFC 6901 says ("~" as "~0", "/" as "~1"), cut to fit. For
+ * validate's ptr when the member is named by the job (an env or header name). */
+static inline void jd_builtin_ptr_token(char *ptr, size_t ptrlen, const char *prefix,
+                                        const char *tok)
+{
+    size_t o = (size_t)snprintf(ptr, ptrlen, "%s/", prefix);
+    for (; *tok && o + 3 < ptrlen; tok++) {
+        if (*tok == '~' || *tok == '/') {
+            ptr[o++] = '~';
+            ptr[o++] = *tok == '~' ? '0' : '1';
+        } else {
+            ptr[o++] = *tok;
+        }
+    }
+    if (o < ptrlen)
+        ptr[o] = '\0';
+}
+
 /* Walk a comma-separated config list: returns the next entry with blanks
  * (spaces, tabs) trimmed and its length in *n, or NULL at the end. Empty
  * entries come back with *n == 0. *cursor starts at the list (may be NULL). */

@@ -88,8 +88,10 @@ struct jd_host {
     int (*timer_cancel)(uint64_t timer_id);
 
     /* A configuration value for this plugin, or NULL. Keys in use:
-     * "exec_allow" (comma-separated program paths), "http_allow"
-     * (comma-separated hosts), "output_cap" (bytes, decimal). Borrowed,
+     * "exec_allow" (comma-separated program paths), "exec_env_allow"
+     * (comma-separated env names), "exec_timeout_ms" and "http_timeout_ms"
+     * (default deadlines, decimal ms), "http_allow" (comma-separated hosts,
+     * optionally with ports), "output_cap" (bytes, decimal). Borrowed,
      * valid for the life of the process. */
     const char *(*config)(const char *key);
 

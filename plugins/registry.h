@@ -30,7 +30,7 @@ struct jd_plugin_env {
     int (*timer_cancel)(void *ctx, uint64_t id);
     /* Run fn(arg) on a thread that may block. 0 or a JD_E* code. */
     int (*run_blocking)(void *ctx, void (*fn)(void *arg), void *arg);
-    /* Plugin configuration ("exec_allow", "http_allow", "output_cap"): a
+    /* Plugin configuration (keys: see jd_host.config in jackdaw_plugin.h): a
      * string valid for the registry's life, or NULL. */
     const char *(*config)(void *ctx, const char *key);
 };

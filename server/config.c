@@ -55,8 +55,16 @@ static const struct opt opts[] = {
      "require 'Authorization: Bearer T' on /v1 (default: open)"},
     {"--exec-allow", "JACKDAW_EXEC_ALLOW", OPT_STR, F(exec_allow), "LIST",
      "programs the exec handler may run: comma-separated absolute paths, or * (default: none)"},
+    {"--exec-env-allow", "JACKDAW_EXEC_ENV_ALLOW", OPT_STR, F(exec_env_allow), "LIST",
+     "env names exec jobs may set, comma-separated, NAME or PREFIX* (default: any but loader "
+     "and interpreter hooks)"},
+    {"--exec-timeout", "JACKDAW_EXEC_TIMEOUT", OPT_DURATION, F(exec_timeout_ms), "DURATION",
+     "deadline of an exec call whose args give no timeout_ms (default 10m)"},
     {"--http-allow", "JACKDAW_HTTP_ALLOW", OPT_STR, F(http_allow), "LIST",
-     "hosts the http handler may call, comma-separated (default: any)"},
+     "hosts the http handler may call: HOST, HOST:PORT, [V6]:PORT, comma-separated (default: "
+     "any but link-local)"},
+    {"--http-timeout", "JACKDAW_HTTP_TIMEOUT", OPT_DURATION, F(http_timeout_ms), "DURATION",
+     "deadline of an http call whose args give no timeout_ms (default 60s)"},
     {"--retention", "JACKDAW_RETENTION", OPT_DURATION, F(retention_ms), "DURATION",
      "delete terminal jobs finished longer ago, e.g. 7d (default 0: keep)"},
     {"--max-body", "JACKDAW_MAX_BODY", OPT_BYTES, F(max_body), "BYTES",
@@ -275,6 +283,8 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->heartbeat_ms = 15000; /* below common proxy idle timeouts (30-60 s) */
     c->grace_ms = 10000;
     c->max_schedules = 10000; /* each holds a timer and its definition in memory */
+    c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
+    c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
 
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);
@@ -306,6 +316,10 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     if (c->http_threads == 0 || c->max_connections == 0 || c->max_body == 0)
         return jd_error_set(err, JD_EINVAL, NULL,
                             "--http-threads, --max-connections and --max-body must be > 0");
+    if (c->exec_timeout_ms <= 0 || c->http_timeout_ms <= 0)
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--exec-timeout and --http-timeout must be > 0 (a job may ask for "
+                            "longer with its own timeout_ms)");
     if (c->token != NULL && c->token[0] == '\0') {
         free(c->token); /* an empty token means "no auth", as an unset variable */
         c->token = NULL;
@@ -319,8 +333,9 @@ void jd_config_free(struct jd_config *c)
     free(c->plugin_dir);
     free(c->token);
     free(c->exec_allow);
+    free(c->exec_env_allow);
     free(c->http_allow);
-    c->db = c->plugin_dir = c->token = c->exec_allow = c->http_allow = NULL;
+    c->db = c->plugin_dir = c->token = c->exec_allow = c->exec_env_allow = c->http_allow = NULL;
 }
 
 void jd_config_usage(FILE *f, const char *argv0)

@@ -26,7 +26,10 @@ struct jd_config {
     bool sync_full;                /* --sync full|normal; default full */
     char *token;                   /* --token; NULL: /v1 is open */
     char *exec_allow;              /* --exec-allow; NULL: exec refuses every program */
+    char *exec_env_allow;          /* --exec-env-allow; NULL: any env name but the deny-list */
+    int64_t exec_timeout_ms;       /* --exec-timeout; default deadline of exec, default 10 min */
     char *http_allow;              /* --http-allow; NULL: any host */
+    int64_t http_timeout_ms;       /* --http-timeout; default deadline of http, default 60 s */
     int64_t retention_ms;          /* --retention; 0: keep terminal jobs forever */
     size_t max_body;               /* --max-body; default 4 MiB */
     int log_level;                 /* --log-level; enum jd_log_level, default info */

@@ -54,6 +54,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +90,12 @@ static const char *env_config(void *ctx, const char *key)
         return j->http_allow;
     if (strcmp(key, "output_cap") == 0)
         return j->output_cap;
+    if (strcmp(key, "exec_env_allow") == 0)
+        return j->exec_env_allow;
+    if (strcmp(key, "exec_timeout_ms") == 0)
+        return j->exec_timeout[0] ? j->exec_timeout : NULL;
+    if (strcmp(key, "http_timeout_ms") == 0)
+        return j->http_timeout[0] ? j->http_timeout : NULL;
     return NULL;
 }
 
@@ -104,6 +111,11 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     j->max_running = cfg->max_running ? cfg->max_running : 10000;
     j->exec_allow = jd_xstrdup(cfg->exec_allow);
     j->http_allow = jd_xstrdup(cfg->http_allow);
+    j->exec_env_allow = jd_xstrdup(cfg->exec_env_allow);
+    if (cfg->exec_timeout_ms > 0)
+        snprintf(j->exec_timeout, sizeof j->exec_timeout, "%" PRId64, cfg->exec_timeout_ms);
+    if (cfg->http_timeout_ms > 0)
+        snprintf(j->http_timeout, sizeof j->http_timeout, "%" PRId64, cfg->http_timeout_ms);
     snprintf(j->output_cap, sizeof j->output_cap, "%zu",
              cfg->output_cap ? cfg->output_cap : (size_t)64 << 10);
     pthread_mutex_init(&j->mu, NULL);
@@ -166,6 +178,7 @@ fail:
         jd_sched_destroy(j->sched);
     free(j->exec_allow);
     free(j->http_allow);
+    free(j->exec_env_allow);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -274,6 +287,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     }
     free(j->exec_allow);
     free(j->http_allow);
+    free(j->exec_env_allow);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

@@ -50,6 +50,10 @@ struct jd_jobs_config {
     const char *exec_allow;    /* plugin config "exec_allow" (NULL: exec unusable) */
     const char *http_allow;    /* plugin config "http_allow" (NULL: any host) */
     size_t output_cap;         /* plugin config "output_cap"; 0: 64 KiB */
+    /* More plugin config: exec's env names and the default deadlines. */
+    const char *exec_env_allow; /* "exec_env_allow" (NULL: exec's deny-list) */
+    int64_t exec_timeout_ms;    /* "exec_timeout_ms"; 0: exec's own default (10 min) */
+    int64_t http_timeout_ms;    /* "http_timeout_ms"; 0: http's own default (60 s) */
     /* Called after plugin_dir is loaded and before the registry is frozen,
      * e.g. for tests to add in-process plugins with jd_registry_add. May be NULL. */
     int (*register_plugins)(void *arg, struct jd_registry *r);

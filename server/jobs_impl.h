@@ -178,6 +178,7 @@ struct jd_jobs {
     int64_t cancel_grace_ms;
     unsigned max_running;
     char *exec_allow, *http_allow, output_cap[24];
+    char *exec_env_allow, exec_timeout[24], http_timeout[24]; /* "": the plugin's default */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;

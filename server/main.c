@@ -133,7 +133,10 @@ int main(int argc, char **argv)
         .pin_workers = cfg.pin_workers,
         .plugin_dir = cfg.plugin_dir,
         .exec_allow = cfg.exec_allow,
+        .exec_env_allow = cfg.exec_env_allow,
+        .exec_timeout_ms = cfg.exec_timeout_ms,
         .http_allow = cfg.http_allow,
+        .http_timeout_ms = cfg.http_timeout_ms,
     };
     if ((rc = jd_jobs_create(&jcfg, &jobs, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot start the job layer", "error",

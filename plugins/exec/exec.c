@@ -11,8 +11,12 @@
  * as details. Output beyond config "output_cap" bytes per stream (default
  * 64 KiB) is read and discarded, and "truncated" is true. The child gets only
  * PATH=/usr/local/bin:/usr/bin:/bin plus the "env" given (the server's own
- * environment, which may hold secrets, is not passed on), default signal
- * dispositions and an empty signal mask.
+ * environment, which may hold secrets, is not passed on), descriptors 0, 1
+ * and 2 and no other, default signal dispositions and an empty signal mask.
+ * "env" names that hook the loader or an interpreter are refused (see
+ * env_denied), or, with config "exec_env_allow", every name not listed
+ * there. Every call has a deadline: "timeout_ms", else config
+ * "exec_timeout_ms" (default 10 minutes).
  *
  * Only programs named in config "exec_allow" run (comma-separated absolute
  * paths or bare names looked up in the server's PATH, compared with argv[0]
@@ -24,6 +28,8 @@
  * Process groups: each child is the leader of its own process group, so a
  * timeout (the args' timeout_ms, or the host's deadline through cancel())
  * or a cancel kills the whole group with SIGKILL, grandchildren included.
+ * When the leader exits, the rest of its group is killed too (before the
+ * leader is reaped): background children do not outlive the call.
  *
  * Reaping (the choice): exec reaps only its own children, by pid, with
  * waitpid(pid, WNOHANG) under the children-table lock, after a pidfd (or a
@@ -45,6 +51,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -57,10 +64,13 @@
 #include <unistd.h>
 
 #define EXEC_DEFAULT_CAP (64 * 1024) /* enough for a status report, small enough to store */
+#define EXEC_DEFAULT_TIMEOUT_MS                                                                    \
+    (10 * 60 * 1000) /* --exec-timeout's default: long for a build step, bounded for a hang */
 #define EXEC_DRAIN_MS                                                                              \
     100 /* after the child exits, how long to collect output its                                   \
            leftover descendants may still be writing */
 #define EXEC_BASE_PATH "PATH=/usr/local/bin:/usr/bin:/bin"
+#define EXEC_REFUSED 2 /* args_parse: well-formed, but the configuration refuses it */
 
 static const struct jd_host *host;
 
@@ -113,6 +123,150 @@ static int allowed(const char *prog, char *err, size_t errlen)
     return 1;
 }
 
+/* ---- the environment a job may set ---- */
+
+/* Names that make a program run code or load files the job chooses, through
+ * the dynamic loader, libc, a shell or an interpreter, although argv[0] is
+ * allowed: glibc's list of variables it strips for setuid programs
+ * (unsecvars.h), the hooks of sh/bash, Perl, Python, Ruby, Node, the JVM,
+ * OpenSSL and git, and pagers/editors that programs run for the user. Without
+ * this, allowing one harmless shell script (ldd) and setting
+ * BASH_FUNC_printf%% ran any command. Compared exactly (names are
+ * case-sensitive, and the loaders only honour these spellings). */
+static const char *const env_denied[] = {
+    /* glibc (besides LD_* and MALLOC_*, refused as prefixes) */
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "GLIBC_TUNABLES",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "LOCPATH",
+    "NIS_PATH",
+    "NLSPATH",
+    "RESOLV_HOST_CONF",
+    "RES_OPTIONS",
+    "TZDIR",
+    /* shells */
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS1",
+    "PS2",
+    "PS3",
+    "PS4",
+    "PROMPT_COMMAND",
+    "IFS",
+    "CDPATH",
+    "GLOBIGNORE",
+    "BASH_XTRACEFD",
+    "BASH_LOADABLES_PATH",
+    "FPATH",
+    "ZDOTDIR",
+    "NULLCMD",
+    "READNULLCMD",
+    "TMPPREFIX",
+    "EXECIGNORE",
+    /* interpreters and runtimes */
+    "PERL5OPT",
+    "PERL5LIB",
+    "PERLLIB",
+    "PERL5DB",
+    "PERLIO_DEBUG",
+    "PYTHONSTARTUP",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONINSPECT",
+    "PYTHONUSERBASE",
+    "PYTHONWARNINGS",
+    "PYTHONBREAKPOINT",
+    "PYTHONEXECUTABLE",
+    "PYTHONPLATLIBDIR",
+    "PYTHONPYCACHEPREFIX",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "NODE_REPL_EXTERNAL_MODULE",
+    "RUBYOPT",
+    "RUBYLIB",
+    "RUBYSHELL",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "CLASSPATH",
+    "OPENSSL_CONF",
+    "OPENSSL_ENGINES",
+    "OPENSSL_MODULES",
+    "KRB5_CONFIG",
+    /* git and the programs it and others run on the user's behalf */
+    "GIT_SSH",
+    "GIT_SSH_COMMAND",
+    "GIT_ASKPASS",
+    "SSH_ASKPASS",
+    "GIT_EXEC_PATH",
+    "GIT_PROXY_COMMAND",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_PAGER",
+    "GIT_EDITOR",
+    "GIT_SEQUENCE_EDITOR",
+    "GIT_TEMPLATE_DIR",
+    "PAGER",
+    "MANPAGER",
+    "EDITOR",
+    "VISUAL",
+    "LESSOPEN",
+    "LESSCLOSE",
+    "BROWSER",
+};
+
+/* Refused as prefixes: every loader variable (LD_PRELOAD, LD_AUDIT,
+ * LD_LIBRARY_PATH, ...), glibc's malloc hooks, bash's exported functions,
+ * git's config injection (GIT_CONFIG, GIT_CONFIG_PARAMETERS,
+ * GIT_CONFIG_KEY_0, ...). */
+static const char *const env_denied_prefix[] = {"LD_", "MALLOC_", "BASH_FUNC_", "GIT_CONFIG"};
+
+/* 1 if name matches one entry of a comma-separated list: an exact name, or a
+ * prefix ending in '*' ("APP_*"). */
+static int env_listed(const char *list, const char *name)
+{
+    size_t n, len = strlen(name);
+    for (const char *cur = list, *p; (p = jd_builtin_list_next(&cur, &n));) {
+        if (n && p[n - 1] == '*' && len >= n - 1 && memcmp(p, name, n - 1) == 0)
+            return 1;
+        if (n && n == len && memcmp(p, name, n) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* 0 if a job may set the variable `name`; else a reason in err. With config
+ * "exec_env_allow" (--exec-env-allow) only the names listed there; without
+ * it, any name but the hooks above. A name holding "%%" is bash's exported
+ * function syntax whatever its prefix, so it is refused in both modes. */
+static int env_name_allowed(const char *name, char *err, size_t errlen)
+{
+    const char *list = host->config("exec_env_allow");
+    if (strstr(name, "%%"))
+        goto denied;
+    if (list && *list) {
+        if (env_listed(list, name))
+            return 0;
+        snprintf(err, errlen, "env \"%.100s\" is not in the exec env allow-list (--exec-env-allow)",
+                 name);
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof env_denied_prefix / sizeof *env_denied_prefix; i++)
+        if (strncmp(name, env_denied_prefix[i], strlen(env_denied_prefix[i])) == 0)
+            goto denied;
+    for (size_t i = 0; i < sizeof env_denied / sizeof *env_denied; i++)
+        if (strcmp(name, env_denied[i]) == 0)
+            goto denied;
+    return 0;
+denied:
+    snprintf(err, errlen,
+             "env \"%.100s\" is refused: it makes programs load or run code the job chooses", name);
+    return 1;
+}
+
 /* ---- arguments ---- */
 
 struct exec_args {
@@ -160,7 +314,8 @@ static void argv_item_to_text(struct jd_pjson *v)
     v->type = JD_PJSON_STRING;
 }
 
-/* Parse and check args; 0, or 1 with a message and a JSON pointer. */
+/* Parse and check args: 0; 1 (malformed) or EXEC_REFUSED (a program or an
+ * env name the configuration refuses), with a message and a JSON pointer. */
 static int args_parse(const char *json, struct exec_args *a, char *err, size_t errlen, char *ptr,
                       size_t ptrlen)
 {
@@ -217,8 +372,12 @@ static int args_parse(const char *json, struct exec_args *a, char *err, size_t e
         if (!*k || strchr(k, '=') || !jd_pjson_is(val, JD_PJSON_STRING) ||
             strlen(val->string) != val->len) {
             snprintf(err, errlen, "env names must be non-empty without '=', values strings");
-            snprintf(ptr, ptrlen, "/env/%.200s", k);
+            jd_builtin_ptr_token(ptr, ptrlen, "/env", k);
             return 1;
+        }
+        if (env_name_allowed(k, err, errlen) != 0) {
+            jd_builtin_ptr_token(ptr, ptrlen, "/env", k);
+            return EXEC_REFUSED;
         }
         if (strcmp(k, "PATH") == 0)
             path_given = 1;
@@ -257,7 +416,7 @@ static int args_parse(const char *json, struct exec_args *a, char *err, size_t e
     }
     if (allowed(a->argv[0], err, errlen) != 0) {
         snprintf(ptr, ptrlen, "/argv/0");
-        return 1;
+        return EXEC_REFUSED;
     }
     return 0;
 }
@@ -267,7 +426,7 @@ static int exec_validate(const char *args_json, char *err, size_t errlen, char *
     struct exec_args a;
     int rc = args_parse(args_json, &a, err, errlen, ptr, ptrlen);
     args_free(&a);
-    return rc;
+    return rc != 0;
 }
 
 /* ---- the children table and the orphan reaper ---- */
@@ -324,14 +483,25 @@ static void maybe_start_reaper(void)
 }
 
 /* Reap c if it exited: 1 and *status if so. Under tbl_mu, so a cancel()
- * never signals a reaped (maybe recycled) pid. */
+ * never signals a reaped (maybe recycled) pid.
+ *
+ * Before reaping, the rest of the leader's process group is killed: a job's
+ * background children ("sleep 1000 &") must not outlive the job. It is done
+ * while the leader is still a zombie, because the zombie keeps its pid (the
+ * group's id) from being reused, so the signal cannot reach a new group. */
 static int try_reap(struct child *c, int *status)
 {
+    siginfo_t si;
     int got = 0;
     pthread_mutex_lock(&tbl_mu);
-    if (!c->reaped && waitpid(c->pid, status, WNOHANG) == c->pid) {
-        c->reaped = 1;
-        got = 1;
+    memset(&si, 0, sizeof si);
+    if (!c->reaped && waitid(P_PID, (id_t)c->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        si.si_pid == c->pid) {
+        kill(-c->pid, SIGKILL);
+        if (waitpid(c->pid, status, WNOHANG) == c->pid) {
+            c->reaped = 1;
+            got = 1;
+        }
     }
     pthread_mutex_unlock(&tbl_mu);
     return got;
@@ -384,6 +554,20 @@ static int64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* now + ms without overflow: a job may ask for any timeout_ms up to 2^63. */
+static int64_t deadline_after(int64_t now, int64_t ms)
+{
+    return ms > INT64_MAX - now ? INT64_MAX : now + ms;
+}
+
+/* Milliseconds from now until t, as poll() takes them (0..INT_MAX). */
+static int poll_ms_until(int64_t t, int64_t now)
+{
+    if (t <= now)
+        return 0;
+    return t - now > INT_MAX ? INT_MAX : (int)(t - now);
 }
 
 /* Read what is available; returns 0 at EOF or error (fd closed), 1 otherwise. */
@@ -462,13 +646,14 @@ static void exec_handle(const struct jd_call_info *info)
     sigset_t sigs;
     int fa_ok = 0, at_ok = 0, pidfd = -1, status = 0, exited = 0, timed_out = 0, rc;
     size_t cap = jd_builtin_output_cap(host, EXEC_DEFAULT_CAP), in_off = 0;
-    int64_t start = now_ms(), deadline, drain_until = 0;
+    int64_t start = now_ms(), deadline, drain_until = 0, timeout_ms;
     struct jd_pjson_buf res = {0};
     pid_t pid;
 
-    if (args_parse(info->args_json, &a, err, sizeof err, ptr, sizeof ptr) != 0) {
-        int refused = strstr(err, "allow") != NULL || strstr(err, "disabled") != NULL;
-        host->fail(info->call, refused ? "not_allowed" : "invalid_args", err, 0, NULL);
+    /* Checked again here, not only at submit: args may come from a
+     * substitution (${...}) that validate never saw. */
+    if ((rc = args_parse(info->args_json, &a, err, sizeof err, ptr, sizeof ptr)) != 0) {
+        host->fail(info->call, rc == EXEC_REFUSED ? "not_allowed" : "invalid_args", err, 0, NULL);
         args_free(&a);
         return;
     }
@@ -490,6 +675,11 @@ static void exec_handle(const struct jd_call_info *info)
         posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, out_p[1], 1);
     posix_spawn_file_actions_adddup2(&fa, err_p[1], 2);
+    /* The child gets 0, 1 and 2 only: no descriptor of the server (other
+     * jobs' pipes and sockets, whatever jackdawd inherited) whether or not it
+     * is close-on-exec. glibc does this in the child with close_range(3, ~0U),
+     * falling back to closing each entry of /proc/self/fd. */
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
     if (a.cwd)
         posix_spawn_file_actions_addchdir_np(&fa, a.cwd);
     sigemptyset(&sigs);
@@ -545,7 +735,12 @@ static void exec_handle(const struct jd_call_info *info)
     set_nonblock(so.fd);
     set_nonblock(se.fd);
     pidfd = pidfd_of(pid);
-    deadline = a.timeout_ms > 0 ? start + a.timeout_ms : 0;
+    /* The args' timeout_ms, else the configured default (--exec-timeout):
+     * a child that hangs must not hold a blocking-pool thread forever. */
+    timeout_ms = a.timeout_ms > 0
+                     ? a.timeout_ms
+                     : jd_builtin_config_ms(host, "exec_timeout_ms", EXEC_DEFAULT_TIMEOUT_MS);
+    deadline = timeout_ms > 0 ? deadline_after(start, timeout_ms) : 0;
 
     for (;;) {
         struct pollfd pfd[4];
@@ -571,10 +766,12 @@ static void exec_handle(const struct jd_call_info *info)
             pfd[ipid = n++] = (struct pollfd){.fd = pidfd, .events = POLLIN};
         if (pidfd < 0 && !exited)
             wait_ms = 10; /* no pidfd: look for the exit every 10 ms */
-        if (deadline && !timed_out && !exited)
-            wait_ms = wait_ms < 0 || deadline - now < wait_ms ? (int)(deadline - now) : wait_ms;
+        if (deadline && !timed_out && !exited) {
+            int until = poll_ms_until(deadline, now);
+            wait_ms = wait_ms < 0 || until < wait_ms ? until : wait_ms;
+        }
         if (exited)
-            wait_ms = (int)(drain_until - now);
+            wait_ms = poll_ms_until(drain_until, now);
         if (!n && pidfd >= 0 && !exited)
             wait_ms = wait_ms < 0 ? 1000 : wait_ms;
         if (poll(pfd, (nfds_t)n, wait_ms) < 0 && errno != EINTR)
@@ -606,7 +803,8 @@ static void exec_handle(const struct jd_call_info *info)
     if (c.killed) {
         host->complete(info->call, NULL); /* cancelled: the host already finished it */
     } else if (timed_out) {
-        snprintf(err, sizeof err, "killed after timeout_ms %lld", (long long)a.timeout_ms);
+        snprintf(err, sizeof err, "killed after %lld ms (%s)", (long long)timeout_ms,
+                 a.timeout_ms > 0 ? "timeout_ms" : "the default deadline, --exec-timeout");
         host->fail(info->call, "timeout", err, 1, res.p);
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         host->complete(info->call, res.p);

@@ -28,8 +28,13 @@
  * Content-Type, unless the headers say otherwise. Response bodies over
  * config "output_cap" bytes (default 64 KiB) are cut and "truncated" is true
  * (a cut JSON body is returned as a string). Config "http_allow"
- * (comma-separated host names) limits the hosts; unset or empty: any host.
- * Only http and https.
+ * (comma-separated HOST, HOST:PORT, V6, [V6] or [V6]:PORT) limits where
+ * requests go, checked on the URL at submit and on the address at connect
+ * (on_open_socket states the rule); unset or empty: any host but link-local
+ * ones. Only http and https. Framing fields (Host, Content-Length, ...) are
+ * the handler's, not the job's. Every request has a deadline: "timeout_ms",
+ * else config "http_timeout_ms" (default 60 s), plus connect and stall
+ * limits.
  *
  * Threading: one event-loop thread owns a curl multi handle and every easy
  * handle in it (no thread per request). handle() builds the easy handle on
@@ -41,11 +46,20 @@
 #include "plugins/builtin.h"
 
 #include <curl/curl.h>
+#include <arpa/inet.h>
+#include <limits.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <strings.h>
+#include <sys/socket.h>
 
-#define HTTP_DEFAULT_CAP (64 * 1024)       /* as exec: bounded, storable results */
-#define HTTP_MAX_HEADERS_BYTES (64 * 1024) /* response headers kept, beyond that dropped */
+#define HTTP_DEFAULT_CAP (64 * 1024)        /* as exec: bounded, storable results */
+#define HTTP_MAX_HEADERS_BYTES (64 * 1024)  /* response headers kept, beyond that dropped */
+#define HTTP_DEFAULT_TIMEOUT_MS (60 * 1000) /* --http-timeout's default, as common clients */
+#define HTTP_CONNECT_TIMEOUT_MS (10 * 1000) /* a TCP + TLS handshake that takes longer is lost */
+#define HTTP_LOW_SPEED_BYTES 1L             /* below 1 byte/s ...                        */
+#define HTTP_LOW_SPEED_SECS 30L             /* ... for 30 s, a transfer has stalled: give up */
+#define HTTP_REFUSED 2 /* http_validate: well-formed, but the configuration refuses it */
 
 static const struct jd_host *host;
 
@@ -73,6 +87,8 @@ struct req {
     size_t cap;
     int truncated;
     int cancelled;
+    int name_allowed;  /* the URL's host matched a name entry of the allow-list */
+    char refused[200]; /* the socket callback refused an address: why */
     char errbuf[CURL_ERROR_SIZE];
     struct req *next; /* queue or active list */
 };
@@ -88,17 +104,149 @@ static struct req *active; /* loop thread only */
 
 /* ---- argument checks ---- */
 
-static int host_allowed(const char *url, char *err, size_t errlen)
+/* An address in one form for comparing: IPv4 (also when it came as an
+ * IPv4-mapped IPv6 address) or IPv6. */
+struct addr {
+    int family; /* AF_INET or AF_INET6; 0: not an address literal */
+    unsigned char b[16];
+};
+
+static void addr_normalise(struct addr *a)
+{
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (a->family == AF_INET6 && memcmp(a->b, mapped, 12) == 0) {
+        memmove(a->b, a->b + 12, 4);
+        a->family = AF_INET;
+    }
+}
+
+/* Parse an address literal of n bytes (no brackets). */
+static int addr_parse(const char *s, size_t n, struct addr *a)
+{
+    char buf[INET6_ADDRSTRLEN + 1];
+    memset(a, 0, sizeof *a);
+    if (n == 0 || n >= sizeof buf)
+        return 0;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    if (inet_pton(AF_INET, buf, a->b) == 1)
+        a->family = AF_INET;
+    else if (inet_pton(AF_INET6, buf, a->b) == 1)
+        a->family = AF_INET6;
+    else
+        return 0;
+    addr_normalise(a);
+    return 1;
+}
+
+static int addr_equal(const struct addr *x, const struct addr *y)
+{
+    return x->family && x->family == y->family &&
+           memcmp(x->b, y->b, x->family == AF_INET ? 4 : 16) == 0;
+}
+
+/* Link-local addresses, where cloud metadata services answer (169.254.0.0/16
+ * with 169.254.169.254; fe80::/10), and AWS's IPv6 metadata address
+ * fd00:ec2::254, also written as NAT64 (64:ff9b::/96) of an IPv4 one. A
+ * job reaches them only through an allow-list entry naming that address. */
+static int addr_link_local(const struct addr *a)
+{
+    static const unsigned char aws6[16] = {0xfd, 0x00, 0x0e, 0xc2, 0, 0, 0,    0,
+                                           0,    0,    0,    0,    0, 0, 0x02, 0x54};
+    static const unsigned char nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (a->family == AF_INET)
+        return a->b[0] == 169 && a->b[1] == 254;
+    if (a->family != AF_INET6)
+        return 0;
+    if (memcmp(a->b, nat64, 12) == 0)
+        return a->b[12] == 169 && a->b[13] == 254;
+    return (a->b[0] == 0xfe && (a->b[1] & 0xc0) == 0x80) || memcmp(a->b, aws6, 16) == 0;
+}
+
+/* One allow-list entry: HOST, HOST:PORT, V6, [V6] or [V6]:PORT. */
+struct entry {
+    const char *host; /* not NUL-terminated */
+    size_t hlen;
+    long port;       /* -1: any port */
+    struct addr lit; /* family 0 when host is a name */
+};
+
+static int entry_parse(const char *p, size_t n, struct entry *e)
+{
+    const char *colon = NULL, *portp = NULL;
+    size_t ncolons = 0;
+    memset(e, 0, sizeof *e);
+    e->port = -1;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == ':')
+            ncolons++, colon = p + i;
+    if (n && p[0] == '[') {
+        const char *close = memchr(p, ']', n);
+        if (!close)
+            return 0;
+        e->host = p + 1;
+        e->hlen = (size_t)(close - p - 1);
+        if (close + 1 < p + n) {
+            if (close[1] != ':')
+                return 0;
+            portp = close + 2;
+        }
+    } else if (ncolons == 1) {
+        e->host = p;
+        e->hlen = (size_t)(colon - p);
+        portp = colon + 1;
+    } else {
+        e->host = p; /* a name, an IPv4 address or a bare IPv6 address */
+        e->hlen = n;
+    }
+    if (portp) {
+        char *end;
+        size_t plen = (size_t)(p + n - portp);
+        char buf[8];
+        if (plen == 0 || plen > 5)
+            return 0;
+        memcpy(buf, portp, plen);
+        buf[plen] = '\0';
+        e->port = strtol(buf, &end, 10);
+        if (*end || e->port < 1 || e->port > 65535)
+            return 0;
+    }
+    addr_parse(e->host, e->hlen, &e->lit);
+    return e->hlen > 0;
+}
+
+/* 1 if some entry of the list is this address literal (any port). */
+static int addr_listed(const char *list, const struct addr *a)
+{
+    size_t n;
+    struct entry e;
+    for (const char *cur = list, *p; (p = jd_builtin_list_next(&cur, &n));)
+        if (n && entry_parse(p, n, &e) && addr_equal(&e.lit, a))
+            return 1;
+    return 0;
+}
+
+/* Check a URL against the scheme rule, the link-local rule and the
+ * allow-list: 0, or 1 (malformed) / HTTP_REFUSED with a reason in err.
+ * *name_allowed (may be NULL) says whether a name entry let it through,
+ * which the socket callback needs to know (see on_open_socket). */
+static int url_allowed(const char *url, char *err, size_t errlen, int *name_allowed)
 {
     const char *list = host->config("http_allow");
     CURLU *u;
-    char *h = NULL, *scheme = NULL;
-    size_t n;
+    char *h = NULL, *scheme = NULL, *port = NULL;
+    size_t n, hlen;
+    const char *hp;
+    struct addr lit;
+    long pnum;
     int rc = 1;
+    if (name_allowed)
+        *name_allowed = 0;
     u = curl_url();
     if (!u || curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
-        curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK) {
+        curl_url_get(u, CURLUPART_HOST, &h, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK) {
         snprintf(err, errlen, "url is not a valid absolute URL");
         goto out;
     }
@@ -106,25 +254,63 @@ static int host_allowed(const char *url, char *err, size_t errlen)
         snprintf(err, errlen, "url scheme must be http or https");
         goto out;
     }
+    rc = HTTP_REFUSED;
+    hp = h;
+    hlen = strlen(h);
+    if (hlen >= 2 && h[0] == '[' && h[hlen - 1] == ']')
+        hp++, hlen -= 2;
+    pnum = strtol(port, NULL, 10);
+    if (addr_parse(hp, hlen, &lit) && addr_link_local(&lit) && !(list && addr_listed(list, &lit))) {
+        snprintf(err, errlen,
+                 "host \"%.100s\" is link-local (cloud metadata lives there): allowed only when "
+                 "--http-allow lists that address",
+                 h);
+        goto out;
+    }
     if (!list || !*list) {
         rc = 0;
         goto out;
     }
     for (const char *cur = list, *p; (p = jd_builtin_list_next(&cur, &n));) {
-        if (n && strlen(h) == n && strncasecmp(p, h, n) == 0) {
+        struct entry e;
+        if (!n || !entry_parse(p, n, &e) || (e.port >= 0 && e.port != pnum))
+            continue;
+        if (e.lit.family ? addr_equal(&e.lit, &lit)
+                         : e.hlen == hlen && strncasecmp(e.host, hp, hlen) == 0) {
+            if (name_allowed && !e.lit.family)
+                *name_allowed = 1;
             rc = 0;
             goto out;
         }
     }
-    snprintf(err, errlen, "host \"%.200s\" is not in the http allow-list", h);
+    snprintf(err, errlen, "host \"%.100s\" port %ld is not in the http allow-list", h, pnum);
 out:
     curl_free(h);
     curl_free(scheme);
+    curl_free(port);
     curl_url_cleanup(u);
     return rc;
 }
 
-static int http_validate(const char *args_json, char *err, size_t errlen, char *ptr, size_t ptrlen)
+/* Request fields that frame the message or steer the connection: curl
+ * writes them from the request itself, and a job that set them could
+ * smuggle a second request to the server or split the one it makes. */
+static const char *const framing_headers[] = {
+    "host", "content-length", "transfer-encoding", "connection",       "upgrade",
+    "te",   "trailer",        "keep-alive",        "proxy-connection", "expect",
+};
+
+/* RFC 9110 tchar: what a field name may be made of. */
+static int is_tchar(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* Check args: 0; 1 (malformed) or HTTP_REFUSED (the configuration or the
+ * framing rule refuses it), with a message and a JSON pointer. */
+static int http_check(const char *args_json, char *err, size_t errlen, char *ptr, size_t ptrlen,
+                      int *name_allowed)
 {
     struct jd_pjson *a = jd_builtin_parse_args(args_json, err, errlen);
     struct jd_pjson *v;
@@ -138,10 +324,11 @@ static int http_validate(const char *args_json, char *err, size_t errlen, char *
         snprintf(ptr, ptrlen, "/url");
         goto out;
     }
-    if (host_allowed(v->string, err, errlen) != 0) {
+    if ((rc = url_allowed(v->string, err, errlen, name_allowed)) != 0) {
         snprintf(ptr, ptrlen, "/url");
         goto out;
     }
+    rc = 1;
     if ((v = jd_pjson_get(a, "method"))) {
         const char *m = jd_pjson_str(v);
         size_t i = 0;
@@ -163,10 +350,24 @@ static int http_validate(const char *args_json, char *err, size_t errlen, char *
         for (size_t i = 0; i < v->len; i++) {
             const char *k = v->keys[i];
             const char *val = jd_pjson_str(v->items[i]);
-            if (!*k || strpbrk(k, ":\r\n ") || !val || strpbrk(val, "\r\n")) {
+            size_t j = 0;
+            while (k[j] && is_tchar((unsigned char)k[j]))
+                j++;
+            if (!*k || k[j] || !val || strlen(val) != v->items[i]->len || strpbrk(val, "\r\n")) {
                 snprintf(err, errlen, "header names are tokens, values strings without newlines");
-                snprintf(ptr, ptrlen, "/headers/%.200s", k);
+                jd_builtin_ptr_token(ptr, ptrlen, "/headers", k);
                 goto out;
+            }
+            for (j = 0; j < sizeof framing_headers / sizeof *framing_headers; j++) {
+                if (strcasecmp(k, framing_headers[j]) == 0) {
+                    snprintf(err, errlen,
+                             "header \"%.60s\" frames the request: the http handler sets it "
+                             "itself, a job may not",
+                             k);
+                    jd_builtin_ptr_token(ptr, ptrlen, "/headers", k);
+                    rc = HTTP_REFUSED;
+                    goto out;
+                }
             }
         }
     }
@@ -179,6 +380,11 @@ static int http_validate(const char *args_json, char *err, size_t errlen, char *
 out:
     jd_pjson_free(a);
     return rc;
+}
+
+static int http_validate(const char *args_json, char *err, size_t errlen, char *ptr, size_t ptrlen)
+{
+    return http_check(args_json, err, errlen, ptr, ptrlen, NULL) != 0;
 }
 
 /* ---- curl callbacks (loop thread) ---- */
@@ -195,13 +401,6 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
     if (keep)
         jd_pjson_buf_raw(&r->resp_body, data, keep);
     return len; /* keep reading (and discarding) so the connection ends cleanly */
-}
-
-/* RFC 9110 tchar: what a field name may be made of. */
-static int is_tchar(unsigned char c)
-{
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-           (c && strchr("!#$%&'*+-.^_`|~", c));
 }
 
 static int is_ows(char c)
@@ -364,6 +563,61 @@ static void headers_json(struct req *r, struct jd_pjson_buf *out)
     free(k);
 }
 
+/* curl is about to connect to addr: check the address itself, not the name
+ * it came from, and make the socket close-on-exec (exec's children must
+ * not inherit it).
+ *
+ * The rule: a link-local address (see addr_link_local) is refused unless
+ * the allow-list names that address. With an allow-list, the address must
+ * be an address entry's (same port if the entry has one), or the URL's host
+ * must have matched a name entry: a name entry allows whatever that name
+ * resolves to when curl looks it up for this request (one lookup, checked
+ * here at connect time, so there is no window between the check and the
+ * use). An operator who does not trust a name's DNS lists addresses. */
+static curl_socket_t on_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *sa)
+{
+    struct req *r = ud;
+    const char *list = host->config("http_allow");
+    struct addr a = {0};
+    long port = -1;
+    int ok;
+    (void)purpose;
+    if (sa->family == AF_INET && sa->addrlen >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)(const void *)&sa->addr;
+        a.family = AF_INET;
+        memcpy(a.b, &in->sin_addr, 4);
+        port = ntohs(in->sin_port);
+    } else if (sa->family == AF_INET6 && sa->addrlen >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)(const void *)&sa->addr;
+        a.family = AF_INET6;
+        memcpy(a.b, &in6->sin6_addr, 16);
+        port = ntohs(in6->sin6_port);
+        addr_normalise(&a);
+    }
+    ok = a.family != 0;
+    if (ok && addr_link_local(&a) && !(list && addr_listed(list, &a)))
+        ok = 0;
+    else if (ok && list && *list && !r->name_allowed) {
+        size_t n;
+        struct entry e;
+        ok = 0;
+        for (const char *cur = list, *p; !ok && (p = jd_builtin_list_next(&cur, &n));)
+            ok = n && entry_parse(p, n, &e) && addr_equal(&e.lit, &a) &&
+                 (e.port < 0 || e.port == port);
+    }
+    if (!ok) {
+        char text[INET6_ADDRSTRLEN] = "?";
+        if (a.family)
+            inet_ntop(a.family, a.b, text, sizeof text);
+        snprintf(r->refused, sizeof r->refused,
+                 "connecting to %s port %ld is not allowed (link-local, or not in the http "
+                 "allow-list)",
+                 text, port);
+        return CURL_SOCKET_BAD;
+    }
+    return socket(sa->family, sa->socktype | SOCK_CLOEXEC, sa->protocol);
+}
+
 static void req_free(struct req *r)
 {
     if (r->easy)
@@ -385,6 +639,10 @@ static void req_finish(struct req *r, CURLcode code)
     struct jd_pjson *json = NULL;
     if (r->cancelled) {
         host->complete(r->call, NULL); /* release; the host already finished it */
+        return;
+    }
+    if (code != CURLE_OK && r->refused[0]) {
+        host->fail(r->call, "not_allowed", r->refused, 0, NULL);
         return;
     }
     if (code != CURLE_OK) {
@@ -507,7 +765,7 @@ static void http_handle(const struct jd_call_info *info)
     char err[300] = "", ptr[128];
     const char *method = "GET";
     int64_t timeout_ms = 0;
-    int has_ctype = 0;
+    int has_ctype = 0, name_allowed = 0, rc;
     struct curl_slist *nl_ctype = NULL;
 
     pthread_once(&loop_once, loop_start);
@@ -515,9 +773,10 @@ static void http_handle(const struct jd_call_info *info)
         host->fail(info->call, "http_error", "the http plugin could not start", 1, NULL);
         return;
     }
-    if (http_validate(info->args_json, err, sizeof err, ptr, sizeof ptr) != 0) {
-        int refused = strstr(err, "allow-list") != NULL;
-        host->fail(info->call, refused ? "not_allowed" : "invalid_args", err, 0, NULL);
+    /* Checked again here, not only at submit: args may come from a
+     * substitution (${...}) that validate never saw. */
+    if ((rc = http_check(info->args_json, err, sizeof err, ptr, sizeof ptr, &name_allowed)) != 0) {
+        host->fail(info->call, rc == HTTP_REFUSED ? "not_allowed" : "invalid_args", err, 0, NULL);
         return;
     }
     a = jd_pjson_parse(info->args_json, NULL, 0);
@@ -527,6 +786,7 @@ static void http_handle(const struct jd_call_info *info)
         goto fail;
     }
     r->call = info->call;
+    r->name_allowed = name_allowed;
     r->cap = jd_builtin_output_cap(host, HTTP_DEFAULT_CAP);
     if ((v = jd_pjson_get(a, "method")))
         method = v->string;
@@ -586,8 +846,21 @@ static void http_handle(const struct jd_call_info *info)
     curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, r->errbuf);
     curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(r->easy, CURLOPT_USERAGENT, "jackdaw-http/1");
-    if (timeout_ms > 0)
-        curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
+    curl_easy_setopt(r->easy, CURLOPT_OPENSOCKETDATA, r);
+    /* The args' timeout_ms, else the configured default (--http-timeout);
+     * clamped to what curl takes. Connecting and stalling have bounds of
+     * their own, so a dead peer is noticed before a long deadline. */
+    if (timeout_ms <= 0)
+        timeout_ms = jd_builtin_config_ms(host, "http_timeout_ms", HTTP_DEFAULT_TIMEOUT_MS);
+    if (timeout_ms > LONG_MAX)
+        timeout_ms = LONG_MAX;
+    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(
+        r->easy, CURLOPT_CONNECTTIMEOUT_MS,
+        (long)(timeout_ms < HTTP_CONNECT_TIMEOUT_MS ? timeout_ms : HTTP_CONNECT_TIMEOUT_MS));
+    curl_easy_setopt(r->easy, CURLOPT_LOW_SPEED_LIMIT, HTTP_LOW_SPEED_BYTES);
+    curl_easy_setopt(r->easy, CURLOPT_LOW_SPEED_TIME, HTTP_LOW_SPEED_SECS);
     jd_pjson_free(a);
 
     pthread_mutex_lock(&q_mu);

@@ -16,9 +16,10 @@
 
 static int clear_env(void **state)
 {
-    const char *vars[] = {"JACKDAW_LISTEN",    "JACKDAW_DB",          "JACKDAW_TOKEN",
-                          "JACKDAW_WORKERS",   "JACKDAW_MAX_BODY",    "JACKDAW_SYNC",
-                          "JACKDAW_RETENTION", "JACKDAW_PIN_WORKERS", NULL};
+    const char *vars[] = {"JACKDAW_LISTEN",       "JACKDAW_DB",           "JACKDAW_TOKEN",
+                          "JACKDAW_WORKERS",      "JACKDAW_MAX_BODY",     "JACKDAW_SYNC",
+                          "JACKDAW_RETENTION",    "JACKDAW_PIN_WORKERS",  "JACKDAW_EXEC_ENV_ALLOW",
+                          "JACKDAW_EXEC_TIMEOUT", "JACKDAW_HTTP_TIMEOUT", NULL};
     for (int i = 0; vars[i]; i++)
         unsetenv(vars[i]);
     return 0;
@@ -42,6 +43,9 @@ static void test_defaults(void **state)
     assert_int_equal(c.conn_timeout_s, 30);
     assert_int_equal(c.max_parked, 512);
     assert_int_equal(c.max_schedules, 10000);
+    assert_null(c.exec_env_allow);               /* exec's deny-list applies */
+    assert_int_equal(c.exec_timeout_ms, 600000); /* every exec and http call has a deadline */
+    assert_int_equal(c.http_timeout_ms, 60000);
     assert_false(c.help);
     jd_config_free(&c);
 }
@@ -80,6 +84,7 @@ static void test_bad_values(void **state)
         {"--sync", "sometimes"}, {"--workers", "-1"},     {"--workers", "x"},
         {"--max-body", "0"},     {"--max-body", "12q"},   {"--retention", "soon"},
         {"--log-level", "loud"}, {"--bogus", "1"},        {"--pin-workers", "maybe"},
+        {"--exec-timeout", "0"}, {"--http-timeout", "0"}, {"--exec-timeout", "soon"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct jd_config c;
@@ -97,6 +102,22 @@ static void test_bad_values(void **state)
     assert_int_equal(jd_config_parse(&c, 2, argv, NULL, &err), JD_EINVAL);
     assert_non_null(strstr(err.message, "--db"));
     jd_config_free(&c);
+}
+
+/* The exec and http hardening options, by variable and by flag. */
+static void test_plugin_limits(void **state)
+{
+    setenv("JACKDAW_EXEC_ENV_ALLOW", "LANG,APP_*", 1);
+    setenv("JACKDAW_HTTP_TIMEOUT", "5s", 1);
+    struct jd_config c;
+    struct jd_error err = {0};
+    char *argv[] = {"jackdawd", "--exec-timeout", "2m", NULL};
+    assert_int_equal(jd_config_parse(&c, 3, argv, NULL, &err), 0);
+    assert_string_equal(c.exec_env_allow, "LANG,APP_*");
+    assert_int_equal(c.exec_timeout_ms, 120000);
+    assert_int_equal(c.http_timeout_ms, 5000);
+    jd_config_free(&c);
+    clear_env(state);
 }
 
 static void test_bad_env_named(void **state)
@@ -152,6 +173,7 @@ int main(void)
         cmocka_unit_test_setup(test_defaults, clear_env),
         cmocka_unit_test_setup(test_env_then_flags, clear_env),
         cmocka_unit_test_setup(test_bad_values, clear_env),
+        cmocka_unit_test_setup(test_plugin_limits, clear_env),
         cmocka_unit_test_setup(test_bad_env_named, clear_env),
         cmocka_unit_test_setup(test_listen_forms_and_help, clear_env),
     };

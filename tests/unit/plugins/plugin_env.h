@@ -42,6 +42,7 @@ struct penv {
     bool stop;
     pthread_t thread;
     const char *exec_allow, *http_allow, *output_cap;
+    const char *exec_env_allow, *exec_timeout_ms, *http_timeout_ms;
 };
 
 static inline uint64_t penv_mono_ms(void)
@@ -165,7 +166,9 @@ static inline void *penv_timer_thread(void *arg)
             if (p->due_ms < next)
                 next = p->due_ms;
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
+        /* The condition variable waits on CLOCK_REALTIME (the default): a
+         * monotonic deadline would lie in its past and make this spin. */
+        clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t wait = next == UINT64_MAX ? 100 : next - now;
         if (wait > 100)
             wait = 100;
@@ -233,6 +236,12 @@ static inline const char *penv_config(void *ctx, const char *key)
         return e->http_allow;
     if (strcmp(key, "output_cap") == 0)
         return e->output_cap;
+    if (strcmp(key, "exec_env_allow") == 0)
+        return e->exec_env_allow;
+    if (strcmp(key, "exec_timeout_ms") == 0)
+        return e->exec_timeout_ms;
+    if (strcmp(key, "http_timeout_ms") == 0)
+        return e->http_timeout_ms;
     return NULL;
 }
 

@@ -26,6 +26,7 @@
 #include "scheduler/process.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -604,6 +605,222 @@ static void test_exec_reaps_orphans_as_subreaper(void **state)
     fx_free(f);
 }
 
+/* Issue 12 item 2: allowing one harmless bash script (ldd) must not let
+ * env make it run another program. */
+static void test_exec_env_deny_list(void **state)
+{
+    (void)state;
+    struct jd_error err;
+    struct precord rec;
+    struct fx *f = fx_new("/usr/bin/ldd, /bin/sh", NULL, NULL);
+    const char *bypass = "{\"argv\":[\"/usr/bin/ldd\",\"--version\"],"
+                         "\"env\":{\"BASH_FUNC_printf%%\":\"() { /usr/bin/id; }\"}}";
+    assert_int_equal(jd_registry_validate(f->r, "exec", bypass, "/args", &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/env/BASH_FUNC_printf%%");
+    /* Arriving at run time (e.g. through a substitution): the step fails
+     * and nothing runs. */
+    prec_init(&rec);
+    call_wait(f, "exec", bypass, 0, &rec);
+    assert_false(rec.ok);
+    assert_string_equal(rec.kind, "not_allowed");
+    assert_false(rec.retryable);
+    assert_null(strstr(rec.result, "uid="));
+    prec_fini(&rec);
+
+    static const char *const refused[] = {
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "PS4",
+        "PERL5OPT",
+        "PERL5LIB",
+        "PYTHONSTARTUP",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "NODE_OPTIONS",
+        "RUBYOPT",
+        "GCONV_PATH",
+        "LOCPATH",
+        "MALLOC_CHECK_",
+        "GLIBC_TUNABLES",
+        "IFS",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "GIT_SSH_COMMAND",
+        "GIT_CONFIG_PARAMETERS",
+        "BASH_FUNC_x",
+        "x%%",
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char args[256], want[128];
+        snprintf(args, sizeof args, "{\"argv\":[\"/bin/sh\"],\"env\":{\"%s\":\"v\"}}", refused[i]);
+        snprintf(want, sizeof want, "/env/%s", refused[i]);
+        assert_int_equal(jd_registry_validate(f->r, "exec", args, "", &err), JD_EINVAL);
+        assert_string_equal(err.pointer, want);
+        assert_non_null(strstr(err.message, "refused"));
+    }
+    /* Ordinary names pass, and reach the child. */
+    assert_int_equal(
+        jd_registry_validate(f->r, "exec",
+                             "{\"argv\":[\"/bin/sh\"],\"env\":{\"LANG\":\"C\",\"TMPDIR\":\"/tmp\","
+                             "\"PATH\":\"/bin\",\"LDX\":\"1\",\"APP_MODE\":\"x\"}}",
+                             "", &err),
+        0);
+
+    /* --exec-env-allow: only the names listed (exact, or PREFIX*). */
+    f->env.exec_env_allow = "LANG, APP_*, LD_LIBRARY_PATH";
+    assert_int_equal(jd_registry_validate(f->r, "exec",
+                                          "{\"argv\":[\"/bin/sh\"],\"env\":{\"LANG\":\"C\","
+                                          "\"APP_MODE\":\"x\",\"LD_LIBRARY_PATH\":\"/opt\"}}",
+                                          "", &err),
+                     0);
+    assert_int_equal(jd_registry_validate(f->r, "exec",
+                                          "{\"argv\":[\"/bin/sh\"],\"env\":{\"TMPDIR\":\"/x\"}}",
+                                          "", &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/env/TMPDIR");
+    assert_non_null(strstr(err.message, "allow-list"));
+    /* A pointer token is escaped (RFC 6901). */
+    assert_int_equal(jd_registry_validate(f->r, "exec",
+                                          "{\"argv\":[\"/bin/sh\"],\"env\":{\"a/b~c\":\"x\"}}", "",
+                                          &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/env/a~1b~0c");
+    /* Bash's function syntax is refused even when a prefix would allow it. */
+    f->env.exec_env_allow = "BASH_FUNC_*";
+    assert_int_equal(
+        jd_registry_validate(
+            f->r, "exec", "{\"argv\":[\"/bin/sh\"],\"env\":{\"BASH_FUNC_f%%\":\"x\"}}", "", &err),
+        JD_EINVAL);
+    prec_init(&rec);
+    call_wait(f, "exec",
+              "{\"argv\":[\"/bin/sh\",\"-c\",\"echo $BASH_FUNC_ok\"],"
+              "\"env\":{\"BASH_FUNC_ok\":\"fine\"}}",
+              0, &rec);
+    assert_true(rec.ok);
+    assert_non_null(strstr(rec.result, "\"stdout\":\"fine\\n\""));
+    prec_fini(&rec);
+    f->env.exec_env_allow = NULL;
+    fx_free(f);
+}
+
+/* Item 3: a child sees 0, 1 and 2 and nothing else of the server's. */
+static void test_exec_child_gets_only_stdio(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new("/bin/ls", NULL, NULL);
+    struct precord rec;
+    int leak = dup(2); /* not close-on-exec, as a descriptor jackdawd inherited */
+    int pfd[2];
+    assert_true(leak > 2);
+    assert_int_equal(pipe(pfd), 0);
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"/bin/ls\",\"/proc/self/fd\"]}", 0, &rec);
+    assert_true(rec.ok);
+    struct jd_pjson *v = parse(rec.result);
+    /* 3 is the directory ls itself opens to list. */
+    assert_string_equal(jd_pjson_str(jd_pjson_get(v, "stdout")), "0\n1\n2\n3\n");
+    jd_pjson_free(v);
+    prec_fini(&rec);
+    close(leak);
+    close(pfd[0]);
+    close(pfd[1]);
+    fx_free(f);
+}
+
+/* Item 4: background children die with their job. */
+static void test_exec_kills_group_when_leader_exits(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new("/bin/sh", NULL, NULL);
+    struct precord rec;
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"/bin/sh\",\"-c\",\"sleep 1000 & echo $!\"]}", 0, &rec);
+    assert_true(rec.ok);
+    struct jd_pjson *v = parse(rec.result);
+    pid_t bg = (pid_t)atoi(jd_pjson_str(jd_pjson_get(v, "stdout")));
+    jd_pjson_free(v);
+    assert_true(bg > 0);
+    int dead = wait_dead(bg, 3000);
+    if (!dead)
+        kill(bg, SIGKILL); /* do not leave it behind when the test fails */
+    assert_true(dead);
+    prec_fini(&rec);
+    fx_free(f);
+}
+
+/* Item 8: with no timeout_ms in args, the configured default deadline
+ * (--exec-timeout) ends a hung child; the args' own value wins over it. */
+static void test_exec_default_deadline(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new("/bin/sh", NULL, NULL);
+    struct precord rec;
+    f->env.exec_timeout_ms = "300";
+    uint64_t t0 = penv_mono_ms();
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"/bin/sh\",\"-c\",\"sleep 30\"]}", 0, &rec);
+    assert_true(penv_mono_ms() - t0 < 10000);
+    assert_string_equal(rec.kind, "timeout");
+    assert_non_null(strstr(rec.result, "--exec-timeout"));
+    assert_true(penv_wait_blocking(&f->env, 10000)); /* the pool thread is back */
+    prec_fini(&rec);
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"/bin/sh\",\"-c\",\"sleep 0.6\"],\"timeout_ms\":5000}", 0,
+              &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    fx_free(f);
+}
+
+/* Item 10: a huge timeout_ms is a long deadline, not an overflow: the
+ * call runs normally and poll() is not spun. 1e300 is no integer: 422. */
+static void test_exec_huge_timeout(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new("/bin/sh", NULL, NULL);
+    struct precord rec;
+    struct jd_error err;
+    static const char *const huge[] = {"5000", "9200000000000000000", "4294967296", "4294967396",
+                                       "2147483648"};
+    for (size_t i = 0; i < sizeof huge / sizeof *huge; i++) {
+        char args[200];
+        struct timespec c0, c1;
+        snprintf(args, sizeof args,
+                 "{\"argv\":[\"/bin/sh\",\"-c\",\"sleep 0.3; echo ok\"],\"timeout_ms\":%s}",
+                 huge[i]);
+        assert_int_equal(jd_registry_validate(f->r, "exec", args, "", &err), 0);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+        prec_init(&rec);
+        call_wait(f, "exec", args, 0, &rec);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        assert_true(rec.ok);
+        assert_non_null(strstr(rec.result, "\"stdout\":\"ok\\n\""));
+        double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;
+        assert_true(cpu < 0.25);
+        prec_fini(&rec);
+    }
+    /* Past 9.2e18 (INT64_MAX itself included) a number is no int64: 422. */
+    assert_int_equal(jd_registry_validate(f->r, "exec",
+                                          "{\"argv\":[\"/bin/sh\"],"
+                                          "\"timeout_ms\":9223372036854775807}",
+                                          "", &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/timeout_ms");
+    assert_int_equal(jd_registry_validate(
+                         f->r, "exec", "{\"argv\":[\"/bin/sh\"],\"timeout_ms\":1e300}", "", &err),
+                     JD_EINVAL);
+    assert_string_equal(err.pointer, "/timeout_ms");
+    prec_init(&rec);
+    call_wait(f, "exec", "{\"argv\":[\"/bin/sh\"],\"timeout_ms\":1e300}", 0, &rec);
+    assert_string_equal(rec.kind, "invalid_args");
+    prec_fini(&rec);
+    fx_free(f);
+}
+
 /* ---- http, against a loopback server ---- */
 
 struct srv {
@@ -1029,6 +1246,196 @@ static void test_http_allow_list(void **state)
     fx_free(f);
 }
 
+/* Item 9: ports in allow entries, link-local refused, framing headers
+ * refused, curl's sockets close-on-exec, a default deadline. */
+static void test_http_allow_ports_and_link_local(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    struct jd_error err;
+    char list[128], url[256];
+    srv_start(&s);
+    snprintf(list, sizeof list, "127.0.0.1:%d, [::1]:%d, localhost", s.port, s.port);
+    struct fx *f = fx_new(NULL, list, NULL);
+
+    snprintf(url, sizeof url, "{\"url\":\"http://127.0.0.1:%d/text\"}", s.port);
+    assert_int_equal(jd_registry_validate(f->r, "http", url, "/args", &err), 0);
+    snprintf(url, sizeof url, "{\"url\":\"http://127.0.0.1:%d/text\"}", s.port + 1);
+    assert_int_equal(jd_registry_validate(f->r, "http", url, "/args", &err), JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/url");
+    assert_non_null(strstr(err.message, "allow-list"));
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://127.0.0.1/x\"}", "", &err),
+        JD_EINVAL); /* port 80, not the one listed */
+    snprintf(url, sizeof url, "{\"url\":\"http://[::1]:%d/x\"}", s.port);
+    assert_int_equal(jd_registry_validate(f->r, "http", url, "", &err), 0);
+    assert_int_equal(jd_registry_validate(f->r, "http", "{\"url\":\"http://[::1]:1/x\"}", "", &err),
+                     JD_EINVAL);
+    /* A name entry without a port: any port. */
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://localhost:1/x\"}", "", &err), 0);
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    http_call(f, &s, "{\"url\":\"http://localhost:%d/text\"}", 0, &rec);
+    assert_true(rec.ok || strcmp(rec.kind, "http_error") == 0); /* ::1 may not listen */
+    prec_fini(&rec);
+    fx_free(f);
+
+    /* Link-local and metadata addresses: refused with no list at all, in
+     * any spelling, at submit and at run time. */
+    f = fx_new(NULL, NULL, NULL);
+    static const char *const meta[] = {
+        "http://169.254.169.254/latest/meta-data/",
+        "http://169.254.1.1:8080/",
+        "http://[fe80::1]/",
+        "http://[fd00:ec2::254]/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://0xa9fea9fe/",
+        "http://2852039166/",
+    };
+    for (size_t i = 0; i < sizeof meta / sizeof *meta; i++) {
+        char args[200];
+        snprintf(args, sizeof args, "{\"url\":\"%s\"}", meta[i]);
+        prec_init(&rec);
+        call_wait(f, "http", args, 0, &rec);
+        if (rec.ok || strcmp(rec.kind, "not_allowed") != 0)
+            fprintf(stderr, "not refused: %s (%s)\n", meta[i], rec.kind);
+        assert_false(rec.ok);
+        assert_string_equal(rec.kind, "not_allowed");
+        assert_false(rec.retryable);
+        prec_fini(&rec);
+    }
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://169.254.169.254/\"}", "/args", &err),
+        JD_EINVAL);
+    assert_string_equal(err.pointer, "/args/url");
+    assert_non_null(strstr(err.message, "link-local"));
+    /* Ordinary addresses still pass with no list. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    fx_free(f);
+    /* Listed explicitly: allowed. */
+    f = fx_new(NULL, "169.254.169.254, 127.0.0.1", NULL);
+    assert_int_equal(
+        jd_registry_validate(f->r, "http", "{\"url\":\"http://169.254.169.254/latest\"}", "", &err),
+        0);
+    fx_free(f);
+    srv_stop(&s);
+}
+
+/* An address entry is checked against the address curl connects to, not
+ * only against the URL's text: here the URL is listed, but a proxy from the
+ * environment would take the connection to an address that is not. */
+static void test_http_connect_address_checked(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    char list[64], proxy[64];
+    srv_start(&s);
+    snprintf(list, sizeof list, "127.0.0.1:%d", s.port);
+    snprintf(proxy, sizeof proxy, "http://127.0.0.2:%d", s.port);
+    struct fx *f = fx_new(NULL, list, NULL);
+    setenv("http_proxy", proxy, 1);
+    unsetenv("no_proxy");
+    unsetenv("NO_PROXY");
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    unsetenv("http_proxy");
+    assert_false(rec.ok);
+    assert_string_equal(rec.kind, "not_allowed");
+    assert_non_null(strstr(rec.result, "127.0.0.2"));
+    prec_fini(&rec);
+    /* Without the proxy the same request goes through. */
+    http_call(f, &s, "{\"url\":\"http://127.0.0.1:%d/text\"}", 0, &rec);
+    assert_true(rec.ok);
+    prec_fini(&rec);
+    fx_free(f);
+    srv_stop(&s);
+}
+
+static void test_http_framing_headers_refused(void **state)
+{
+    (void)state;
+    struct fx *f = fx_new(NULL, NULL, NULL);
+    struct jd_error err;
+    struct precord rec;
+    static const char *const names[] = {"Host",       "content-length", "Transfer-Encoding",
+                                        "Connection", "Upgrade",        "TE",
+                                        "Expect",     "Trailer",        "Keep-Alive"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char args[256], want[64];
+        snprintf(args, sizeof args,
+                 "{\"url\":\"http://127.0.0.1:1/\",\"headers\":{\"X-Ok\":\"1\",\"%s\":\"x\"}}",
+                 names[i]);
+        snprintf(want, sizeof want, "/args/headers/%s", names[i]);
+        assert_int_equal(jd_registry_validate(f->r, "http", args, "/args", &err), JD_EINVAL);
+        assert_string_equal(err.pointer, want);
+        prec_init(&rec);
+        call_wait(f, "http", args, 0, &rec);
+        assert_string_equal(rec.kind, "not_allowed");
+        prec_fini(&rec);
+    }
+    /* A name that is not a token is malformed, not refused. */
+    assert_int_equal(
+        jd_registry_validate(f->r, "http",
+                             "{\"url\":\"http://127.0.0.1:1/\",\"headers\":{\"a\\tb\":\"x\"}}", "",
+                             &err),
+        JD_EINVAL);
+    fx_free(f);
+}
+
+/* 1 if every socket of ours connected to port is close-on-exec (and there
+ * is at least one). */
+static int client_sockets_cloexec(int port)
+{
+    int found = 0, all = 1;
+    for (int fd = 3; fd < 1024; fd++) {
+        struct sockaddr_in peer;
+        socklen_t len = sizeof peer;
+        if (getpeername(fd, (struct sockaddr *)&peer, &len) != 0 || peer.sin_family != AF_INET ||
+            ntohs(peer.sin_port) != port)
+            continue;
+        found++;
+        if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC))
+            all = 0;
+    }
+    return found && all;
+}
+
+static void test_http_sockets_cloexec_and_default_deadline(void **state)
+{
+    (void)state;
+    struct srv s;
+    struct precord rec;
+    char args[256];
+    srv_start(&s);
+    struct fx *f = fx_new(NULL, NULL, NULL);
+    f->env.http_timeout_ms = "1500";
+    snprintf(args, sizeof args, "{\"url\":\"http://127.0.0.1:%d/slow\"}", s.port);
+    prec_init(&rec);
+    struct jd_call_request req = {
+        .command = "http", .args_json = args, .done = prec_done, .arg = &rec};
+    uint64_t t0 = penv_mono_ms();
+    assert_int_equal(jd_registry_call(f->r, &req, NULL), 0);
+    int ok = 0;
+    for (int i = 0; i < 100 && !ok; i++) {
+        usleep(10000);
+        ok = client_sockets_cloexec(s.port);
+    }
+    assert_true(ok);
+    /* No timeout_ms anywhere: --http-timeout ends it. */
+    assert_true(prec_wait(&rec, 20000));
+    assert_true(penv_mono_ms() - t0 < 5000);
+    assert_string_equal(rec.kind, "http_error");
+    prec_fini(&rec);
+    fx_free(f);
+    srv_stop(&s);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1047,6 +1454,15 @@ int main(void)
         cmocka_unit_test(test_http_response_headers),
         cmocka_unit_test(test_http_allow_list),
         cmocka_unit_test(test_exec_reaps_orphans_as_subreaper),
+        cmocka_unit_test(test_exec_env_deny_list),
+        cmocka_unit_test(test_exec_child_gets_only_stdio),
+        cmocka_unit_test(test_exec_kills_group_when_leader_exits),
+        cmocka_unit_test(test_exec_default_deadline),
+        cmocka_unit_test(test_exec_huge_timeout),
+        cmocka_unit_test(test_http_allow_ports_and_link_local),
+        cmocka_unit_test(test_http_connect_address_checked),
+        cmocka_unit_test(test_http_framing_headers_refused),
+        cmocka_unit_test(test_http_sockets_cloexec_and_default_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
