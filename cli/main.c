@@ -18,23 +18,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "cli/client.h"
 #include "cli/table.h"
 #include "cli/work.h"
 #include "common/alloc.h"
 #include "common/clock.h"
-
-enum {
-    EX_OK = 0,
-    EX_REFUSED = 1,
-    EX_USAGE_ = 2,
-    EX_SERVER = 3,
-    EX_JOB_FAILED = 4,
-    EX_WAIT_ENDED = 5,
-};
-
-static struct jd_cli_conn conn;
-static int opt_json;
 
 static const char usage_main[] =
     "usage: jackdaw [--url URL] [--token TOKEN] [--json] COMMAND [ARGS]\n"
@@ -61,91 +50,6 @@ static const char usage_main[] =
     "4 (--wait) the job ended failed or cancelled; 5 (--wait) the wait ended\n"
     "before the job did.\n";
 
-static int usage(const char *text, int to_stdout)
-{
-    fputs(text, to_stdout ? stdout : stderr);
-    return to_stdout ? EX_OK : EX_USAGE_;
-}
-
-static int is_help(const char *a)
-{
-    return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
-}
-
-/* Report a failed or refused answer; returns the exit code it maps to. */
-static int report(const struct jd_cli_resp *r, int rc)
-{
-    if (rc != 0 || r->status == 0) {
-        fprintf(stderr, "jackdaw: cannot reach %s: %s\n", conn.url, r->err);
-        return EX_SERVER;
-    }
-    if (r->truncated) {
-        fprintf(stderr, "jackdaw: %s\n", r->err);
-        return EX_SERVER;
-    }
-    if (r->status >= 200 && r->status < 300)
-        return EX_OK;
-    cJSON *p = cJSON_Parse(r->body);
-    const char *title = cJSON_GetStringValue(cJSON_GetObjectItem(p, "title"));
-    const char *detail = cJSON_GetStringValue(cJSON_GetObjectItem(p, "detail"));
-    const char *ptr = cJSON_GetStringValue(cJSON_GetObjectItem(p, "pointer"));
-    if (title || detail)
-        fprintf(stderr, "jackdaw: %ld %s%s%s%s%s\n", r->status, title ? title : "",
-                detail ? ": " : "", detail ? detail : "", ptr && *ptr ? " at " : "",
-                ptr && *ptr ? ptr : "");
-    else
-        fprintf(stderr, "jackdaw: HTTP %ld\n", r->status);
-    cJSON_Delete(p);
-    return r->status < 500 ? EX_REFUSED : EX_SERVER;
-}
-
-/* One request; on success *out is the parsed JSON (caller frees with
- * cJSON_Delete) and raw the body (caller frees). */
-static int call(const char *method, const char *path, const char *body, long timeout_s, cJSON **out,
-                char **raw)
-{
-    struct jd_cli_resp r;
-    int rc = jd_cli_request(&conn, method, path, body, timeout_s, &r);
-    int ex = report(&r, rc);
-    if (ex == EX_OK && out) {
-        *out = cJSON_Parse(r.body);
-        if (!*out) {
-            fprintf(stderr, "jackdaw: the server's answer is not JSON\n");
-            ex = EX_SERVER;
-        }
-    }
-    if (ex == EX_OK && raw) {
-        *raw = r.body;
-        r.body = NULL;
-    }
-    free(r.body);
-    return ex;
-}
-
-static const char *str(const cJSON *o, const char *k)
-{
-    return cJSON_GetStringValue(cJSON_GetObjectItem(o, k));
-}
-
-static void num_or_str(const cJSON *o, const char *k, char *buf, size_t n)
-{
-    const cJSON *v = cJSON_GetObjectItem(o, k);
-    if (cJSON_IsNumber(v))
-        snprintf(buf, n, "%.0f", v->valuedouble);
-    else if (cJSON_IsString(v))
-        snprintf(buf, n, "%s", v->valuestring);
-    else
-        buf[0] = '\0';
-}
-
-static void print_json(const cJSON *j)
-{
-    char *s = cJSON_PrintUnformatted(j);
-    if (s)
-        puts(s);
-    free(s);
-}
-
 /* A job for people: one "key<TAB>value" line per field present. */
 static void print_job(const cJSON *job)
 {
@@ -156,9 +60,9 @@ static void print_job(const cJSON *job)
     jd_cli_table_init(&t, 2);
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         char v[128];
-        num_or_str(job, keys[i], v, sizeof v);
+        jd_cli_num_or_str(job, keys[i], v, sizeof v);
         if (!v[0] && strcmp(keys[i], "handler") == 0) /* a single-handler job */
-            num_or_str(cJSON_GetObjectItem(job, "definition"), "handler", v, sizeof v);
+            jd_cli_num_or_str(cJSON_GetObjectItem(job, "definition"), "handler", v, sizeof v);
         if (v[0])
             jd_cli_table_row(&t, (const char *[]){keys[i], v});
     }
@@ -177,14 +81,14 @@ static void print_job(const cJSON *job)
 
 static int job_exit(const cJSON *job)
 {
-    const char *st = str(job, "state");
+    const char *st = jd_cli_str(job, "state");
     if (!st)
-        return EX_SERVER;
+        return JD_EX_SERVER;
     if (strcmp(st, "succeeded") == 0)
-        return EX_OK;
+        return JD_EX_OK;
     if (strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0)
-        return EX_JOB_FAILED;
-    return EX_WAIT_ENDED;
+        return JD_EX_JOB_FAILED;
+    return JD_EX_WAIT_ENDED;
 }
 
 /* Wait for job id up to wait_ms (0: no wait) and print it. The server caps
@@ -204,58 +108,26 @@ static int get_job(const char *id, int64_t wait_ms, int waiting)
         free(raw);
         job = NULL;
         raw = NULL;
-        ex = call("GET", path, NULL, waiting ? (long)(left / 1000) + 30 : 30, &job, &raw);
+        ex = jd_cli_call("GET", path, NULL, waiting ? (long)(left / 1000) + 30 : 30, &job, &raw);
         free(path);
-        if (ex != EX_OK)
+        if (ex != JD_EX_OK)
             break;
         ex = job_exit(job);
-        if (!waiting || ex != EX_WAIT_ENDED || ((int64_t)(jd_now_ns() / 1000000)) >= deadline)
+        if (!waiting || ex != JD_EX_WAIT_ENDED || ((int64_t)(jd_now_ns() / 1000000)) >= deadline)
             break;
     }
     if (job) {
-        if (opt_json)
+        if (jd_cli_json)
             fputs(raw, stdout), fputs(raw[0] && raw[strlen(raw) - 1] == '\n' ? "" : "\n", stdout);
         else
             print_job(job);
-        if (!waiting && ex != EX_SERVER)
-            ex = EX_OK;
+        if (!waiting && ex != JD_EX_SERVER)
+            ex = JD_EX_OK;
     }
     cJSON_Delete(job);
     free(raw);
     free(eid);
     return ex;
-}
-
-/* "--wait" with an optional duration: DUR or 1h by default for submit. */
-static int parse_dur(const char *s, int64_t *ms)
-{
-    if (jd_duration_parse(s, ms) != 0 || *ms < 0) {
-        fprintf(stderr, "jackdaw: bad duration \"%s\" (examples: 30s, 500ms, 2m, 1h)\n", s);
-        return -1;
-    }
-    return 0;
-}
-
-static char *read_all(FILE *f)
-{
-    size_t len = 0, cap = 4096;
-    char *p = jd_xmalloc(cap);
-    size_t n;
-    while ((n = fread(p + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (len > JD_CLI_BODY_MAX)
-            break;
-        if (cap - len - 1 == 0) {
-            cap *= 2;
-            p = jd_xrealloc(p, cap);
-        }
-    }
-    p[len] = '\0';
-    if (len > JD_CLI_BODY_MAX || ferror(f)) {
-        free(p);
-        return NULL;
-    }
-    return p;
 }
 
 static const char usage_submit[] =
@@ -271,47 +143,47 @@ static int cmd_submit(int argc, char **argv)
     int waiting = 0;
     int64_t wait_ms = 3600 * 1000;
     for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return usage(usage_submit, 1);
+        if (jd_cli_is_help(argv[i]))
+            return jd_cli_usage(usage_submit, 1);
         if (strcmp(argv[i], "--wait") == 0) {
             waiting = 1;
             if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
-                if (parse_dur(argv[++i], &wait_ms) != 0)
-                    return EX_USAGE_;
+                if (jd_cli_parse_dur(argv[++i], &wait_ms) != 0)
+                    return JD_EX_USAGE;
         } else if (!file) {
             file = argv[i];
         } else {
-            return usage(usage_submit, 0);
+            return jd_cli_usage(usage_submit, 0);
         }
     }
     if (!file)
-        return usage(usage_submit, 0);
+        return jd_cli_usage(usage_submit, 0);
     FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
     if (!f) {
         fprintf(stderr, "jackdaw: %s: %s\n", file, strerror(errno));
-        return EX_USAGE_;
+        return JD_EX_USAGE;
     }
-    char *body = read_all(f);
+    char *body = jd_cli_read_all(f);
     if (f != stdin)
         fclose(f);
     if (!body) {
         fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file, JD_CLI_BODY_MAX);
-        return EX_USAGE_;
+        return JD_EX_USAGE;
     }
     cJSON *job = NULL;
     char *raw = NULL;
-    int ex = call("POST", "/v1/jobs", body, 60, &job, &raw);
+    int ex = jd_cli_call("POST", "/v1/jobs", body, 60, &job, &raw);
     free(body);
-    if (ex == EX_OK) {
+    if (ex == JD_EX_OK) {
         char id[64];
-        num_or_str(job, "id", id, sizeof id);
+        jd_cli_num_or_str(job, "id", id, sizeof id);
         if (!id[0]) {
             fprintf(stderr, "jackdaw: the server's answer has no job id\n");
-            ex = EX_SERVER;
+            ex = JD_EX_SERVER;
         } else if (waiting) {
             ex = get_job(id, wait_ms, 1);
-        } else if (opt_json) {
-            print_json(job);
+        } else if (jd_cli_json) {
+            jd_cli_print_json(job);
         } else {
             puts(id);
         }
@@ -332,20 +204,20 @@ static int cmd_get(int argc, char **argv)
     int waiting = 0;
     int64_t wait_ms = 0;
     for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return usage(usage_get, 1);
+        if (jd_cli_is_help(argv[i]))
+            return jd_cli_usage(usage_get, 1);
         if (strcmp(argv[i], "--wait") == 0 && i + 1 < argc) {
             waiting = 1;
-            if (parse_dur(argv[++i], &wait_ms) != 0)
-                return EX_USAGE_;
+            if (jd_cli_parse_dur(argv[++i], &wait_ms) != 0)
+                return JD_EX_USAGE;
         } else if (!id && argv[i][0] != '-') {
             id = argv[i];
         } else {
-            return usage(usage_get, 0);
+            return jd_cli_usage(usage_get, 0);
         }
     }
     if (!id)
-        return usage(usage_get, 0);
+        return jd_cli_usage(usage_get, 0);
     return get_job(id, wait_ms, waiting);
 }
 
@@ -358,9 +230,9 @@ static const char usage_events[] =
 static void print_event_row(const cJSON *e)
 {
     char seq[32], kind[64], time[64];
-    num_or_str(e, "seq", seq, sizeof seq);
-    num_or_str(e, "kind", kind, sizeof kind);
-    num_or_str(e, "time", time, sizeof time);
+    jd_cli_num_or_str(e, "seq", seq, sizeof seq);
+    jd_cli_num_or_str(e, "kind", kind, sizeof kind);
+    jd_cli_num_or_str(e, "time", time, sizeof time);
     const cJSON *d = cJSON_GetObjectItem(e, "data");
     char *ds = d ? cJSON_PrintUnformatted(d) : NULL;
     printf("%s\t%s\t%s\t%s\n", seq, time, kind, ds ? ds : "-");
@@ -378,7 +250,7 @@ static void on_event(void *ud, const char *id, const char *event, const char *da
         f->ended = 1;
         return;
     }
-    if (opt_json) {
+    if (jd_cli_json) {
         puts(data);
     } else {
         cJSON *e = cJSON_Parse(data);
@@ -396,17 +268,17 @@ static int cmd_events(int argc, char **argv)
     const char *id = NULL;
     int follow = 0;
     for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return usage(usage_events, 1);
+        if (jd_cli_is_help(argv[i]))
+            return jd_cli_usage(usage_events, 1);
         if (strcmp(argv[i], "--follow") == 0 || strcmp(argv[i], "-f") == 0)
             follow = 1;
         else if (!id && argv[i][0] != '-')
             id = argv[i];
         else
-            return usage(usage_events, 0);
+            return jd_cli_usage(usage_events, 0);
     }
     if (!id)
-        return usage(usage_events, 0);
+        return jd_cli_usage(usage_events, 0);
     char *eid = jd_cli_escape(id);
     char *path = jd_xasprintf("/v1/jobs/%s/events", eid);
     free(eid);
@@ -414,9 +286,9 @@ static int cmd_events(int argc, char **argv)
     if (!follow) {
         cJSON *j = NULL;
         char *raw = NULL;
-        ex = call("GET", path, NULL, 60, &j, &raw);
-        if (ex == EX_OK) {
-            if (opt_json) {
+        ex = jd_cli_call("GET", path, NULL, 60, &j, &raw);
+        if (ex == JD_EX_OK) {
+            if (jd_cli_json) {
                 fputs(raw, stdout);
                 if (!raw[0] || raw[strlen(raw) - 1] != '\n')
                     putchar('\n');
@@ -437,11 +309,11 @@ static int cmd_events(int argc, char **argv)
     for (;;) {
         long status = 0;
         struct jd_cli_resp r;
-        int rc = jd_cli_sse(&conn, path, last, on_event, &f, &status, &r);
+        int rc = jd_cli_sse(&jd_cli, path, last, on_event, &f, &status, &r);
         if (f.ended) {
-            ex = EX_OK;
+            ex = JD_EX_OK;
         } else if (status && status != 200) {
-            ex = report(&r, 0);
+            ex = jd_cli_report(&r, 0);
         } else if (rc == 0 || ++failures < 5) {
             /* The stream closed or broke before its end event: reconnect,
              * resuming after the last event seen. */
@@ -450,7 +322,7 @@ static int cmd_events(int argc, char **argv)
                 sleep(1);
             continue;
         } else {
-            ex = report(&r, -1);
+            ex = jd_cli_report(&r, -1);
         }
         free(r.body);
         break;
@@ -462,19 +334,19 @@ static int cmd_events(int argc, char **argv)
 static int simple_post(int argc, char **argv, const char *fmt, const char *usage_text)
 {
     if (argc != 2 || argv[1][0] == '-')
-        return usage(usage_text, argc > 1 && is_help(argv[1]));
+        return jd_cli_usage(usage_text, argc > 1 && jd_cli_is_help(argv[1]));
     char *e = jd_cli_escape(argv[1]);
     char *path = jd_xasprintf(fmt, e);
     free(e);
     cJSON *j = NULL;
     char *raw = NULL;
     struct jd_cli_resp r;
-    int rc = jd_cli_request(&conn, "POST", path, NULL, 60, &r);
-    int ex = report(&r, rc);
-    if (ex == EX_OK && r.len) {
+    int rc = jd_cli_request(&jd_cli, "POST", path, NULL, 60, &r);
+    int ex = jd_cli_report(&r, rc);
+    if (ex == JD_EX_OK && r.len) {
         j = cJSON_Parse(r.body);
-        if (opt_json && j)
-            print_json(j);
+        if (jd_cli_json && j)
+            jd_cli_print_json(j);
         else if (j && cJSON_GetObjectItem(j, "state"))
             print_job(j);
     }
@@ -502,13 +374,13 @@ static int cmd_ls(int argc, char **argv)
     static const char *const opts[] = {"--state", "--queue", "--limit", "--cursor"};
     const char *vals[4] = {0};
     for (int i = 1; i < argc; i++) {
-        if (is_help(argv[i]))
-            return usage(usage_ls, 1);
+        if (jd_cli_is_help(argv[i]))
+            return jd_cli_usage(usage_ls, 1);
         size_t k = 0;
         while (k < 4 && strcmp(argv[i], opts[k]) != 0)
             k++;
         if (k == 4 || i + 1 >= argc)
-            return usage(usage_ls, 0);
+            return jd_cli_usage(usage_ls, 0);
         vals[k] = argv[++i];
     }
     char *q = jd_xstrdup("/v1/jobs");
@@ -524,11 +396,11 @@ static int cmd_ls(int argc, char **argv)
         sep = '&';
     }
     cJSON *j = NULL;
-    int ex = call("GET", q, NULL, 60, &j, NULL);
+    int ex = jd_cli_call("GET", q, NULL, 60, &j, NULL);
     free(q);
-    if (ex == EX_OK) {
-        if (opt_json) {
-            print_json(j);
+    if (ex == JD_EX_OK) {
+        if (jd_cli_json) {
+            jd_cli_print_json(j);
         } else {
             struct jd_cli_table t;
             jd_cli_table_init(&t, 5);
@@ -537,14 +409,15 @@ static int cmd_ls(int argc, char **argv)
             cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "jobs"))
             {
                 char id[64];
-                num_or_str(e, "id", id, sizeof id);
-                const char *h = str(cJSON_GetObjectItem(e, "definition"), "handler");
-                jd_cli_table_row(&t, (const char *[]){id, str(e, "state"), str(e, "queue"),
-                                                      h ? h : "workflow", str(e, "created_at")});
+                jd_cli_num_or_str(e, "id", id, sizeof id);
+                const char *h = jd_cli_str(cJSON_GetObjectItem(e, "definition"), "handler");
+                jd_cli_table_row(&t, (const char *[]){id, jd_cli_str(e, "state"),
+                                                      jd_cli_str(e, "queue"), h ? h : "workflow",
+                                                      jd_cli_str(e, "created_at")});
             }
             jd_cli_table_print(&t, stdout);
             jd_cli_table_free(&t);
-            const char *next = str(j, "next_cursor");
+            const char *next = jd_cli_str(j, "next_cursor");
             if (next)
                 fprintf(stderr, "more: --cursor %s\n", next);
         }
@@ -559,12 +432,12 @@ static const char usage_queues[] =
 static int cmd_queues(int argc, char **argv)
 {
     if (argc != 1)
-        return usage(usage_queues, is_help(argv[1]));
+        return jd_cli_usage(usage_queues, jd_cli_is_help(argv[1]));
     cJSON *j = NULL;
-    int ex = call("GET", "/v1/queues", NULL, 60, &j, NULL);
-    if (ex == EX_OK && opt_json) {
-        print_json(j);
-    } else if (ex == EX_OK) {
+    int ex = jd_cli_call("GET", "/v1/queues", NULL, 60, &j, NULL);
+    if (ex == JD_EX_OK && jd_cli_json) {
+        jd_cli_print_json(j);
+    } else if (ex == JD_EX_OK) {
         static const char *const states[] = {"queued",    "running", "waiting",
                                              "succeeded", "failed",  "cancelled"};
         struct jd_cli_table t;
@@ -577,14 +450,14 @@ static int cmd_queues(int argc, char **argv)
         {
             char cells[8][32];
             const char *row[8];
-            snprintf(cells[0], 32, "%s", str(qu, "name") ? str(qu, "name") : "");
+            snprintf(cells[0], 32, "%s", jd_cli_str(qu, "name") ? jd_cli_str(qu, "name") : "");
             snprintf(cells[1], 32, "%s",
                      cJSON_IsTrue(cJSON_GetObjectItem(qu, "paused")) ? "yes" : "no");
             const cJSON *counts = cJSON_GetObjectItem(qu, "counts");
             if (!counts)
                 counts = qu;
             for (int s = 0; s < 6; s++) {
-                num_or_str(counts, states[s], cells[s + 2], 32);
+                jd_cli_num_or_str(counts, states[s], cells[s + 2], 32);
                 if (!cells[s + 2][0])
                     snprintf(cells[s + 2], 32, "0");
             }
@@ -606,11 +479,11 @@ static const char usage_message[] =
 static int cmd_message(int argc, char **argv)
 {
     if (argc != 4)
-        return usage(usage_message, argc > 1 && is_help(argv[1]));
+        return jd_cli_usage(usage_message, argc > 1 && jd_cli_is_help(argv[1]));
     cJSON *data = cJSON_Parse(argv[3]);
     if (!data) {
         fprintf(stderr, "jackdaw: the message data is not JSON: %s\n", argv[3]);
-        return EX_USAGE_;
+        return JD_EX_USAGE;
     }
     cJSON *body = cJSON_CreateObject();
     cJSON_AddStringToObject(body, "topic", argv[2]);
@@ -621,9 +494,9 @@ static int cmd_message(int argc, char **argv)
     char *path = jd_xasprintf("/v1/jobs/%s/messages", e);
     free(e);
     struct jd_cli_resp r;
-    int rc = jd_cli_request(&conn, "POST", path, b, 60, &r);
-    int ex = report(&r, rc);
-    if (ex == EX_OK && opt_json)
+    int rc = jd_cli_request(&jd_cli, "POST", path, b, 60, &r);
+    int ex = jd_cli_report(&r, rc);
+    if (ex == JD_EX_OK && jd_cli_json)
         puts(r.len ? r.body : "{}");
     free(r.body);
     free(path);
@@ -637,12 +510,12 @@ static const char usage_handlers[] = "usage: jackdaw handlers\nThe loaded plugin
 static int cmd_handlers(int argc, char **argv)
 {
     if (argc != 1)
-        return usage(usage_handlers, is_help(argv[1]));
+        return jd_cli_usage(usage_handlers, jd_cli_is_help(argv[1]));
     cJSON *j = NULL;
-    int ex = call("GET", "/v1/handlers", NULL, 60, &j, NULL);
-    if (ex == EX_OK && opt_json) {
-        print_json(j);
-    } else if (ex == EX_OK) {
+    int ex = jd_cli_call("GET", "/v1/handlers", NULL, 60, &j, NULL);
+    if (ex == JD_EX_OK && jd_cli_json) {
+        jd_cli_print_json(j);
+    } else if (ex == JD_EX_OK) {
         struct jd_cli_table t;
         jd_cli_table_init(&t, 3);
         jd_cli_table_row(&t, (const char *[]){"PLUGIN", "VERSION", "COMMANDS"});
@@ -655,19 +528,20 @@ static int cmd_handlers(int argc, char **argv)
             const cJSON *c;
             cJSON_ArrayForEach(c, cJSON_GetObjectItem(h, "commands"))
             {
-                const char *n = cJSON_IsString(c) ? c->valuestring : str(c, "name");
+                const char *n = cJSON_IsString(c) ? c->valuestring : jd_cli_str(c, "name");
                 if (n && used < sizeof cmds)
                     used += (size_t)snprintf(cmds + used, sizeof cmds - used, "%s%s",
                                              used ? "," : "", n);
             }
             cJSON_ArrayForEach(c, cJSON_GetObjectItem(h, "process_types"))
             {
-                const char *n = str(c, "name");
+                const char *n = jd_cli_str(c, "name");
                 if (n && used < sizeof cmds)
                     used += (size_t)snprintf(cmds + used, sizeof cmds - used, "%s%s (process)",
                                              used ? "," : "", n);
             }
-            jd_cli_table_row(&t, (const char *[]){str(h, "name"), str(h, "version"), cmds});
+            jd_cli_table_row(
+                &t, (const char *[]){jd_cli_str(h, "name"), jd_cli_str(h, "version"), cmds});
         }
         jd_cli_table_print(&t, stdout);
         jd_cli_table_free(&t);
@@ -695,7 +569,7 @@ static int cmd_resume(int argc, char **argv)
 
 static int cmd_work(int argc, char **argv)
 {
-    return jd_work_main(&conn, argc, argv);
+    return jd_work_main(&jd_cli, argc, argv);
 }
 
 static const struct {
@@ -710,26 +584,26 @@ static const struct {
 
 int main(int argc, char **argv)
 {
-    conn.url = getenv("JACKDAW_URL");
-    if (!conn.url || !*conn.url)
-        conn.url = "http://127.0.0.1:8080";
-    conn.token = getenv("JACKDAW_TOKEN");
+    jd_cli.url = getenv("JACKDAW_URL");
+    if (!jd_cli.url || !*jd_cli.url)
+        jd_cli.url = "http://127.0.0.1:8080";
+    jd_cli.token = getenv("JACKDAW_TOKEN");
     int i = 1;
     /* Global options come before the command; --json may also follow it. */
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (is_help(argv[i]))
-            return usage(usage_main, 1);
+        if (jd_cli_is_help(argv[i]))
+            return jd_cli_usage(usage_main, 1);
         if (strcmp(argv[i], "--json") == 0)
-            opt_json = 1;
+            jd_cli_json = 1;
         else if (strcmp(argv[i], "--url") == 0 && i + 1 < argc)
-            conn.url = argv[++i];
+            jd_cli.url = argv[++i];
         else if (strcmp(argv[i], "--token") == 0 && i + 1 < argc)
-            conn.token = argv[++i];
+            jd_cli.token = argv[++i];
         else
-            return usage(usage_main, 0);
+            return jd_cli_usage(usage_main, 0);
     }
     if (i >= argc)
-        return usage(usage_main, 0);
+        return jd_cli_usage(usage_main, 0);
     /* Take --json/--url/--token out of the command's own arguments. */
     int n = 0;
     char **args = jd_xcalloc((size_t)(argc - i + 1), sizeof *args);
@@ -740,24 +614,24 @@ int main(int argc, char **argv)
             break;
         }
         if (strcmp(argv[k], "--json") == 0) {
-            opt_json = 1;
+            jd_cli_json = 1;
         } else if ((strcmp(argv[k], "--url") == 0 || strcmp(argv[k], "--token") == 0) &&
                    k + 1 < argc) {
             if (argv[k][2] == 'u')
-                conn.url = argv[k + 1];
+                jd_cli.url = argv[k + 1];
             else
-                conn.token = argv[k + 1];
+                jd_cli.token = argv[k + 1];
             k++;
         } else {
             args[n++] = argv[k];
         }
     }
     /* No trailing slash, so paths join cleanly. */
-    char *url = jd_xstrdup(conn.url);
+    char *url = jd_xstrdup(jd_cli.url);
     size_t ul = strlen(url);
     while (ul > 0 && url[ul - 1] == '/')
         url[--ul] = '\0';
-    conn.url = url;
+    jd_cli.url = url;
     int ex = -1;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     for (size_t c = 0; c < sizeof commands / sizeof *commands; c++)
@@ -765,7 +639,7 @@ int main(int argc, char **argv)
             ex = commands[c].fn(n, args);
     if (ex < 0) {
         fprintf(stderr, "jackdaw: unknown command \"%s\"\n", args[0]);
-        ex = usage(usage_main, 0);
+        ex = jd_cli_usage(usage_main, 0);
     }
     curl_global_cleanup();
     free(args);
