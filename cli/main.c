@@ -20,6 +20,7 @@
 
 #include "cli/cli.h"
 #include "cli/client.h"
+#include "cli/schedules.h"
 #include "cli/table.h"
 #include "cli/work.h"
 #include "common/alloc.h"
@@ -38,6 +39,7 @@ static const char usage_main[] =
     "  pause QUEUE | resume QUEUE     stop / restart dispatch from a queue\n"
     "  message ID TOPIC JSON          send a message to a running or waiting job\n"
     "  handlers                       loaded plugins and their commands\n"
+    "  schedules ls|get|put|pause|resume|trigger|rm|events   recurring jobs\n"
     "  work --command NAME -- PROGRAM ARGS...   run PROGRAM for each task of NAME\n"
     "  COMMAND --help                 help for one command\n"
     "\n"
@@ -572,14 +574,20 @@ static int cmd_work(int argc, char **argv)
     return jd_work_main(&jd_cli, argc, argv);
 }
 
+static int cmd_schedules(int argc, char **argv)
+{
+    return jd_schedules_main(argc, argv);
+}
+
 static const struct {
     const char *name;
     int (*fn)(int, char **);
 } commands[] = {
-    {"submit", cmd_submit},   {"get", cmd_get},           {"events", cmd_events},
-    {"cancel", cmd_cancel},   {"retry", cmd_retry},       {"ls", cmd_ls},
-    {"queues", cmd_queues},   {"pause", cmd_pause},       {"resume", cmd_resume},
-    {"message", cmd_message}, {"handlers", cmd_handlers}, {"work", cmd_work},
+    {"submit", cmd_submit},       {"get", cmd_get},           {"events", cmd_events},
+    {"cancel", cmd_cancel},       {"retry", cmd_retry},       {"ls", cmd_ls},
+    {"queues", cmd_queues},       {"pause", cmd_pause},       {"resume", cmd_resume},
+    {"message", cmd_message},     {"handlers", cmd_handlers}, {"work", cmd_work},
+    {"schedules", cmd_schedules},
 };
 
 int main(int argc, char **argv)

@@ -29,7 +29,7 @@ py() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 i
 # --help for the tool and every subcommand: exit 0, usage on stdout
 run --help
 check "--help exits 0 and documents exit codes" eval 'rc_is 0 && out_has "Exit codes" && out_has "JACKDAW_URL"'
-for c in submit get events cancel retry ls queues pause resume message handlers; do
+for c in submit get events cancel retry ls queues pause resume message handlers schedules; do
     run "$c" --help
     check "$c --help exits 0 with its usage" eval "rc_is 0 && out_has 'usage: jackdaw $c'"
 done
@@ -135,6 +135,43 @@ run handlers
 check "handlers lists the plugins and commands" eval 'rc_is 0 && grep -qE "^echo\s" "$OUT"'
 run --json handlers
 check "handlers --json is the server's answer" py "any(p['name'] == 'echo' for p in j['plugins'])"
+
+# schedules: put (id on the command line or in the file), ls, get, trigger,
+# pause, resume, events, rm, and a bad expression
+echo '{"id":"nightly","cron":"0 3 * * *","timezone":"Europe/Berlin","job":{"handler":"echo","args":{"r":1}}}' >"$WORK/s.json"
+run schedules put "$WORK/s.json"
+check "schedules put FILE takes the id from the file" eval 'rc_is 0 && out_has "cron 0 3 * * *" && grep -qE "^next_fire\s+2" "$OUT"'
+echo '{"every":"1h","job":{"handler":"echo"}}' >"$WORK/s2.json"
+"$JDC" schedules put hourly - <"$WORK/s2.json" >"$OUT" 2>"$ERR"
+RC=$?
+check "schedules put ID - reads stdin" eval 'rc_is 0 && out_has "every 1h"'
+run schedules ls
+check "schedules ls prints both, one row each" eval 'rc_is 0 && [ "$(wc -l <"$OUT")" = 3 ] && grep -qE "^nightly\s+active\s+cron 0 3 \* \* \*\s+Europe/Berlin" "$OUT"'
+run --json schedules ls --limit 1
+check "schedules ls --json pages" py "len(j['schedules']) == 1 and j['next_cursor']"
+run schedules trigger nightly
+TJ=$(cat "$OUT")
+check "schedules trigger prints the new job's id" eval 'rc_is 0 && [[ "$TJ" =~ ^[0-9]+$ ]]'
+run --json get "$TJ" --wait 10s
+check "the triggered job ran the schedule's job" py "j['state'] == 'succeeded' and j['output'] == {'r': 1} and j['labels']['schedule'] == 'nightly'"
+run schedules pause nightly
+check "schedules pause shows it paused" eval 'rc_is 0 && grep -qE "^state\s+paused" "$OUT"'
+run --json schedules resume nightly
+check "schedules resume --json: active again, with next fires" py "j['state'] == 'active' and len(j['next_fire_times']) == 5"
+run schedules events nightly
+check "schedules events: created, triggered, paused, resumed" eval 'rc_is 0 && out_has created && out_has triggered && out_has paused && out_has resumed'
+run schedules rm hourly
+check "schedules rm exits 0" rc_is 0
+run schedules get hourly
+check "schedules get of a deleted one: exit 1, 404 on stderr" eval 'rc_is 1 && err_has 404'
+echo '{"cron":"0 25 * * *","job":{"handler":"echo"}}' >"$WORK/bad.json"
+run schedules put typo "$WORK/bad.json"
+check "schedules put with a bad hour: exit 1, the field and the pointer" eval 'rc_is 1 && err_has hour && err_has /cron'
+echo '{"every":"1h","job":{"handler":"echo"}}' >"$WORK/noid.json"
+run schedules put "$WORK/noid.json"
+check "schedules put without an id anywhere: exit 2" eval 'rc_is 2 && err_has "no schedule id"'
+run schedules frob x
+check "schedules with an unknown subcommand: exit 2" rc_is 2
 
 # the generic worker, once the server has the task routes
 if [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$BASE/v1/tasks/claim")" = 404 ]; then

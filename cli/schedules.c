@@ -1,0 +1,274 @@
+/*
+ * jackdaw schedules: list, show, create or replace, pause, resume, trigger,
+ * delete a schedule and read its history, through /v1/schedules. Single
+ * threaded (main's thread).
+ */
+#include "cli/schedules.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/table.h"
+#include "common/alloc.h"
+
+/* "cron EXPR" or "every DUR" for a table cell. */
+static void timetable(const cJSON *s, char *buf, size_t n)
+{
+    const char *cron = jd_cli_str(s, "cron"), *every = jd_cli_str(s, "every");
+    if (cron)
+        snprintf(buf, n, "cron %s", cron);
+    else if (every)
+        snprintf(buf, n, "every %s", every);
+    else
+        buf[0] = '\0';
+}
+
+static const char *first_next(const cJSON *s)
+{
+    const cJSON *nf = cJSON_GetArrayItem(cJSON_GetObjectItem(s, "next_fire_times"), 0);
+    return cJSON_IsString(nf) ? nf->valuestring : NULL;
+}
+
+/* A schedule for people: one "key<TAB>value" line per field present. */
+static void print_schedule(const cJSON *s)
+{
+    struct jd_cli_table t;
+    jd_cli_table_init(&t, 2);
+    char tt[512];
+    timetable(s, tt, sizeof tt);
+    const char *rows[][2] = {
+        {"id", jd_cli_str(s, "id")},
+        {"state", jd_cli_str(s, "state")},
+        {"timetable", tt[0] ? tt : NULL},
+        {"timezone", jd_cli_str(s, "timezone")},
+        {"overlap", jd_cli_str(s, "overlap")},
+        {"catchup", jd_cli_str(s, "catchup")},
+        {"start_at", jd_cli_str(s, "start_at")},
+        {"end_at", jd_cli_str(s, "end_at")},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        if (rows[i][1])
+            jd_cli_table_row(&t, rows[i]);
+    const cJSON *nf;
+    cJSON_ArrayForEach(nf, cJSON_GetObjectItem(s, "next_fire_times"))
+    {
+        if (cJSON_IsString(nf))
+            jd_cli_table_row(&t, (const char *[]){"next_fire", nf->valuestring});
+    }
+    const cJSON *last = cJSON_GetObjectItem(s, "last_fire");
+    if (cJSON_IsObject(last)) {
+        char v[256], id[64];
+        jd_cli_num_or_str(last, "job_id", id, sizeof id);
+        snprintf(v, sizeof v, "%s %s job %s",
+                 jd_cli_str(last, "time") ? jd_cli_str(last, "time") : "",
+                 jd_cli_str(last, "outcome") ? jd_cli_str(last, "outcome") : "", id[0] ? id : "-");
+        jd_cli_table_row(&t, (const char *[]){"last_fire", v});
+    }
+    const cJSON *counts = cJSON_GetObjectItem(s, "counts");
+    if (cJSON_IsObject(counts)) {
+        char f[32], k[32], v[80];
+        jd_cli_num_or_str(counts, "fires", f, sizeof f);
+        jd_cli_num_or_str(counts, "skips", k, sizeof k);
+        snprintf(v, sizeof v, "%s fires, %s skips", f[0] ? f : "0", k[0] ? k : "0");
+        jd_cli_table_row(&t, (const char *[]){"counts", v});
+    }
+    static const char *const objs[] = {"job", "labels"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItem(s, objs[i]);
+        if (v && !cJSON_IsNull(v)) {
+            char *txt = cJSON_PrintUnformatted(v);
+            jd_cli_table_row(&t, (const char *[]){objs[i], txt});
+            free(txt);
+        }
+    }
+    jd_cli_table_print(&t, stdout);
+    jd_cli_table_free(&t);
+}
+
+/* method /v1/schedules/ID[suffix] with body; prints the answer as a schedule
+ * (or as a job's id for trigger, or nothing for a 204). */
+static int one(const char *method, const char *id, const char *suffix, const char *body)
+{
+    char *e = jd_cli_escape(id);
+    char *path = jd_xasprintf("/v1/schedules/%s%s", e, suffix);
+    free(e);
+    struct jd_cli_resp r;
+    int rc = jd_cli_request(&jd_cli, method, path, body, 60, &r);
+    free(path);
+    int ex = jd_cli_report(&r, rc);
+    if (ex == JD_EX_OK && r.len > 0) {
+        cJSON *j = cJSON_Parse(r.body);
+        if (!j) {
+            fprintf(stderr, "jackdaw: the server's answer is not JSON\n");
+            ex = JD_EX_SERVER;
+        } else if (jd_cli_json) {
+            jd_cli_print_json(j);
+        } else if (strcmp(suffix, "/trigger") == 0) {
+            char jid[64];
+            jd_cli_num_or_str(j, "id", jid, sizeof jid);
+            puts(jid);
+        } else {
+            print_schedule(j);
+        }
+        cJSON_Delete(j);
+    }
+    free(r.body);
+    return ex;
+}
+
+static int cmd_ls(int argc, char **argv)
+{
+    const char *limit = NULL, *cursor = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (jd_cli_is_help(argv[i]))
+            return jd_cli_usage(jd_schedules_usage, 1);
+        if (i + 1 < argc && strcmp(argv[i], "--limit") == 0)
+            limit = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--cursor") == 0)
+            cursor = argv[++i];
+        else
+            return jd_cli_usage(jd_schedules_usage, 0);
+    }
+    char *el = jd_cli_escape(limit ? limit : "100"), *ec = cursor ? jd_cli_escape(cursor) : NULL;
+    char *path = ec ? jd_xasprintf("/v1/schedules?limit=%s&cursor=%s", el, ec)
+                    : jd_xasprintf("/v1/schedules?limit=%s", el);
+    free(el);
+    free(ec);
+    cJSON *j = NULL;
+    int ex = jd_cli_call("GET", path, NULL, 60, &j, NULL);
+    free(path);
+    if (ex == JD_EX_OK && jd_cli_json) {
+        jd_cli_print_json(j);
+    } else if (ex == JD_EX_OK) {
+        struct jd_cli_table t;
+        jd_cli_table_init(&t, 6);
+        jd_cli_table_row(&t,
+                         (const char *[]){"ID", "STATE", "TIMETABLE", "TIMEZONE", "NEXT", "FIRES"});
+        const cJSON *s;
+        cJSON_ArrayForEach(s, cJSON_GetObjectItem(j, "schedules"))
+        {
+            char tt[512], fires[32];
+            timetable(s, tt, sizeof tt);
+            jd_cli_num_or_str(cJSON_GetObjectItem(s, "counts"), "fires", fires, sizeof fires);
+            const char *tz = jd_cli_str(s, "timezone");
+            jd_cli_table_row(&t, (const char *[]){jd_cli_str(s, "id"), jd_cli_str(s, "state"), tt,
+                                                  tz ? tz : "UTC", first_next(s),
+                                                  fires[0] ? fires : "0"});
+        }
+        jd_cli_table_print(&t, stdout);
+        jd_cli_table_free(&t);
+        const char *next = jd_cli_str(j, "next_cursor");
+        if (next)
+            fprintf(stderr, "more: --cursor %s\n", next);
+    }
+    cJSON_Delete(j);
+    return ex;
+}
+
+static int cmd_events(const char *id)
+{
+    char *e = jd_cli_escape(id);
+    char *path = jd_xasprintf("/v1/schedules/%s/events", e);
+    free(e);
+    cJSON *j = NULL;
+    int ex = jd_cli_call("GET", path, NULL, 60, &j, NULL);
+    free(path);
+    if (ex == JD_EX_OK && jd_cli_json) {
+        jd_cli_print_json(j);
+    } else if (ex == JD_EX_OK) {
+        struct jd_cli_table t;
+        jd_cli_table_init(&t, 5);
+        jd_cli_table_row(&t, (const char *[]){"SEQ", "TIME", "KIND", "FIRE_TIME", "JOB"});
+        const cJSON *ev;
+        cJSON_ArrayForEach(ev, cJSON_GetObjectItem(j, "events"))
+        {
+            char seq[32], job[64];
+            jd_cli_num_or_str(ev, "seq", seq, sizeof seq);
+            jd_cli_num_or_str(ev, "job_id", job, sizeof job);
+            jd_cli_table_row(&t,
+                             (const char *[]){seq, jd_cli_str(ev, "time"), jd_cli_str(ev, "kind"),
+                                              jd_cli_str(ev, "fire_time"), job[0] ? job : NULL});
+        }
+        jd_cli_table_print(&t, stdout);
+        jd_cli_table_free(&t);
+    }
+    cJSON_Delete(j);
+    return ex;
+}
+
+/* put [ID] FILE: the id comes from the command line or the file's "id"
+ * member (which is not part of the definition the server takes). */
+static int cmd_put(int argc, char **argv)
+{
+    if (argc != 3 && argc != 4)
+        return jd_cli_usage(jd_schedules_usage, 0);
+    const char *file = argv[argc - 1];
+    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
+    if (!f) {
+        fprintf(stderr, "jackdaw: %s: %s\n", file, strerror(errno));
+        return JD_EX_USAGE;
+    }
+    char *text = jd_cli_read_all(f);
+    if (f != stdin)
+        fclose(f);
+    if (!text) {
+        fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file, JD_CLI_BODY_MAX);
+        return JD_EX_USAGE;
+    }
+    cJSON *def = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(def)) {
+        fprintf(stderr, "jackdaw: %s: not a JSON object\n", file);
+        cJSON_Delete(def);
+        return JD_EX_USAGE;
+    }
+    cJSON *fid = cJSON_DetachItemFromObjectCaseSensitive(def, "id");
+    const char *id = argc == 4 ? argv[2] : cJSON_GetStringValue(fid);
+    int ex;
+    if (!id || !*id) {
+        fprintf(stderr, "jackdaw: no schedule id: give it as `put ID FILE` or as \"id\" in %s\n",
+                file);
+        ex = JD_EX_USAGE;
+    } else {
+        char *body = cJSON_PrintUnformatted(def);
+        ex = one("PUT", id, "", body);
+        free(body);
+    }
+    cJSON_Delete(fid);
+    cJSON_Delete(def);
+    return ex;
+}
+
+int jd_schedules_main(int argc, char **argv)
+{
+    if (argc < 2 || jd_cli_is_help(argv[1]))
+        return jd_cli_usage(jd_schedules_usage, argc >= 2);
+    const char *sub = argv[1];
+    if (strcmp(sub, "ls") == 0)
+        return cmd_ls(argc, argv);
+    if (argc > 2 && jd_cli_is_help(argv[2]))
+        return jd_cli_usage(jd_schedules_usage, 1);
+    if (strcmp(sub, "put") == 0)
+        return cmd_put(argc, argv);
+    if (argc != 3 || argv[2][0] == '-')
+        return jd_cli_usage(jd_schedules_usage, 0);
+    const char *id = argv[2];
+    static const struct {
+        const char *name, *method, *suffix;
+    } simple[] = {
+        {"get", "GET", ""},
+        {"pause", "POST", "/pause"},
+        {"resume", "POST", "/resume"},
+        {"trigger", "POST", "/trigger"},
+        {"rm", "DELETE", ""},
+    };
+    for (size_t i = 0; i < sizeof simple / sizeof *simple; i++)
+        if (strcmp(sub, simple[i].name) == 0)
+            return one(simple[i].method, id, simple[i].suffix, NULL);
+    if (strcmp(sub, "events") == 0)
+        return cmd_events(id);
+    fprintf(stderr, "jackdaw: unknown schedules command \"%s\"\n", sub);
+    return jd_cli_usage(jd_schedules_usage, 0);
+}
