@@ -3,6 +3,7 @@
  */
 #include "cli/cli.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,19 @@ void jd_cli_num_or_str(const cJSON *o, const char *k, char *buf, size_t n)
         buf[0] = '\0';
 }
 
+void jd_cli_table_json_rows(struct jd_cli_table *t, const cJSON *o, const char *const *keys,
+                            size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const cJSON *v = cJSON_GetObjectItem(o, keys[i]);
+        if (v && !cJSON_IsNull(v)) {
+            char *txt = cJSON_PrintUnformatted(v);
+            jd_cli_table_row(t, (const char *[]){keys[i], txt});
+            free(txt);
+        }
+    }
+}
+
 void jd_cli_print_json(const cJSON *j)
 {
     char *s = cJSON_PrintUnformatted(j);
@@ -107,7 +121,7 @@ int jd_cli_parse_dur(const char *s, int64_t *ms)
     return 0;
 }
 
-char *jd_cli_read_all(FILE *f)
+static char *read_all(FILE *f)
 {
     size_t len = 0, cap = 4096;
     char *p = jd_xmalloc(cap);
@@ -127,4 +141,48 @@ char *jd_cli_read_all(FILE *f)
         return NULL;
     }
     return p;
+}
+
+char *jd_cli_read_file(const char *file)
+{
+    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
+    if (!f) {
+        fprintf(stderr, "jackdaw: %s: %s\n", file, strerror(errno));
+        return NULL;
+    }
+    char *text = read_all(f);
+    if (f != stdin)
+        fclose(f);
+    if (!text)
+        fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file, JD_CLI_BODY_MAX);
+    return text;
+}
+
+int jd_cli_list(const char *path, const char *member, int ncols, const char *const *header,
+                jd_cli_row_fn *row)
+{
+    cJSON *j = NULL;
+    int ex = jd_cli_call("GET", path, NULL, 60, &j, NULL);
+    if (ex == JD_EX_OK && jd_cli_json) {
+        jd_cli_print_json(j);
+    } else if (ex == JD_EX_OK) {
+        struct jd_cli_table t;
+        jd_cli_table_init(&t, ncols);
+        jd_cli_table_row(&t, header);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, member))
+        {
+            char buf[JD_CLI_TABLE_COLS][JD_CLI_CELL];
+            const char *cells[JD_CLI_TABLE_COLS];
+            row(e, buf, cells);
+            jd_cli_table_row(&t, cells);
+        }
+        jd_cli_table_print(&t, stdout);
+        jd_cli_table_free(&t);
+        const char *next = jd_cli_str(j, "next_cursor");
+        if (next)
+            fprintf(stderr, "more: --cursor %s\n", next);
+    }
+    cJSON_Delete(j);
+    return ex;
 }

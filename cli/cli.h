@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "cli/client.h"
+#include "cli/table.h"
 
 /* Exit codes (also in --help and README.md). */
 enum {
@@ -43,13 +44,27 @@ int jd_cli_call(const char *method, const char *path, const char *body, long tim
 const char *jd_cli_str(const cJSON *o, const char *k);
 /* o[k], a number or a string, as text into buf ("" if absent). */
 void jd_cli_num_or_str(const cJSON *o, const char *k, char *buf, size_t n);
+/* A "key<TAB>JSON" row in t for each of o's members keys[0..n) present
+ * and not null. */
+void jd_cli_table_json_rows(struct jd_cli_table *t, const cJSON *o, const char *const *keys,
+                            size_t n);
 /* j on one line, unformatted. */
 void jd_cli_print_json(const cJSON *j);
 
+/* A list answer as a table: GET path and print the array at member as
+ * ncols columns under header, one row per element made by row (which may
+ * format into buf[col], JD_CLI_CELL bytes each); --json prints the answer
+ * unchanged. When there is a next page, its --cursor goes to stderr.
+ * Returns the exit code. */
+#define JD_CLI_CELL 512
+typedef void jd_cli_row_fn(const cJSON *e, char (*buf)[JD_CLI_CELL], const char **cells);
+int jd_cli_list(const char *path, const char *member, int ncols, const char *const *header,
+                jd_cli_row_fn *row);
+
 /* A duration ("30s", "2m"); prints the complaint and returns -1 if bad. */
 int jd_cli_parse_dur(const char *s, int64_t *ms);
-/* All of f, at most JD_CLI_BODY_MAX bytes, NUL-terminated; NULL if larger
- * or unreadable. Caller frees. */
-char *jd_cli_read_all(FILE *f);
+/* All of file ("-": stdin), at most JD_CLI_BODY_MAX bytes, NUL-terminated;
+ * NULL (the reason printed on stderr) if larger or unreadable. Caller frees. */
+char *jd_cli_read_file(const char *file);
 
 #endif

@@ -68,15 +68,7 @@ static void print_job(const cJSON *job)
         if (v[0])
             jd_cli_table_row(&t, (const char *[]){keys[i], v});
     }
-    static const char *const objs[] = {"output", "error"};
-    for (size_t i = 0; i < 2; i++) {
-        const cJSON *v = cJSON_GetObjectItem(job, objs[i]);
-        if (v && !cJSON_IsNull(v)) {
-            char *s = cJSON_PrintUnformatted(v);
-            jd_cli_table_row(&t, (const char *[]){objs[i], s});
-            free(s);
-        }
-    }
+    jd_cli_table_json_rows(&t, job, (const char *[]){"output", "error"}, 2);
     jd_cli_table_print(&t, stdout);
     jd_cli_table_free(&t);
 }
@@ -160,18 +152,9 @@ static int cmd_submit(int argc, char **argv)
     }
     if (!file)
         return jd_cli_usage(usage_submit, 0);
-    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
-    if (!f) {
-        fprintf(stderr, "jackdaw: %s: %s\n", file, strerror(errno));
+    char *body = jd_cli_read_file(file);
+    if (!body)
         return JD_EX_USAGE;
-    }
-    char *body = jd_cli_read_all(f);
-    if (f != stdin)
-        fclose(f);
-    if (!body) {
-        fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file, JD_CLI_BODY_MAX);
-        return JD_EX_USAGE;
-    }
     cJSON *job = NULL;
     char *raw = NULL;
     int ex = jd_cli_call("POST", "/v1/jobs", body, 60, &job, &raw);
@@ -366,6 +349,17 @@ static const char usage_pause[] =
     "usage: jackdaw pause QUEUE\nStop dispatching jobs from QUEUE (submits still queue).\n";
 static const char usage_resume[] = "usage: jackdaw resume QUEUE\nDispatch from QUEUE again.\n";
 
+static void job_row(const cJSON *e, char (*buf)[JD_CLI_CELL], const char **cells)
+{
+    jd_cli_num_or_str(e, "id", buf[0], sizeof buf[0]);
+    const char *h = jd_cli_str(cJSON_GetObjectItem(e, "definition"), "handler");
+    cells[0] = buf[0];
+    cells[1] = jd_cli_str(e, "state");
+    cells[2] = jd_cli_str(e, "queue");
+    cells[3] = h ? h : "workflow";
+    cells[4] = jd_cli_str(e, "created_at");
+}
+
 static const char usage_ls[] =
     "usage: jackdaw ls [--state S] [--queue Q] [--limit N] [--cursor C]\n"
     "List jobs newest first: ID STATE QUEUE HANDLER CREATED. When there are more,\n"
@@ -397,34 +391,9 @@ static int cmd_ls(int argc, char **argv)
         q = n;
         sep = '&';
     }
-    cJSON *j = NULL;
-    int ex = jd_cli_call("GET", q, NULL, 60, &j, NULL);
+    int ex = jd_cli_list(q, "jobs", 5,
+                         (const char *[]){"ID", "STATE", "QUEUE", "HANDLER", "CREATED"}, job_row);
     free(q);
-    if (ex == JD_EX_OK) {
-        if (jd_cli_json) {
-            jd_cli_print_json(j);
-        } else {
-            struct jd_cli_table t;
-            jd_cli_table_init(&t, 5);
-            jd_cli_table_row(&t, (const char *[]){"ID", "STATE", "QUEUE", "HANDLER", "CREATED"});
-            const cJSON *e;
-            cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "jobs"))
-            {
-                char id[64];
-                jd_cli_num_or_str(e, "id", id, sizeof id);
-                const char *h = jd_cli_str(cJSON_GetObjectItem(e, "definition"), "handler");
-                jd_cli_table_row(&t, (const char *[]){id, jd_cli_str(e, "state"),
-                                                      jd_cli_str(e, "queue"), h ? h : "workflow",
-                                                      jd_cli_str(e, "created_at")});
-            }
-            jd_cli_table_print(&t, stdout);
-            jd_cli_table_free(&t);
-            const char *next = jd_cli_str(j, "next_cursor");
-            if (next)
-                fprintf(stderr, "more: --cursor %s\n", next);
-        }
-    }
-    cJSON_Delete(j);
     return ex;
 }
 

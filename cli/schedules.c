@@ -5,7 +5,6 @@
  */
 #include "cli/schedules.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,15 +73,7 @@ static void print_schedule(const cJSON *s)
         snprintf(v, sizeof v, "%s fires, %s skips", f[0] ? f : "0", k[0] ? k : "0");
         jd_cli_table_row(&t, (const char *[]){"counts", v});
     }
-    static const char *const objs[] = {"job", "labels"};
-    for (size_t i = 0; i < 2; i++) {
-        const cJSON *v = cJSON_GetObjectItem(s, objs[i]);
-        if (v && !cJSON_IsNull(v)) {
-            char *txt = cJSON_PrintUnformatted(v);
-            jd_cli_table_row(&t, (const char *[]){objs[i], txt});
-            free(txt);
-        }
-    }
+    jd_cli_table_json_rows(&t, s, (const char *[]){"job", "labels"}, 2);
     jd_cli_table_print(&t, stdout);
     jd_cli_table_free(&t);
 }
@@ -118,6 +109,30 @@ static int one(const char *method, const char *id, const char *suffix, const cha
     return ex;
 }
 
+static void schedule_row(const cJSON *s, char (*buf)[JD_CLI_CELL], const char **cells)
+{
+    timetable(s, buf[2], sizeof buf[2]);
+    jd_cli_num_or_str(cJSON_GetObjectItem(s, "counts"), "fires", buf[5], sizeof buf[5]);
+    const char *tz = jd_cli_str(s, "timezone");
+    cells[0] = jd_cli_str(s, "id");
+    cells[1] = jd_cli_str(s, "state");
+    cells[2] = buf[2];
+    cells[3] = tz ? tz : "UTC";
+    cells[4] = first_next(s);
+    cells[5] = buf[5][0] ? buf[5] : "0";
+}
+
+static void event_row(const cJSON *ev, char (*buf)[JD_CLI_CELL], const char **cells)
+{
+    jd_cli_num_or_str(ev, "seq", buf[0], sizeof buf[0]);
+    jd_cli_num_or_str(ev, "job_id", buf[4], sizeof buf[4]);
+    cells[0] = buf[0];
+    cells[1] = jd_cli_str(ev, "time");
+    cells[2] = jd_cli_str(ev, "kind");
+    cells[3] = jd_cli_str(ev, "fire_time");
+    cells[4] = buf[4][0] ? buf[4] : NULL;
+}
+
 static int cmd_ls(int argc, char **argv)
 {
     const char *limit = NULL, *cursor = NULL;
@@ -136,34 +151,10 @@ static int cmd_ls(int argc, char **argv)
                     : jd_xasprintf("/v1/schedules?limit=%s", el);
     free(el);
     free(ec);
-    cJSON *j = NULL;
-    int ex = jd_cli_call("GET", path, NULL, 60, &j, NULL);
+    int ex = jd_cli_list(path, "schedules", 6,
+                         (const char *[]){"ID", "STATE", "TIMETABLE", "TIMEZONE", "NEXT", "FIRES"},
+                         schedule_row);
     free(path);
-    if (ex == JD_EX_OK && jd_cli_json) {
-        jd_cli_print_json(j);
-    } else if (ex == JD_EX_OK) {
-        struct jd_cli_table t;
-        jd_cli_table_init(&t, 6);
-        jd_cli_table_row(&t,
-                         (const char *[]){"ID", "STATE", "TIMETABLE", "TIMEZONE", "NEXT", "FIRES"});
-        const cJSON *s;
-        cJSON_ArrayForEach(s, cJSON_GetObjectItem(j, "schedules"))
-        {
-            char tt[512], fires[32];
-            timetable(s, tt, sizeof tt);
-            jd_cli_num_or_str(cJSON_GetObjectItem(s, "counts"), "fires", fires, sizeof fires);
-            const char *tz = jd_cli_str(s, "timezone");
-            jd_cli_table_row(&t, (const char *[]){jd_cli_str(s, "id"), jd_cli_str(s, "state"), tt,
-                                                  tz ? tz : "UTC", first_next(s),
-                                                  fires[0] ? fires : "0"});
-        }
-        jd_cli_table_print(&t, stdout);
-        jd_cli_table_free(&t);
-        const char *next = jd_cli_str(j, "next_cursor");
-        if (next)
-            fprintf(stderr, "more: --cursor %s\n", next);
-    }
-    cJSON_Delete(j);
     return ex;
 }
 
@@ -172,29 +163,9 @@ static int cmd_events(const char *id)
     char *e = jd_cli_escape(id);
     char *path = jd_xasprintf("/v1/schedules/%s/events", e);
     free(e);
-    cJSON *j = NULL;
-    int ex = jd_cli_call("GET", path, NULL, 60, &j, NULL);
+    int ex = jd_cli_list(path, "events", 5,
+                         (const char *[]){"SEQ", "TIME", "KIND", "FIRE_TIME", "JOB"}, event_row);
     free(path);
-    if (ex == JD_EX_OK && jd_cli_json) {
-        jd_cli_print_json(j);
-    } else if (ex == JD_EX_OK) {
-        struct jd_cli_table t;
-        jd_cli_table_init(&t, 5);
-        jd_cli_table_row(&t, (const char *[]){"SEQ", "TIME", "KIND", "FIRE_TIME", "JOB"});
-        const cJSON *ev;
-        cJSON_ArrayForEach(ev, cJSON_GetObjectItem(j, "events"))
-        {
-            char seq[32], job[64];
-            jd_cli_num_or_str(ev, "seq", seq, sizeof seq);
-            jd_cli_num_or_str(ev, "job_id", job, sizeof job);
-            jd_cli_table_row(&t,
-                             (const char *[]){seq, jd_cli_str(ev, "time"), jd_cli_str(ev, "kind"),
-                                              jd_cli_str(ev, "fire_time"), job[0] ? job : NULL});
-        }
-        jd_cli_table_print(&t, stdout);
-        jd_cli_table_free(&t);
-    }
-    cJSON_Delete(j);
     return ex;
 }
 
@@ -205,18 +176,9 @@ static int cmd_put(int argc, char **argv)
     if (argc != 3 && argc != 4)
         return jd_cli_usage(jd_schedules_usage, 0);
     const char *file = argv[argc - 1];
-    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
-    if (!f) {
-        fprintf(stderr, "jackdaw: %s: %s\n", file, strerror(errno));
+    char *text = jd_cli_read_file(file);
+    if (!text)
         return JD_EX_USAGE;
-    }
-    char *text = jd_cli_read_all(f);
-    if (f != stdin)
-        fclose(f);
-    if (!text) {
-        fprintf(stderr, "jackdaw: %s: unreadable or larger than %u bytes\n", file, JD_CLI_BODY_MAX);
-        return JD_EX_USAGE;
-    }
     cJSON *def = cJSON_Parse(text);
     free(text);
     if (!cJSON_IsObject(def)) {
