@@ -10,7 +10,8 @@
 # Closed loop at each concurrency in CONCS (jobs in flight = connections for
 # Jackdaw, producers for beanstalkd, worker concurrency for BullMQ), REPS
 # times; then an open-loop run of each system at half its own peak for the
-# latency target. Prints one table of medians and the ratios.
+# latency target. Prints one table of medians and the ratios, with the
+# server's CPU (user+system from /proc) per completed job for every row.
 #
 # Environment: JD_BUILD (build dir), JOBS (per run, default 30000),
 # CONCS (default "16 64 256"), REPS (default 3), DURABILITY (default
@@ -28,6 +29,7 @@ OUT=${OUT:-$BUILD/bench-e2e}
 LOADGEN=$BUILD/bench/loadgen
 JACKDAWD=$BUILD/jackdawd
 
+CLK_TCK=$(getconf CLK_TCK)
 mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl
 : >"$RESULTS"
@@ -59,6 +61,13 @@ free_port() {
 
 peak_rss_kb() {
     awk '/^VmHWM:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0
+}
+
+# cpu_ticks PID: the process's user+system CPU so far, in clock ticks
+# (/proc/PID/stat fields 14 and 15; the command name may hold spaces, so
+# count from the last ')').
+cpu_ticks() {
+    sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0
 }
 
 wait_port() { # port: wait until something accepts on it
@@ -116,7 +125,7 @@ start_bullmq() {
 
 # run_one SYSTEM DURABILITY CONC RATE: one measured run; appends a JSON line.
 run_one() {
-    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss
+    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss cpu0 cpu1
     echo "[$dur c=$conc rate=$rate] $sys" >&2
     dir=$(mktemp -d "$WORK/$sys.XXXX")
     "start_$sys" "$dur" "$dir" || {
@@ -125,11 +134,13 @@ run_one() {
         exit 1
     }
     local common=(--jobs "$JOBS" --conns "$conc" --rate "$rate" --label "$sys")
+    cpu0=$(cpu_ticks "$SERVER_PID")
     case $sys in
     jackdaw) line=$("$LOADGEN" --target jackdaw --addr "127.0.0.1:$PORT" "${common[@]}" --threads 1) || true ;;
     beanstalkd) line=$("$LOADGEN" --target beanstalkd --addr "127.0.0.1:$PORT" "${common[@]}" --workers "$((conc > 64 ? 64 : conc))") || true ;;
     bullmq) line=$(node bench/e2e/bullmq.mjs --port "$PORT" "${common[@]}") || true ;;
     esac
+    cpu1=$(cpu_ticks "$SERVER_PID")
     rss=$(peak_rss_kb "$SERVER_PID")
     stop_server
     if [ -z "$line" ]; then
@@ -137,7 +148,9 @@ run_one() {
         tail -n 20 "$dir/server.log" >&2
         line='{"completed":0,"jobs_per_s":0}'
     fi
-    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"server_rss_kb\":$rss,${line#\{}"
+    # Server CPU for the whole run (the server process only: for BullMQ that
+    # is redis-server, its node workers are the client's).
+    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"server_rss_kb\":$rss,\"server_cpu_us\":$(((cpu1 - cpu0) * 1000000 / CLK_TCK)),${line#\{}"
     echo "$line" >>"$RESULTS"
     echo "  $line" >&2
     rm -rf "$dir"

@@ -48,6 +48,8 @@ if (process.argv[2] === '--peak') {
 }
 
 const mb = (kb) => (kb / 1024).toFixed(1);
+// Server CPU (user+system, from /proc) per completed job, in microseconds.
+const cpuPerJob = (r) => (r.completed ? (r.server_cpu_us || 0) / r.completed : 0);
 const fmt = (x) => Math.round(x).toLocaleString('en-US');
 const durNames = {
   strict: 'strict (fsync every commit)',
@@ -60,9 +62,9 @@ const durDetail = {
 };
 const out = [];
 out.push(
-  '| system | durability | in flight | jobs/s (median, min-max) | p50 ms | p99 ms | peak RSS server (client) | failed |',
+  '| system | durability | in flight | jobs/s (median, min-max) | p50 ms | p99 ms | server CPU µs/job | peak RSS server (client) | failed |',
 );
-out.push('|---|---|---|---|---|---|---|---|');
+out.push('|---|---|---|---|---|---|---|---|---|');
 const systems = [...new Set(rows.map((r) => r.system))];
 const durs = [...new Set(rows.map((r) => r.durability))];
 for (const dur of durs) {
@@ -80,6 +82,7 @@ for (const dur of durs) {
         `| ${sys} | ${dur}: ${durDetail[sys]?.[dur] ?? ''} | ${conc} | ` +
           `${fmt(median(j))} (${fmt(Math.min(...j))}-${fmt(Math.max(...j))}) | ` +
           `${median(rs.map((r) => r.p50_ms)).toFixed(2)} | ${median(rs.map((r) => r.p99_ms)).toFixed(2)} | ` +
+          `${median(rs.map(cpuPerJob)).toFixed(1)} | ` +
           `${mb(Math.max(...rs.map((r) => r.server_rss_kb)))} MB${client} | ` +
           `${rs.reduce((s, r) => s + (r.failed || 0) + (r.jobs - r.completed || 0), 0)} |`,
       );
@@ -89,12 +92,13 @@ for (const dur of durs) {
 out.push('');
 out.push('Open loop at half of each system\'s own peak (latency from the due time):');
 out.push('');
-out.push('| system | durability | offered jobs/s | achieved jobs/s | p50 ms | p99 ms | p99 < 10 ms |');
-out.push('|---|---|---|---|---|---|---|');
+out.push('| system | durability | offered jobs/s | achieved jobs/s | p50 ms | p99 ms | p99 < 10 ms | server CPU µs/job |');
+out.push('|---|---|---|---|---|---|---|---|');
 for (const r of rows.filter((x) => x.rate)) {
   out.push(
     `| ${r.system} | ${r.durability} | ${fmt(r.rate)} | ${fmt(r.jobs_per_s)} | ` +
-      `${r.p50_ms.toFixed(2)} | ${r.p99_ms.toFixed(2)} | ${r.p99_ms < 10 ? 'yes' : 'no'} |`,
+      `${r.p50_ms.toFixed(2)} | ${r.p99_ms.toFixed(2)} | ${r.p99_ms < 10 ? 'yes' : 'no'} | ` +
+      `${cpuPerJob(r).toFixed(1)} |`,
   );
 }
 out.push('');
