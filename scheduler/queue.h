@@ -17,8 +17,8 @@
  *   a seq_cst counter raised after an element is visible and lowered by
  *   pops (it may read one low for a moment while a push is between its
  *   two steps; that pusher then makes its own notification), so a worker
- *   about to park and a producer about to notify agree (see sched.c,
- *   parking). Batch pops take up to a given count under one lock.
+ *   about to park and a producer about to notify agree (see
+ *   sched_park.c). Batch pops take up to a given count under one lock.
  *
  * - struct jd_mpsc: a lock-free multi-producer stack drained all at once by
  *   its single consumer (the worker running the process), which reverses it

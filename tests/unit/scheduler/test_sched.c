@@ -1,5 +1,5 @@
 /*
- * Unit tests for the scheduler runtime (scheduler/sched.c) and the step
+ * Unit tests for the scheduler runtime (scheduler/sched*.c) and the step
  * helpers (scheduler/step.c): every process state transition, events and
  * their generations, kill and cancel, hooks, timers, the blocking pool and
  * shutdown. Test processes are small scripted state machines; the test
