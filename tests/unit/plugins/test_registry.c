@@ -1,9 +1,10 @@
 /*
- * Tests for plugins/registry.c: the loader (good plugin, wrong ABI, missing
- * entry symbol, duplicate command and process-type names, directories,
- * freeze), validation, and call dispatch (unknown command, double
- * completion, completion after timeout, cancel, retries with backoff checked
- * against a fake clock, blocking handlers, the process-type adapter).
+ * Tests for the plugin registry (plugins/registry.c, loader.c, call.c):
+ * the loader (good plugin, wrong ABI, missing entry symbol, duplicate
+ * command and process-type names, directories, freeze), validation, and
+ * call dispatch (unknown command, double completion, completion after
+ * timeout, cancel, retries with backoff checked against a fake clock,
+ * blocking handlers, the process-type adapter).
  *
  * Test plugins come from $JD_BUILD/tests/plugins; dispatch tests register an
  * in-process "manual" plugin whose calls the test completes by hand.
