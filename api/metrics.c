@@ -7,7 +7,6 @@
 #include "api/metrics.h"
 
 #include "common/alloc.h"
-#include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
 #include "server/schedules.h"
@@ -254,7 +253,7 @@ static void render_store(struct buf *b, const struct jd_store_stats *s)
               (double)s->commit_us_sum / 1e6);
 }
 
-static void render_registry(struct buf *b, const struct jd_registry_stats *r)
+static void render_calls(struct buf *b, const struct jd_jobs_call_stats *r)
 {
     family(b, "jackdaw_plugin_calls_total", "counter", "Handler plugin calls by result.");
     put(b, "jackdaw_plugin_calls_total{result=\"ok\"} %llu\n", (unsigned long long)r->ok);
@@ -318,8 +317,8 @@ char *jd_metrics_render(const struct jd_metrics_sources *src)
         render_sched(&b, src->sched);
     if (src->store)
         render_store(&b, src->store);
-    if (src->registry)
-        render_registry(&b, src->registry);
+    if (src->calls)
+        render_calls(&b, src->calls);
     if (src->schedules)
         render_schedules(&b, src->schedules);
     if (src->queues)

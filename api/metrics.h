@@ -19,7 +19,7 @@
 struct jd_jobs_stats;
 struct jd_sched_stats;
 struct jd_store_stats;
-struct jd_registry_stats;
+struct jd_jobs_call_stats;
 struct jd_queue_counts;
 struct jd_schedules_stats;
 
@@ -47,7 +47,7 @@ struct jd_metrics_sources {
     const struct jd_jobs_stats *jobs;
     const struct jd_sched_stats *sched;
     const struct jd_store_stats *store;
-    const struct jd_registry_stats *registry;
+    const struct jd_jobs_call_stats *calls;
     const struct jd_schedules_stats *schedules;
     const struct jd_queue_counts *queues; /* durable counts per queue and state */
     size_t nqueues;

@@ -9,7 +9,6 @@
 
 #include "api/metrics.h"
 #include "common/alloc.h"
-#include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/schedules.h"
 #include "storage/store.h"
@@ -42,7 +41,7 @@ enum MHD_Result route_metrics(struct jd_req *r)
     struct jd_jobs_stats js;
     struct jd_sched_stats ss;
     struct jd_store_stats st;
-    struct jd_registry_stats rs;
+    struct jd_jobs_call_stats cs;
     struct jd_schedules_stats sch;
     struct jd_schedules *sc = http_schedules_of(h);
     if (sc != NULL) {
@@ -52,10 +51,10 @@ enum MHD_Result route_metrics(struct jd_req *r)
     if (j != NULL) {
         jd_jobs_stats(j, &js);
         jd_sched_stats(jd_jobs_sched(j), &ss);
-        jd_registry_stats(jd_jobs_registry(j), &rs);
+        jd_jobs_call_stats(j, &cs);
         src.jobs = &js;
         src.sched = &ss;
-        src.registry = &rs;
+        src.calls = &cs;
     }
     struct jd_queue_counts *qc = NULL;
     size_t nq = 0;

@@ -79,7 +79,6 @@ void jd_jobs_destroy(struct jd_jobs *j);
 
 /* For metrics and GET /v1/handlers: borrowed, valid until destroy. */
 struct jd_sched *jd_jobs_sched(struct jd_jobs *j);
-struct jd_registry *jd_jobs_registry(struct jd_jobs *j);
 
 /* ---- submitting ---- */
 
@@ -219,6 +218,16 @@ struct jd_jobs_stats {
     uint64_t duration_ms_sum;
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
+
+/* Handler (plugin command) calls since start, as the registry this layer
+ * owns counts them: what /metrics shows, so the API layer never reaches
+ * into the plugins. */
+struct jd_jobs_call_stats {
+    uint64_t calls; /* started */
+    uint64_t ok, failed, timeouts, cancelled, unknown_command;
+    uint64_t retries, late_dropped;
+};
+void jd_jobs_call_stats(struct jd_jobs *j, struct jd_jobs_call_stats *out);
 
 /* Parse a job id as shown to users ("42"): 0 and *id, or JD_ENOENT. */
 int jd_jobs_parse_id(const char *s, int64_t *id);

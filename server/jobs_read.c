@@ -187,7 +187,16 @@ struct jd_sched *jd_jobs_sched(struct jd_jobs *j)
     return j->sched;
 }
 
-struct jd_registry *jd_jobs_registry(struct jd_jobs *j)
+void jd_jobs_call_stats(struct jd_jobs *j, struct jd_jobs_call_stats *out)
 {
-    return j->reg;
+    struct jd_registry_stats rs;
+    jd_registry_stats(j->reg, &rs);
+    *out = (struct jd_jobs_call_stats){.calls = rs.calls,
+                                       .ok = rs.ok,
+                                       .failed = rs.failed,
+                                       .timeouts = rs.timeouts,
+                                       .cancelled = rs.cancelled,
+                                       .unknown_command = rs.unknown_command,
+                                       .retries = rs.retries,
+                                       .late_dropped = rs.late_dropped};
 }

@@ -19,7 +19,6 @@
 #include "api/http.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
 #include "server/schedules.h"
@@ -373,15 +372,11 @@ struct jd_sched *jd_jobs_sched(struct jd_jobs *j)
 {
     return NULL;
 }
-struct jd_registry *jd_jobs_registry(struct jd_jobs *j)
-{
-    return NULL;
-}
 void jd_sched_stats(struct jd_sched *s, struct jd_sched_stats *out)
 {
     memset(out, 0, sizeof *out);
 }
-void jd_registry_stats(const struct jd_registry *r, struct jd_registry_stats *out)
+void jd_jobs_call_stats(struct jd_jobs *j, struct jd_jobs_call_stats *out)
 {
     memset(out, 0, sizeof *out);
 }

@@ -9,7 +9,6 @@
 #include <cmocka.h>
 
 #include "api/metrics.h"
-#include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
 #include "server/schedules.h"
@@ -69,7 +68,7 @@ static void test_all_families(void **state)
     struct jd_store_stats st = {.commits = 11, .records = 20};
     st.batch_hist[1] = 11;
     st.commit_us_hist[3] = 11;
-    struct jd_registry_stats rs = {.calls = 6, .ok = 5, .failed = 1};
+    struct jd_jobs_call_stats rs = {.calls = 6, .ok = 5, .failed = 1};
     struct jd_queue_counts qc[2] = {{.queue = "default"}, {.queue = "we\"ird\n", .paused = true}};
     qc[0].counts[JD_JOB_SUCCEEDED] = 12;
     struct jd_schedules_stats sch = {.schedules = 4, .fires = 30, .skips = 2, .caught_up = 1};
@@ -80,7 +79,7 @@ static void test_all_families(void **state)
                                      .schedules = &sch,
                                      .sched = &ss,
                                      .store = &st,
-                                     .registry = &rs,
+                                     .calls = &rs,
                                      .queues = qc,
                                      .nqueues = 2,
                                      .ready = 0};

@@ -146,6 +146,20 @@ static void test_retries_back_off_and_are_recorded(void **state)
     assert_string_equal(str(job, "error.step"), "f");
     assert_true(cJSON_IsNull(jget(job, "output")));
     cJSON_Delete(job);
+
+    /* What /metrics shows: three handler calls, one ok after two retries,
+     * one failed after one retry, one ok at once. */
+    id = submit(e.jobs, "{\"handler\":\"t.echo\",\"args\":{}}");
+    job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    cJSON_Delete(job);
+    struct jd_jobs_call_stats cs;
+    jd_jobs_call_stats(e.jobs, &cs);
+    assert_int_equal(cs.calls, 3);
+    assert_int_equal(cs.ok, 2);
+    assert_int_equal(cs.failed, 1);
+    assert_int_equal(cs.retries, 3);
+    assert_int_equal(cs.timeouts + cs.cancelled + cs.unknown_command + cs.late_dropped, 0);
     env_down(&e);
 }
 
