@@ -191,3 +191,8 @@ struct jd_registry *jd_jobs_registry(struct jd_jobs *j)
 {
     return j->reg;
 }
+
+struct jd_stats *jd_jobs_series(struct jd_jobs *j)
+{
+    return j->series;
+}
