@@ -88,6 +88,20 @@ ALL_OBJ += $(call obj,$($(1)_SRC))
 endef
 $(foreach l,$(LAYERS),$(eval $(call LAYER_RULES,$(l))))
 
+# ---- the dashboard: ui/* compiled into the api layer (api/ui_assets.h) ----
+UI_FILES := $(sort $(filter-out ui/README.md,$(wildcard ui/*.*)))
+UI_GEN := $(BUILD)/gen/ui_assets.c
+$(UI_GEN): $(UI_FILES) tools/ui_embed.sh
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  EMBED   $@")
+	$(Q)tools/ui_embed.sh $(UI_FILES) >$@.tmp && mv $@.tmp $@
+$(BUILD)/obj/gen/ui_assets.o: $(UI_GEN)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+$(call lib,api): $(BUILD)/obj/gen/ui_assets.o
+ALL_OBJ += $(BUILD)/obj/gen/ui_assets.o
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
