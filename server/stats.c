@@ -108,11 +108,6 @@ void jd_stats_job_end(struct jd_stats *s, const char *queue, enum jd_job_state s
     pthread_mutex_unlock(&s->mu);
 }
 
-static int by_name(const void *a, const void *b)
-{
-    return strcmp((*(struct squeue *const *)a)->name, (*(struct squeue *const *)b)->name);
-}
-
 char *jd_stats_json(struct jd_stats *s, int seconds, int64_t now_ms)
 {
     if (seconds < 1)
@@ -128,26 +123,48 @@ char *jd_stats_json(struct jd_stats *s, int seconds, int64_t now_ms)
     if (f == NULL)
         jd_xmalloc((size_t)-1); /* out of memory: abort as every small allocation does */
     fprintf(f, "{\"bucket_seconds\":1,\"seconds\":%d,\"end\":\"%s\",\"queues\":[", seconds, when);
+    /* Copy the counts out under the lock and format them after it: the
+     * lock is taken where jobs end, under the job layer's mutex, so it is
+     * held for a copy, never for the printing. Names outlive the copy
+     * (slots are freed only by destroy). */
     pthread_mutex_lock(&s->mu);
     struct squeue *order[JD_STATS_MAX_QUEUES + 1];
     size_t n = s->nq;
     memcpy(order, s->q, n * sizeof order[0]);
     if (s->other != NULL)
         order[n++] = s->other;
-    qsort(order, n, sizeof order[0], by_name);
-    for (size_t i = 0; i < n; i++) {
-        const struct squeue *q = order[i];
+    size_t per = (size_t)K_N * (size_t)seconds;
+    uint32_t *counts = jd_xcalloc(n ? n * per : 1, sizeof *counts);
+    for (size_t i = 0; i < n; i++)
+        for (int64_t t = first; t <= end; t++) {
+            const struct bucket *b =
+                &order[i]->ring[((t % JD_STATS_WINDOW) + JD_STATS_WINDOW) % JD_STATS_WINDOW];
+            if (b->sec == t)
+                for (int k = 0; k < K_N; k++)
+                    counts[i * per + (size_t)k * (size_t)seconds + (size_t)(t - first)] = b->n[k];
+        }
+    pthread_mutex_unlock(&s->mu);
+    /* sort an index, not order[], so each queue keeps its row of counts */
+    size_t idx[JD_STATS_MAX_QUEUES + 1];
+    for (size_t i = 0; i < n; i++)
+        idx[i] = i;
+    for (size_t i = 1; i < n; i++) /* insertion sort by name: n <= 65 */
+        for (size_t j = i; j > 0 && strcmp(order[idx[j - 1]]->name, order[idx[j]]->name) > 0; j--) {
+            size_t tmp = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = tmp;
+        }
+    for (size_t r = 0; r < n; r++) {
+        size_t i = idx[r];
         uint64_t total[K_N] = {0};
         /* Names are [A-Za-z0-9._-] or "(other)" (see slot_locked): no escaping. */
-        fprintf(f, "%s{\"name\":\"%s\"", i ? "," : "", q->name);
+        fprintf(f, "%s{\"name\":\"%s\"", r ? "," : "", order[i]->name);
         for (int k = 0; k < K_N; k++) {
+            const uint32_t *row = counts + i * per + (size_t)k * (size_t)seconds;
             fprintf(f, ",\"%s\":[", kind_name[k]);
-            for (int64_t t = first; t <= end; t++) {
-                const struct bucket *b =
-                    &q->ring[((t % JD_STATS_WINDOW) + JD_STATS_WINDOW) % JD_STATS_WINDOW];
-                uint32_t v = b->sec == t ? b->n[k] : 0;
-                total[k] += v;
-                fprintf(f, t == first ? "%u" : ",%u", v);
+            for (int t = 0; t < seconds; t++) {
+                total[k] += row[t];
+                fprintf(f, t == 0 ? "%u" : ",%u", row[t]);
             }
             fputc(']', f);
         }
@@ -155,7 +172,7 @@ char *jd_stats_json(struct jd_stats *s, int seconds, int64_t now_ms)
                 (unsigned long long)total[K_SUCCEEDED], (unsigned long long)total[K_FAILED],
                 (unsigned long long)total[K_CANCELLED]);
     }
-    pthread_mutex_unlock(&s->mu);
+    free(counts);
     fputs("]}", f);
     fclose(f);
     return text;

@@ -81,6 +81,25 @@ static void test_ends_counted_by_second_queue_and_state(void **state)
     jd_stats_destroy(s);
 }
 
+/* Queues are listed by name whatever order they first appeared in, each
+ * with its own counts. */
+static void test_sorted_by_name_with_their_counts(void **state)
+{
+    struct jd_stats *s = jd_stats_create();
+    jd_stats_job_end(s, "zeta", JD_JOB_SUCCEEDED, T0);
+    jd_stats_job_end(s, "alpha", JD_JOB_FAILED, T0);
+    jd_stats_job_end(s, "alpha", JD_JOB_FAILED, T0);
+    cJSON *o = series(s, 1, T0);
+    const cJSON *qs = cJSON_GetObjectItem(o, "queues");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(qs, 0), "name")->valuestring,
+                        "alpha");
+    assert_int_equal(at(cJSON_GetArrayItem(qs, 0), "failed", 0), 2);
+    assert_int_equal(at(cJSON_GetArrayItem(qs, 0), "succeeded", 0), 0);
+    assert_int_equal(at(cJSON_GetArrayItem(qs, 1), "succeeded", 0), 1);
+    cJSON_Delete(o);
+    jd_stats_destroy(s);
+}
+
 static void test_old_seconds_fall_out_of_the_window(void **state)
 {
     struct jd_stats *s = jd_stats_create();
@@ -137,6 +156,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ends_counted_by_second_queue_and_state),
+        cmocka_unit_test(test_sorted_by_name_with_their_counts),
         cmocka_unit_test(test_old_seconds_fall_out_of_the_window),
         cmocka_unit_test(test_seconds_clamped),
         cmocka_unit_test(test_queue_names_capped),
