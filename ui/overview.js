@@ -8,6 +8,8 @@ import { barChart } from "./chart.js";
 import { every } from "./poll.js";
 
 const SECONDS = 600, STEP = 10;
+// "3 %", and "<1 %" rather than "0 %" when some failed.
+const pct = (part, whole) => (part && Math.round((100 * part) / whole) === 0 ? "<1 %" : `${Math.round((100 * part) / whole)} %`);
 
 export function render(main) {
   const summary = h("div", { class: "grid", id: "summary" });
@@ -60,7 +62,7 @@ function renderSummary(el, queues, stats) {
     h("div", { class: "muted" }, label), h("div", { style: null, class: "n big" }, h("strong", {}, value)), sub ? h("div", { class: "muted" }, sub) : null);
   replace(el,
     tile("Waiting to run", `${sum.queued}`, `${sum.running} running, ${sum.waiting} waiting for a message`),
-    tile("Ended in the last minute", `${done}`, done ? `${failed} failed (${Math.round((100 * failed) / done)} %)` : "none failed"),
+    tile("Ended in the last minute", `${done}`, done ? `${failed} failed (${pct(failed, done)})` : "none failed"),
     tile("Failed (all time)", `${sum.failed}`, `${sum.succeeded} succeeded, ${sum.cancelled} cancelled`));
 }
 
@@ -98,7 +100,7 @@ function queueCard(name, refresh) {
     const ended = tot.succeeded + tot.failed + tot.cancelled;
     replace(foot,
       h("div", {}, `Last ${SECONDS / 60} min: ${ended} ended, ${tot.failed} failed`,
-        ended ? ` (${Math.round((100 * tot.failed) / ended)} %)` : "",
+        ended ? ` (${pct(tot.failed, ended)})` : "",
         `, ${(ended / (SECONDS / 60)).toFixed(1)} per minute`),
       h("div", { "data-oldest": "" }, "Oldest queued: ",
         oldest ? [h("a", { href: `#/jobs/${oldest.id}` }, `#${oldest.id}`), `, created ${ago(oldest.created_at)}`] : "none"));
