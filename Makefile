@@ -20,7 +20,7 @@ endif
 CC ?= cc
 PKGS := libmicrohttpd libcjson sqlite3 libcurl
 DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev pkg-config \
-            tzdata
+            tzdata chromium
 
 PKG_CFLAGS := $(foreach p,$(PKGS) cmocka,$(shell pkg-config --cflags $(p) 2>/dev/null))
 OPT ?= -O2
@@ -87,6 +87,20 @@ $(call lib,$(1)): $(call obj,$($(1)_SRC))
 ALL_OBJ += $(call obj,$($(1)_SRC))
 endef
 $(foreach l,$(LAYERS),$(eval $(call LAYER_RULES,$(l))))
+
+# ---- the dashboard: ui/* compiled into the api layer (api/ui_assets.h) ----
+UI_FILES := $(sort $(filter-out ui/README.md,$(wildcard ui/*.*)))
+UI_GEN := $(BUILD)/gen/ui_assets.c
+$(UI_GEN): $(UI_FILES) tools/ui_embed.sh
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  EMBED   $@")
+	$(Q)tools/ui_embed.sh $(UI_FILES) >$@.tmp && mv $@.tmp $@
+$(BUILD)/obj/gen/ui_assets.o: $(UI_GEN)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+$(call lib,api): $(BUILD)/obj/gen/ui_assets.o
+ALL_OBJ += $(BUILD)/obj/gen/ui_assets.o
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -168,8 +182,19 @@ $(BUILD)/bench/%: bench/%.c $(call deplibs,api)
 .DEFAULT_GOAL := all
 all: $(JACKDAWD) $(JACKDAW) $(PLUGIN_SOS)
 
+# node and npm from Debian only when there are none (another node package,
+# e.g. one bundling npm, conflicts with Debian's npm).
 deps:
 	@tools/deps.sh $(DEB_PKGS)
+	@command -v node >/dev/null || tools/deps.sh nodejs
+
+# puppeteer-core for the browser tests, at the version pinned in
+# tests/ui/package-lock.json (it drives Debian's chromium; no browser download).
+UI_NODE_MODULES := tests/ui/node_modules/.package-lock.json
+ui-deps: $(UI_NODE_MODULES)
+$(UI_NODE_MODULES): tests/ui/package.json tests/ui/package-lock.json
+	@command -v npm >/dev/null || tools/deps.sh npm
+	cd tests/ui && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory all
@@ -180,12 +205,13 @@ run: deps
 # Order: unit tests, the concurrency tests under TSan, integration and crash
 # tests against the real server, a short fuzz run when clang is present.
 TSAN_TESTS = $(STRESS_TESTS) $(scheduler_TESTS) $(plugins_TESTS) $(storage_TESTS) $(server_TESTS) $(api_TESTS)
-TEST_SCRIPTS = $(sort $(wildcard tests/integration/test_*.sh tests/crash/test_*.sh tests/fuzz/test_*.sh))
+TEST_SCRIPTS = $(sort $(wildcard tests/integration/test_*.sh tests/crash/test_*.sh tests/fuzz/test_*.sh \
+                                  tests/ui/test_*.sh))
 
 TSAN_BUILD ?= build/thread
 ASAN_BUILD ?= build/address
 
-test: deps
+test: deps ui-deps
 	$(Q)$(MAKE) --no-print-directory all unit-build
 	$(Q)$(MAKE) --no-print-directory SANITIZER=thread BUILD=$(TSAN_BUILD) tsan-build
 	$(Q)JD_BUILD=$(BUILD) tests/run.sh $(UNIT_TESTS) \
@@ -253,7 +279,7 @@ format:
 clean:
 	rm -rf build
 
-.PHONY: all deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
+.PHONY: all deps ui-deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
         bench-compare bench-e2e bench-schedules crash fuzz docker-smoke format clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

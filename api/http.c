@@ -442,6 +442,7 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     h->max_wait_ms = cfg->max_wait_ms ? cfg->max_wait_ms : 60000;
     h->heartbeat_ms = cfg->heartbeat_ms ? cfg->heartbeat_ms : 15000;
     h->store = cfg->store;
+    h->ui_off = cfg->ui_off;
     atomic_init(&h->jobs, NULL);
     atomic_init(&h->draining, false);
     atomic_init(&h->inflight, 0);

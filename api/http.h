@@ -39,6 +39,7 @@ struct jd_http_config {
     int64_t max_wait_ms;      /* cap on ?wait=; 0: 60 s */
     int64_t heartbeat_ms;     /* SSE heartbeat interval; 0: 15 s */
     struct jd_store *store;   /* borrowed, for /metrics; may be NULL */
+    bool ui_off;              /* true: no dashboard (/ui/ and / answer 404) */
 };
 
 /* Bind and start serving. Until jd_http_attach, /livez answers and

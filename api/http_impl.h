@@ -9,6 +9,7 @@
  *   routes_queues.c  /v1/queues handlers
  *   routes_schedules.c /v1/schedules handlers
  *   routes_misc.c    /livez, /readyz, /metrics, /v1/openapi.yaml, /v1/handlers
+ *   routes_ui.c      the dashboard (files under /ui/, / redirects) and /v1/stats
  *
  * Threading: a struct jd_req is used by one MHD pool thread at a time (the
  * one handling its connection); fields under "waiting" are guarded by
@@ -51,6 +52,7 @@ struct jd_http {
     unsigned max_parked;
     int64_t max_wait_ms, heartbeat_ms;
     struct jd_store *store;
+    bool ui_off; /* --ui off */
 
     _Atomic(struct jd_jobs *) jobs;           /* release on attach: handlers see a built layer */
     _Atomic(struct jd_schedules *) schedules; /* likewise (attached before jobs) */
@@ -207,5 +209,10 @@ enum MHD_Result route_readyz(struct jd_req *r);
 enum MHD_Result route_metrics(struct jd_req *r);
 enum MHD_Result route_openapi(struct jd_req *r);
 enum MHD_Result route_handlers(struct jd_req *r);
+
+/* routes_ui.c: */
+enum MHD_Result route_ui_root(struct jd_req *r);
+enum MHD_Result route_ui_file(struct jd_req *r);
+enum MHD_Result route_stats(struct jd_req *r);
 
 #endif

@@ -25,7 +25,7 @@ struct seg {
 };
 
 /* Split "/a/b/c" into segments; a trailing slash is ignored ("/v1/jobs/"
- * is "/v1/jobs"). Returns the count, or -1 when there are too many or the
+ * is "/v1/jobs"; "/" is no segment). Returns the count, or -1 when there are too many or the
  * path does not start with '/' or has an empty segment. */
 static int split(const char *path, struct seg *segs)
 {
@@ -130,7 +130,7 @@ int jd_router_match_in(const struct jd_route_def *rows, size_t nrows, const char
     struct seg segs[MAXSEG];
     memset(m, 0, sizeof *m);
     int n = split(path, segs);
-    if (n <= 0)
+    if (n < 0) /* "/" is zero segments: only the pattern "/" matches it */
         return JD_ENOENT;
     unsigned mb = method_bit(method);
     unsigned lookup = mb == JD_M_HEAD ? JD_M_GET : mb;

@@ -69,6 +69,10 @@
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_OPENAPI,      JD_M_GET,  "/v1/openapi.yaml",          route_openapi,                \
       JD_RF_V1)                                                                                    \
+    X(JD_ROUTE_STATS,        JD_M_GET,  "/v1/stats",                 route_stats,                  \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_UI_ROOT,      JD_M_GET,  "/",                         route_ui_root,     0)         \
+    X(JD_ROUTE_UI_FILE,      JD_M_GET,  "/ui/*",                     route_ui_file,     0)         \
     X(JD_ROUTE_LIVEZ,        JD_M_GET,  "/livez",                    route_livez,       0)         \
     X(JD_ROUTE_READYZ,       JD_M_GET,  "/readyz",                   route_readyz,      0)         \
     X(JD_ROUTE_METRICS,      JD_M_GET,  "/metrics",                  route_metrics,     0)

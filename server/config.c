@@ -87,6 +87,8 @@ static const struct opt opts[] = {
      "on SIGTERM/SIGINT, wait this long for running steps (default 10s)"},
     {"--max-schedules", "JACKDAW_MAX_SCHEDULES", OPT_UINT, F(max_schedules), "N",
      "schedules kept at most; creating more gets 429 (default 10000)"},
+    {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
+     "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
 
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -273,6 +275,7 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->db = jd_xstrdup("./data/jackdaw.db");
     c->plugin_dir = jd_xstrdup(default_plugin_dir);
     c->sync_full = true;
+    c->ui = true;
     c->max_body = (size_t)4 << 20; /* a 1000-job batch of small definitions fits */
     c->log_level = JD_LOG_INFO;
     c->http_threads = 2;       /* the target machines have 2 cores */
@@ -282,7 +285,7 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->max_wait_ms = 60000;
     c->heartbeat_ms = 15000; /* below common proxy idle timeouts (30-60 s) */
     c->grace_ms = 10000;
-    c->max_schedules = 10000; /* each holds a timer and its definition in memory */
+    c->max_schedules = 10000;            /* each holds a timer and its definition in memory */
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
 

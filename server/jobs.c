@@ -120,6 +120,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
              cfg->output_cap ? cfg->output_cap : (size_t)64 << 10);
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
+    j->series = jd_stats_create();
     /* Commit callbacks (rendering answers, waking connections, starting and
      * freeing jobs) on the store's completion thread, off the serial writer.
      * On failure they stay on the writer, which is correct, only slower. */
@@ -176,6 +177,7 @@ fail:
         jd_registry_destroy(j->reg);
     if (j->sched)
         jd_sched_destroy(j->sched);
+    jd_stats_destroy(j->series);
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);
@@ -285,6 +287,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
         free(i->key);
         free(i);
     }
+    jd_stats_destroy(j->series);
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);

@@ -79,6 +79,9 @@ void jd_jobs_destroy(struct jd_jobs *j);
 
 /* For metrics and GET /v1/handlers: borrowed, valid until destroy. */
 struct jd_sched *jd_jobs_sched(struct jd_jobs *j);
+/* For GET /v1/stats: the throughput series (server/stats.h), fed as jobs
+ * end; borrowed, valid until destroy. */
+struct jd_stats *jd_jobs_series(struct jd_jobs *j);
 
 /* ---- submitting ---- */
 

@@ -37,6 +37,7 @@
 #include "scheduler/sched.h"
 #include "server/jobdef.h"
 #include "server/jobs.h"
+#include "server/stats.h"
 #include "storage/store.h"
 
 #include <cJSON.h>
@@ -191,6 +192,7 @@ struct jd_jobs {
     bool draining, stopping, drained, sched_down;
     struct idem *idems; /* idempotency keys being committed */
     struct jd_jobs_stats st;
+    struct jd_stats *series; /* throughput per second (own lock, taken under mu) */
 };
 
 struct idem {

@@ -200,3 +200,8 @@ void jd_jobs_call_stats(struct jd_jobs *j, struct jd_jobs_call_stats *out)
                                        .retries = rs.retries,
                                        .late_dropped = rs.late_dropped};
 }
+
+struct jd_stats *jd_jobs_series(struct jd_jobs *j)
+{
+    return j->series;
+}

@@ -228,8 +228,10 @@ static void final_stats_locked(struct jd_jobs *j, struct job *jb, enum jd_job_st
         j->st.failed++;
     else if (s == JD_JOB_CANCELLED)
         j->st.cancelled++;
+    int64_t now = jd_wall_ms();
+    jd_stats_job_end(j->series, jb->queue, s, now);
     int64_t from = jb->started_ms ? jb->started_ms : jb->created_ms;
-    int64_t d = jd_wall_ms() - from;
+    int64_t d = now - from;
     if (d < 0)
         d = 0;
     static const int64_t bounds[11] = {1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000, 300000};

@@ -115,6 +115,7 @@ int main(int argc, char **argv)
         .max_wait_ms = cfg.max_wait_ms,
         .heartbeat_ms = cfg.heartbeat_ms,
         .store = store,
+        .ui_off = !cfg.ui,
     };
     if ((rc = jd_http_start(&hcfg, &http, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot start HTTP", "error", err.message, NULL);

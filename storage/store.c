@@ -494,6 +494,7 @@ enum {
     RS_SCHED_GET,
     RS_SCHED_LIST,
     RS_SCHED_EVENTS,
+    RS_OLDEST_QUEUED,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -539,6 +540,8 @@ static const char *const read_sql[RS_N] = {
     [RS_SCHED_LIST] = "SELECT " SCHED_COLS " FROM schedules WHERE id > ?1 ORDER BY id LIMIT ?2",
     [RS_SCHED_EVENTS] = "SELECT seq, time_ms, fire_ms, job_id, kind, data FROM schedule_events"
                         " WHERE schedule_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+    [RS_OLDEST_QUEUED] = "SELECT id, created_ms FROM jobs INDEXED BY jobs_queue_state"
+                          " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -800,6 +803,29 @@ int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, c
         *job_id = sqlite3_column_int64(st, 0);
         if (fingerprint)
             *fingerprint = col_text(st, 1);
+    }
+    rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    rconn_put(s, c);
+    return rc;
+}
+
+int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_id,
+                           int64_t *created_ms)
+{
+    if (!queue)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_OLDEST_QUEUED];
+    sqlite3_bind_text(st, 1, queue, -1, SQLITE_STATIC);
+    int src = sqlite3_step(st);
+    if (src == SQLITE_ROW) {
+        *job_id = sqlite3_column_int64(st, 0);
+        *created_ms = sqlite3_column_int64(st, 1);
     }
     rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
     sqlite3_reset(st);

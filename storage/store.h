@@ -263,6 +263,12 @@ struct jd_queue_counts {
 int jd_store_queue_counts(struct jd_store *s, struct jd_queue_counts **rows, size_t *n);
 void jd_queue_counts_free(struct jd_queue_counts *rows, size_t n);
 
+/* The queued job of queue (borrowed) with the lowest id, i.e. the one
+ * waiting longest: 0 with its id and creation time; JD_ENOENT if the queue
+ * has none queued. One index probe. */
+int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_id,
+                           int64_t *created_ms);
+
 /* 0 and *job_id (+ *fingerprint, caller frees, may be NULL) if key is
  * known; JD_ENOENT otherwise. */
 int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, char **fingerprint);

@@ -51,6 +51,8 @@ for t in "$@"; do
         tail -n 40 "$log" | sed 's/^/    /'
     else
         echo "ok   $t ($p passed, ${secs}s)"
+        # A skip is said out loud, with its reason, never only in the log.
+        grep -E '^ok [0-9]+ .*# SKIP' "$log" | sed "s|^|    skipped in $t: |"
     fi
 done
 echo "$passed passed, $failed failed"

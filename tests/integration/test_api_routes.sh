@@ -243,6 +243,7 @@ while read -r m p; do
     *) p=${p//\{id\}/$TASK} ;;
     esac
     p=${p//\{queue\}/specq}
+    p=${p//\{path\}/index.html}
     if [ "$m" = POST ]; then
         req POST "$p" -H 'Content-Type: application/json' --data-binary '{}'
     else

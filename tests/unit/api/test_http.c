@@ -22,6 +22,7 @@
 #include "scheduler/sched.h"
 #include "server/jobs.h"
 #include "server/schedules.h"
+#include "server/stats.h"
 #include "storage/store.h"
 
 #include <arpa/inet.h>
@@ -371,6 +372,11 @@ void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out)
 struct jd_sched *jd_jobs_sched(struct jd_jobs *j)
 {
     return NULL;
+}
+static struct jd_stats *fake_series; /* the real series module, fed by the tests */
+struct jd_stats *jd_jobs_series(struct jd_jobs *j)
+{
+    return fake_series;
 }
 void jd_sched_stats(struct jd_sched *s, struct jd_sched_stats *out)
 {
@@ -743,6 +749,77 @@ static void test_auth(void **state)
     resp_free(&r);
 }
 
+/* The dashboard's files and /v1/stats: public files with ETag, CSP and
+ * 304; redirects to /ui/; the series under the token; --ui off. */
+static void test_dashboard(void **state)
+{
+    jd_http_stop(srv, 1000);
+    srv = start("s3cret", 8, 1024);
+    jd_http_attach(srv, &fake);
+    struct resp r = call("GET", "/ui/", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_true(has_header(&r, "Content-Type: text/html; charset=utf-8"));
+    assert_true(has_header(&r, "Content-Security-Policy: default-src 'none'; script-src 'self';"));
+    assert_non_null(strstr(r.body, "<!doctype html>"));
+    const char *e = strstr(r.headers, "ETag: ");
+    assert_non_null(e);
+    char inm[96];
+    snprintf(inm, sizeof inm, "If-None-Match: %.*s", (int)strcspn(e + 6, "\r\n"), e + 6);
+    resp_free(&r);
+    r = call("GET", "/ui/", NULL, inm, NULL);
+    assert_int_equal(r.status, 304);
+    assert_int_equal(r.len, 0);
+    resp_free(&r);
+    r = call("GET", "/ui/app.js", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_true(has_header(&r, "Content-Type: text/javascript"));
+    resp_free(&r);
+    r = call("GET", "/", NULL, NULL);
+    assert_int_equal(r.status, 302);
+    assert_true(has_header(&r, "Location: /ui/"));
+    resp_free(&r);
+    r = call("GET", "/ui", NULL, NULL);
+    assert_int_equal(r.status, 302);
+    resp_free(&r);
+    r = call("GET", "/ui/missing.js", NULL, NULL);
+    expect_problem(&r, 404);
+    resp_free(&r);
+
+    jd_stats_job_end(fake_series, "mail", JD_JOB_FAILED, jd_wall_ms());
+    r = call("GET", "/v1/stats", NULL, NULL);
+    expect_problem(&r, 401);
+    resp_free(&r);
+    r = call("GET", "/v1/stats?seconds=5", NULL, "Authorization: Bearer s3cret", NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"seconds\":5,"));
+    assert_non_null(strstr(r.body, "\"name\":\"mail\""));
+    assert_non_null(strstr(r.body, "\"totals\":{\"succeeded\":0,\"failed\":1,\"cancelled\":0}"));
+    assert_non_null(strstr(r.body, "\"oldest_queued\":[]")); /* no store here */
+    resp_free(&r);
+    const char *bad[] = {"0", "901", "-1", "abc", "", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[64];
+        snprintf(path, sizeof path, "/v1/stats?seconds=%s", bad[i]);
+        r = call("GET", path, NULL, "Authorization: Bearer s3cret", NULL);
+        expect_problem(&r, 400);
+        resp_free(&r);
+    }
+    jd_http_stop(srv, 1000);
+
+    struct jd_http_config cfg = {.host = "127.0.0.1", .ui_off = true};
+    struct jd_error err = {0};
+    if (jd_http_start(&cfg, &srv, &err) != 0)
+        fail_msg("start: %s", err.message);
+    port = jd_http_port(srv);
+    jd_http_attach(srv, &fake);
+    r = call("GET", "/ui/", NULL, NULL);
+    expect_problem(&r, 404);
+    resp_free(&r);
+    r = call("GET", "/", NULL, NULL);
+    expect_problem(&r, 404);
+    resp_free(&r);
+}
+
 struct advance_arg {
     int64_t id;
     int delay_ms;
@@ -1003,6 +1080,7 @@ int main(void)
     pthread_mutex_init(&fake.mu, NULL);
     pthread_cond_init(&fake.cv, NULL);
     curl_global_init(CURL_GLOBAL_ALL);
+    fake_series = jd_stats_create();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ready_only_after_attach),
         cmocka_unit_test_setup_teardown(test_routing_errors, setup, teardown),
@@ -1010,6 +1088,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_submit_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_actions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dashboard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_poll_woken_by_completion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_poll_since_and_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parked_cap_and_drain, setup, teardown),
@@ -1018,6 +1097,7 @@ int main(void)
         cmocka_unit_test(test_burst_of_ready_connections_answered),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    jd_stats_destroy(fake_series);
     curl_global_cleanup();
     return rc;
 }

@@ -50,6 +50,12 @@ static void test_every_route_documented(void **state)
     for (int r = JD_ROUTE_NONE + 1; r < JD_ROUTE_COUNT; r++) {
         char key[128];
         snprintf(key, sizeof key, "\n  %s:\n", jd_route_name((enum jd_route)r));
+        /* OpenAPI has no rest-of-path template: a final "*" is "{path}" there */
+        char *star = strstr(key, "*:");
+        if (star != NULL) {
+            memmove(star + 6, star + 1, strlen(star + 1) + 1);
+            memcpy(star, "{path}", 6);
+        }
         if (strstr(jd_openapi_yaml, key) == NULL)
             fail_msg("route %s missing from api/openapi.yaml", jd_route_name((enum jd_route)r));
     }

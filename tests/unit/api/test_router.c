@@ -46,12 +46,17 @@ static void test_every_route(void **state)
     /* HEAD is GET without a body; a trailing slash is tolerated */
     expect_route("HEAD", "/v1/jobs/7", JD_ROUTE_JOB_GET, "7");
     expect_route("GET", "/v1/jobs/", JD_ROUTE_JOB_LIST, "");
+    /* the dashboard: "/" is a route of its own; under /ui/ the rest is the param */
+    expect_route("GET", "/", JD_ROUTE_UI_ROOT, "");
+    expect_route("GET", "/ui/", JD_ROUTE_UI_FILE, "");
+    expect_route("GET", "/ui", JD_ROUTE_UI_FILE, "");
+    expect_route("GET", "/ui/app.js", JD_ROUTE_UI_FILE, "app.js");
+    expect_route("GET", "/v1/stats", JD_ROUTE_STATS, "");
 }
 
 static void test_unknown_paths_404(void **state)
 {
-    const char *paths[] = {"/",
-                           "",
+    const char *paths[] = {"",
                            "v1/jobs",
                            "/v2/jobs",
                            "/v1",
@@ -61,6 +66,9 @@ static void test_unknown_paths_404(void **state)
                            "/livez/x",
                            "/a/b/c/d/e/f/g",
                            "/METRICS",
+                           "/ui/../v1/jobs",
+                           "/ui/a/./b",
+                           "/uix",
                            NULL};
     for (int i = 0; paths[i] != NULL; i++) {
         struct jd_route_match m;
