@@ -293,7 +293,10 @@ int jd_every_parse(const char *s, int64_t *ms, struct jd_error *err)
                                 "\"1h30m\" (units ms, s, m, h, d)",
                                 s);
         p += strlen(units[k].unit);
-        total += v * units[k].ms; /* v < 10^12, ms <= 8.64e7: no overflow before the check */
+        /* Compare before multiplying: 12 digits of days would overflow int64. */
+        if (v > JD_EVERY_MAX_MS / units[k].ms)
+            return jd_error_set(err, JD_EINVAL, NULL, "interval \"%.40s\" is longer than 366d", s);
+        total += v * units[k].ms;
         if (total > JD_EVERY_MAX_MS)
             return jd_error_set(err, JD_EINVAL, NULL, "interval \"%.40s\" is longer than 366d", s);
     }

@@ -271,8 +271,18 @@ static void test_every(void **state)
     assert_true(ms == 1500);
     assert_int_equal(jd_every_parse("2d", &ms, &err), 0);
     assert_true(ms == 172800000);
-    const char *bad[] = {"",      "30",    "s",  "1x",   "-5s",
-                         "1.5s",  "999ms", "0s", "367d", "99999999999999999999s",
+    const char *bad[] = {"",
+                         "30",
+                         "s",
+                         "1x",
+                         "-5s",
+                         "1.5s",
+                         "999ms",
+                         "0s",
+                         "367d",
+                         "99999999999999999999s",
+                         "999999999999d",
+                         "1d999999999999h",
                          "1h 30m"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (jd_every_parse(bad[i], &ms, &err) != JD_EINVAL)
