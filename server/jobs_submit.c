@@ -14,20 +14,38 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/sha256.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void fingerprint(const char *text, char out[17])
+/* The Idempotency-Key fingerprint of a definition: SHA-256 of its stored
+ * text, so that no one can build a second body that passes for the first
+ * (a 64-bit FNV-1a hash, used before, can be made to collide). */
+static void fingerprint(const char *text, char out[JD_SHA256_HEX_LEN + 1])
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 */
+    jd_sha256_hex(text, strlen(text), out);
+}
+
+/* Whether a stored fingerprint is the one of text. Keys stored before the
+ * switch to SHA-256 hold 16 hex digits of FNV-1a 64; they are compared that
+ * way, so that a client retrying across an upgrade gets its job back. */
+static bool fingerprint_matches(const char *stored, const char *text, const char *fp)
+{
+    if (!stored)
+        return false;
+    if (strlen(stored) != 16)
+        return strcmp(stored, fp) == 0;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a 64, legacy keys only */
     for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
         h ^= *p;
         h *= 1099511628211ull;
     }
-    snprintf(out, 17, "%016" PRIx64, h);
+    char legacy[17];
+    snprintf(legacy, sizeof legacy, "%016" PRIx64, h);
+    return strcmp(stored, legacy) == 0;
 }
 
 /* Under mu: a job and its insert record (id 0: a fresh one). */
@@ -65,13 +83,13 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
     int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
     if (rc)
         return rc;
-    char fp[17];
+    char fp[JD_SHA256_HEX_LEN + 1];
     fingerprint(d->text, fp);
     if (idempotency_key) {
         int64_t existing = 0;
         char *efp = NULL;
         if (jd_store_idem_lookup(j->store, idempotency_key, &existing, &efp) == 0) {
-            bool same = efp && strcmp(efp, fp) == 0;
+            bool same = fingerprint_matches(efp, d->text, fp);
             free(efp);
             jd_jobdef_free(d);
             if (!same)

@@ -13,6 +13,8 @@
 #include <cmocka.h>
 
 #include "jobs_test_util.h"
+#include "common/sha256.h"
+#include <inttypes.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -422,6 +424,58 @@ static void test_retry_of_a_failed_job_keeps_history(void **state)
     cJSON_Delete(wait_terminal(e.jobs, ok, 5000));
     assert_int_equal(jd_jobs_retry(e.jobs, ok, action_cb, &aw), JD_ECONFLICT);
     assert_int_equal(jd_jobs_retry(e.jobs, 77777, action_cb, &aw), JD_ENOENT);
+    env_down(&e);
+}
+
+/* The Idempotency-Key fingerprint is the SHA-256 of the stored definition
+ * (an FNV-1a 64 one could be made to collide with a second body); keys
+ * stored with an FNV fingerprint before the switch still work. */
+static void test_idempotency_fingerprint_is_sha256(void **state)
+{
+    (void)state;
+    struct env e;
+    env_up(&e, NULL);
+    bool existing = true;
+    const char *def = "{\"handler\":\"t.echo\",\"args\":{\"k\":1}}";
+    const char *other = "{\"handler\":\"t.echo\",\"args\":{\"k\":2}}";
+    int64_t a = submit_key(e.jobs, def, "key-1", &existing);
+    struct jd_error err;
+    struct submit_wait w = {0};
+
+    struct jd_job row = {0};
+    char *fp = NULL;
+    int64_t found = 0;
+    assert_int_equal(jd_store_idem_lookup(e.store, "key-1", &found, &fp), 0);
+    assert_int_equal(found, a);
+    assert_int_equal(jd_store_job_get(e.store, a, &row), 0);
+    char want[JD_SHA256_HEX_LEN + 1];
+    jd_sha256_hex(row.definition, strlen(row.definition), want);
+    assert_non_null(fp);
+    assert_string_equal(fp, want);
+    free(fp);
+    /* A key stored before the switch (16 hex digits of FNV-1a 64) still
+     * answers the same body with its job, and a different body with 422. */
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)row.definition; *p; p++) {
+        h ^= *p;
+        h *= 1099511628211ull;
+    }
+    char legacy[17];
+    snprintf(legacy, sizeof legacy, "%016" PRIx64, h);
+    struct jd_job old = {.id = jd_store_next_id(e.store),
+                         .queue = "default",
+                         .definition = row.definition,
+                         .created_ms = 1,
+                         .idempotency_key = "legacy-1"};
+    struct jd_write ow = {.op = JD_W_JOB_INSERT, .job = &old, .idem_fingerprint = legacy};
+    assert_int_equal(jd_store_submit(e.store, &ow), 0);
+    assert_int_equal(jd_store_sync(e.store), 0);
+    jd_job_clear(&row);
+    assert_int_equal(jd_jobs_submit(e.jobs, other, strlen(other), "legacy-1", submit_cb, &w, &err),
+                     JD_EINVAL);
+    int64_t c = submit_key(e.jobs, def, "legacy-1", &existing);
+    assert_true(existing);
+    assert_int_equal(c, old.id);
     env_down(&e);
 }
 
@@ -844,6 +898,7 @@ int main(void)
         cmocka_unit_test(test_priority_pause_and_delay),
         cmocka_unit_test(test_retry_of_a_failed_job_keeps_history),
         cmocka_unit_test(test_idempotency_batches_and_reads),
+        cmocka_unit_test(test_idempotency_fingerprint_is_sha256),
         cmocka_unit_test(test_watch_and_unwatch),
         cmocka_unit_test(test_unwatch_never_returns_while_fn_is_pending_or_running),
         cmocka_unit_test(test_records_wait_for_a_full_disk),
