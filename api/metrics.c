@@ -163,6 +163,10 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
     put(b, "jackdaw_jobs_finished_total{state=\"failed\"} %llu\n", (unsigned long long)j->failed);
     put(b, "jackdaw_jobs_finished_total{state=\"cancelled\"} %llu\n",
         (unsigned long long)j->cancelled);
+    scalar(b, "jackdaw_jobs_quarantined_total", "counter",
+           "Jobs failed as quarantined at start: the server died --max-replays times in a row "
+           "while running each.",
+           j->quarantined);
     family(b, "jackdaw_jobs", "gauge", "Jobs in memory by state.");
     put(b, "jackdaw_jobs{state=\"queued\"} %llu\n", (unsigned long long)j->queued_mem);
     put(b, "jackdaw_jobs{state=\"running\"} %llu\n", (unsigned long long)j->running);

@@ -7,6 +7,7 @@
  * "--flag=value" are accepted. Single-threaded: called from main() only.
  */
 #include "server/config.h"
+#include "server/jobs.h"
 
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -87,6 +88,9 @@ static const struct opt opts[] = {
      "on SIGTERM/SIGINT, wait this long for running steps (default 10s)"},
     {"--max-schedules", "JACKDAW_MAX_SCHEDULES", OPT_UINT, F(max_schedules), "N",
      "schedules kept at most; creating more gets 429 (default 10000)"},
+    {"--max-replays", "JACKDAW_MAX_REPLAYS", OPT_UINT, F(max_replays), "N",
+     "fail a job as quarantined once the server died N times in a row while running it "
+     "(default 3, 0: never)"},
     {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
      "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
@@ -285,7 +289,8 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->max_wait_ms = 60000;
     c->heartbeat_ms = 15000; /* below common proxy idle timeouts (30-60 s) */
     c->grace_ms = 10000;
-    c->max_schedules = 10000;            /* each holds a timer and its definition in memory */
+    c->max_schedules = 10000; /* each holds a timer and its definition in memory */
+    c->max_replays = JD_JOBS_MAX_REPLAYS_DEFAULT;
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
 

@@ -35,6 +35,15 @@
  * (A process that does not yield a recorded tag again leaves the events
  * behind it waiting; cancel and timeout_ms still end it.)
  *
+ * Poison jobs: a job whose replay kills the process would kill it on every
+ * start. jobs.crashes counts, per job, the deaths in a row of a process that
+ * was running it (the store says whether the last process closed the
+ * database: jd_store_unclean). At start the count of every started job goes
+ * up by one after an unclean end (or back to 0 after a clean one) and is
+ * committed before any replay runs; at max_replays the job fails with kind
+ * "quarantined" instead. A new completion, going idle, a fresh run or the
+ * job's end puts it back to 0 (jobs_crashes_reset).
+ *
  * Watches: a watch stays findable from jd_jobs_watch until its fn has
  * returned or it was withdrawn (struct watch), which is what lets unwatch
  * keep its promise in the window between a commit detaching it and its fn.
@@ -109,6 +118,9 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     j->limits = jd_jobdef_limits(&cfg->limits);
     j->cancel_grace_ms = cfg->cancel_grace_ms > 0 ? cfg->cancel_grace_ms : 5000;
     j->max_running = cfg->max_running ? cfg->max_running : 10000;
+    j->max_replays = cfg->max_replays < 0    ? 0u
+                     : cfg->max_replays == 0 ? JD_JOBS_MAX_REPLAYS_DEFAULT
+                                             : (unsigned)cfg->max_replays;
     j->exec_allow = jd_xstrdup(cfg->exec_allow);
     j->http_allow = jd_xstrdup(cfg->http_allow);
     j->exec_env_allow = jd_xstrdup(cfg->exec_env_allow);

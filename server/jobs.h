@@ -31,6 +31,8 @@ struct jd_store;
 struct jd_sched;
 struct jd_registry;
 
+#define JD_JOBS_MAX_REPLAYS_DEFAULT 3 /* deaths in a row: one is bad luck, three is the job */
+
 /* Limits on job definitions (each violation has its own clear error). */
 struct jd_job_limits {
     size_t max_definition_bytes; /* default 1 MiB */
@@ -62,6 +64,11 @@ struct jd_jobs_config {
     int64_t cancel_grace_ms;     /* cancel event -> forced termination; 0: 5000 */
     unsigned max_running;        /* jobs running at once; 0: 10000. A job waiting for a
                                     message does not count until it runs again. */
+    /* A job that was being run when the process died this many times in a
+     * row is failed with kind "quarantined" at the next start instead of
+     * being replayed (a poison job must not crash the server forever).
+     * 0: 3; negative: never. */
+    int max_replays;
 };
 
 /* Create the scheduler and registry, load plugins, and resume every
@@ -219,6 +226,7 @@ struct jd_jobs_stats {
     uint64_t submitted, succeeded, failed, cancelled, running, waiting, queued_mem;
     uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */
     uint64_t duration_ms_sum;
+    uint64_t quarantined; /* jobs failed at start after crashing the process (max_replays) */
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

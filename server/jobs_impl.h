@@ -142,6 +142,7 @@ struct job {
     int64_t version;                   /* committed */
     bool inserted;                     /* insert committed */
     uint32_t run;                      /* attempts: 1 for the first run */
+    uint32_t crashes; /* durable (jobs.crashes): deaths of the process in a row while it ran */
     bool admitted, spawned, finished, cancel_requested, cancel_sent, timed_out;
     bool slot_free; /* admitted, but waiting for a message: not counted in running */
     jd_pid pid;
@@ -178,6 +179,7 @@ struct jd_jobs {
     struct jd_job_limits limits;
     int64_t cancel_grace_ms;
     unsigned max_running;
+    unsigned max_replays; /* 0: never quarantine */
     char *exec_allow, *http_allow, output_cap[24];
     char *exec_env_allow, exec_timeout[24], http_timeout[24]; /* "": the plugin's default */
 
@@ -295,6 +297,11 @@ void jobs_record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag, str
                             const char *result, const char *error);
 void jobs_record_dispatch(struct jd_jobs *j, struct job *jb, uint32_t tag, const char *command,
                           const char *args, uint32_t attempt, int64_t deadline_ms);
+/* Record jb's crash count n (no event; see jobs_replay.c). */
+void jobs_record_crashes(struct jd_jobs *j, struct job *jb, uint32_t n);
+/* The job got past whatever it was doing when the process died (a new
+ * completion, idle, a fresh run, its end): its run of crashes is over. */
+void jobs_crashes_reset(struct jd_jobs *j, struct job *jb);
 
 /* jobs_watch.c: firing watches (collect under mu, fire without). */
 void jobs_watches_collect(struct jd_jobs *j, int64_t job_id, int64_t version, bool terminal,

@@ -263,7 +263,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     }
 
     pthread_mutex_lock(&j->mu);
-    if (rc == 0 && jb) {
+    if (rc == 0 && jb && w->op != JD_W_JOB_CRASHES) {
         if (w->version > jb->version)
             jb->version = w->version;
         if (w->op == JD_W_JOB_INSERT) {
@@ -413,6 +413,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
 void jobs_record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
                        char *error, int64_t finished_ms, unsigned tries)
 {
+    jobs_crashes_reset(j, jb); /* a manual retry starts a new run of crashes */
     struct wrec *r = jobs_state_rec(j, jb, s, AFTER_FINAL);
     r->w.set |= JD_SET_OUTPUT | JD_SET_ERROR | JD_SET_FINISHED;
     r->output = output;
@@ -450,6 +451,25 @@ void jobs_record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag, str
                             const char *result, const char *error)
 {
     record_completion_try(j, jb, tag, token, result, error, 0);
+    jobs_crashes_reset(j, jb);
+}
+
+/* Under mu. Not history: no event, no new version, nothing to act on after
+ * the commit (a failure leaves the old count, which errs toward
+ * quarantining a job that did not crash, never toward looping). */
+void jobs_record_crashes(struct jd_jobs *j, struct job *jb, uint32_t n)
+{
+    struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CRASHES);
+    r->w.crashes = n;
+    jb->crashes = n;
+    jobs_record(r);
+}
+
+/* Under mu. */
+void jobs_crashes_reset(struct jd_jobs *j, struct job *jb)
+{
+    if (jb->crashes > 0)
+        jobs_record_crashes(j, jb, 0);
 }
 
 #define RETRY_FIRST_MS 100 /* a record that failed to commit is tried again after this, */

@@ -6,6 +6,11 @@
  * queue in history order, so the replayed process sees them in the order
  * it saw them before (see struct dlv and jobs_run.c's hook_dispatch).
  *
+ * Poison jobs (see jobs.c): before any started job is replayed, its crash
+ * count is brought up to date (one more after an unclean end, 0 after a
+ * clean one) and committed; a job at max_replays is failed with kind
+ * "quarantined" instead of being replayed.
+ *
  * Threading: runs inside jd_jobs_create before any other thread calls in;
  * it still takes jd_jobs.mu where the live paths expect it.
  */
@@ -15,6 +20,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +56,7 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
     jb->inserted = true;
     jb->run = row->attempts ? row->attempts : 1;
     jb->started_ms = row->started_ms;
+    jb->crashes = row->crashes;
     for (size_t i = 0; i < n; i++) {
         cJSON *d = ev[i].data ? cJSON_Parse(ev[i].data) : NULL;
         const cJSON *run = cJSON_GetObjectItemCaseSensitive(d, "run");
@@ -111,9 +119,47 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
     return 0;
 }
 
+/* Under mu: fail a started job that the process died running `crashes` times
+ * in a row, instead of replaying it once more. */
+static void quarantine_locked(struct jd_jobs *j, struct job *jb, uint32_t crashes)
+{
+    char m[240];
+    snprintf(m, sizeof m,
+             "the server stopped %u times in a row while this job was running; it is not run "
+             "again (--max-replays %u)",
+             crashes, j->max_replays);
+    jd_logf(JD_LOG_WARN, "job %" PRId64 " quarantined: %s", jb->id, m);
+    j->st.quarantined++;
+    jb->finished = true;
+    jobs_record_crashes(j, jb, 0); /* a manual retry starts a new run of crashes */
+    struct wrec *r = jobs_state_rec(j, jb, JD_JOB_FAILED, AFTER_FINAL);
+    r->error = jobs_err_json("quarantined", m);
+    r->w.set |= JD_SET_ERROR | JD_SET_FINISHED;
+    r->w.error = r->error;
+    r->w.finished_ms = jd_wall_ms();
+    jobs_record(r);
+}
+
+/* Under mu: whether a started job is replayed (true) or quarantined. Its
+ * crash count is recorded; the caller commits it before any replay runs. */
+static bool count_crash_locked(struct jd_jobs *j, struct job *jb, bool unclean, bool *wrote)
+{
+    uint32_t n = unclean ? jb->crashes + 1 : 0;
+    if (j->max_replays && n >= j->max_replays) {
+        quarantine_locked(j, jb, n);
+        return false;
+    }
+    if (n != jb->crashes) {
+        jobs_record_crashes(j, jb, n);
+        *wrote = true;
+    }
+    return true;
+}
+
 /* Read every non-terminal job back with its history and resume it: a queued
  * one enters its queue (or ends, if its cancel was recorded), a started one
- * is spawned again and replays. Jobs are resumed in id order. */
+ * is spawned again and replays (or is quarantined). Jobs are resumed in id
+ * order. */
 int jobs_recover(struct jd_jobs *j, struct jd_error *err)
 {
     int rc;
@@ -135,14 +181,15 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
         rev = rctx.list;
         rctx.list = n;
     }
-    unsigned resumed = 0;
+    bool unclean = jd_store_unclean(j->store), wrote = false;
+    size_t nstart = 0, cap = 0;
+    struct job **starts = NULL;
     while (rev) {
         struct job *jb = rev;
         rev = jb->qnext;
         jb->qnext = NULL;
         pthread_mutex_lock(&j->mu);
         jobs_job_insert(j, jb);
-        bool start = false;
         if (jb->state == JD_JOB_QUEUED) {
             if (jb->cancel_requested) {
                 jb->finished = true;
@@ -155,18 +202,24 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
             } else {
                 jobs_enqueue_locked(j, jb);
             }
-        } else {
+        } else if (count_crash_locked(j, jb, unclean, &wrote)) {
             jb->admitted = true;
             j->running++;
-            start = true;
+            if (nstart == cap) {
+                cap = cap ? cap * 2 : 64;
+                starts = jd_xrealloc(starts, cap * sizeof *starts);
+            }
+            starts[nstart++] = jb;
         }
         pthread_mutex_unlock(&j->mu);
-        if (start) {
-            jobs_start_job(j, jb, true);
-            resumed++;
-        }
     }
-    if (resumed)
-        jd_logf(JD_LOG_INFO, "resumed %u running jobs", resumed);
+    /* The counts are durable before a replay can take the process down. */
+    if (wrote && (rc = jd_store_sync(j->store)) != 0)
+        jd_logf(JD_LOG_WARN, "recording crash counts failed: %s", jd_strerror(rc));
+    for (size_t i = 0; i < nstart; i++)
+        jobs_start_job(j, starts[i], true);
+    free(starts);
+    if (nstart)
+        jd_logf(JD_LOG_INFO, "resumed %zu running jobs", nstart);
     return 0;
 }

@@ -105,6 +105,7 @@ void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume)
         return;
     }
     if (!resume) {
+        jobs_crashes_reset(j, jb);
         jb->started_ms = jd_wall_ms();
         struct wrec *r = jobs_state_rec(j, jb, JD_JOB_RUNNING, AFTER_NONE);
         r->w.set |= JD_SET_ATTEMPTS | JD_SET_STARTED;
@@ -210,6 +211,10 @@ void jobs_hook_stepped(void *ctx, jd_pid pid, void *user, enum jd_step_status st
     if (!jb->finished && !j->stopping) {
         if (status == JD_STEP_IDLE && jb->state == JD_JOB_RUNNING)
             jobs_record_state(j, jb, JD_JOB_WAITING);
+        /* Idle: the replay got through the whole history without taking
+         * the process down; only a job being run counts as a suspect. */
+        if (status == JD_STEP_IDLE)
+            jobs_crashes_reset(j, jb);
         else if (status != JD_STEP_IDLE && jb->state == JD_JOB_WAITING)
             jobs_record_state(j, jb, JD_JOB_RUNNING);
         /* A job waiting for a message does not hold one of max_running's

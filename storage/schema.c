@@ -143,6 +143,11 @@ static const char *const migrations[] = {
     "  data TEXT"
     ") STRICT;"
     "CREATE UNIQUE INDEX schedule_events_seq ON schedule_events(schedule_id, seq);",
+
+    /* 4: how many times in a row the process died while a job was being
+     * run (poison jobs: the job layer quarantines one at --max-replays).
+     * Not part of the job's history: setting it appends no event. */
+    "ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

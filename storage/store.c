@@ -19,6 +19,7 @@
 
 #include "common/alloc.h"
 #include "common/error.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -327,6 +328,35 @@ static int seed_next_id(struct jd_store *s, struct jd_error *err)
 
 static void store_free(struct jd_store *s);
 
+/* meta 'open' is 1 while a process has the database open and 0 once it
+ * closed it: found at 1, the last process died without closing. Set here,
+ * before the writer starts; cleared by store_free after it stopped. */
+static int mark_open(struct jd_store *s, struct jd_error *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(s->wdb, "SELECT value FROM meta WHERE key = 'open'", -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW)
+        s->unclean = sqlite3_column_int64(st, 0) != 0;
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return jd_error_set(err, jd_store_sqlite_rc(rc), NULL, "database %s: reading meta: %s",
+                            s->path, sqlite3_errmsg(s->wdb));
+    /* Not fatal: a database at --max-db-size must still open (and drain). */
+    s->marked_open = sqlite3_exec(s->wdb,
+                                  "INSERT INTO meta(key, value) VALUES ('open', 1)"
+                                  " ON CONFLICT(key) DO UPDATE SET value = 1",
+                                  NULL, NULL, NULL) == SQLITE_OK;
+    if (!s->marked_open)
+        jd_log(JD_LOG_WARN, "storage: marking the database open failed", "db", s->path, "error",
+               sqlite3_errmsg(s->wdb), NULL);
+    return 0;
+}
+
+bool jd_store_unclean(const struct jd_store *s)
+{
+    return s->unclean;
+}
+
 /* Process-wide SQLite settings, before SQLite initialises (if something
  * else initialised it first they are skipped, which costs only speed): no
  * memory statistics (they take a global mutex on every malloc and free),
@@ -386,6 +416,8 @@ int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, stru
         goto fail;
     if ((rc = seed_next_id(s, err)) != 0)
         goto fail;
+    if ((rc = mark_open(s, err)) != 0)
+        goto fail;
     if ((rc = jd_checkpointer_start(s, err)) != 0)
         goto fail;
     if ((rc = jd_writer_start(s, err)) != 0)
@@ -410,6 +442,10 @@ static void store_free(struct jd_store *s)
 {
     jd_writer_stop(s);
     jd_checkpointer_stop(s);
+    if (s->marked_open && sqlite3_exec(s->wdb, "UPDATE meta SET value = 0 WHERE key = 'open'", NULL,
+                                       NULL, NULL) != SQLITE_OK)
+        jd_log(JD_LOG_WARN, "storage: marking the database closed failed", "db", s->path, "error",
+               sqlite3_errmsg(s->wdb), NULL);
     while (s->pool) {
         struct jd_rconn *c = s->pool;
         s->pool = c->next;
@@ -472,7 +508,7 @@ void jd_store_stats(struct jd_store *s, struct jd_store_stats *out)
 #define JOB_COLS                                                                                   \
     "j.id, j.queue, j.priority, j.state, d.definition, j.run_at_ms, j.attempts, j.version,"        \
     " j.output, j.error, j.created_ms, j.updated_ms, j.started_ms, j.finished_ms,"                 \
-    " j.idempotency_key, j.schedule_id"
+    " j.idempotency_key, j.schedule_id, j.crashes"
 #define JOB_FROM " FROM jobs j CROSS JOIN job_definitions d ON d.job_id = j.id"
 #define EVENT_COLS "job_id, seq, time_ms, kind, tag, data"
 
@@ -541,7 +577,7 @@ static const char *const read_sql[RS_N] = {
     [RS_SCHED_EVENTS] = "SELECT seq, time_ms, fire_ms, job_id, kind, data FROM schedule_events"
                         " WHERE schedule_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
     [RS_OLDEST_QUEUED] = "SELECT id, created_ms FROM jobs INDEXED BY jobs_queue_state"
-                          " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
+                         " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -608,6 +644,7 @@ static void row_to_job(sqlite3_stmt *st, struct jd_job *j)
     j->finished_ms = sqlite3_column_int64(st, 13);
     j->idempotency_key = col_text(st, 14);
     j->schedule_id = col_text(st, 15);
+    j->crashes = (uint32_t)sqlite3_column_int64(st, 16);
 }
 
 static void row_to_event(sqlite3_stmt *st, struct jd_job_event *e)

@@ -75,6 +75,7 @@ struct jd_job {
     int64_t created_ms, updated_ms, started_ms, finished_ms; /* 0: unset */
     char *idempotency_key;                                   /* or NULL */
     char *schedule_id; /* the schedule that created it, or NULL */
+    uint32_t crashes;  /* times in a row the process died while it was being run */
 };
 void jd_job_clear(struct jd_job *j); /* frees the strings, zeroes the struct */
 
@@ -108,6 +109,11 @@ int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, stru
  * after every producer and reader has stopped, never from a done(). */
 void jd_store_close(struct jd_store *s);
 
+/* Whether the last process that opened this database ended without closing
+ * it (it crashed or was killed): then the jobs it was running were being run
+ * when it died. False for a new database. */
+bool jd_store_unclean(const struct jd_store *s);
+
 /* The schema version this binary migrates to. */
 int jd_store_schema_version(void);
 
@@ -123,6 +129,8 @@ enum jd_write_op {
     JD_W_SCHEDULE_PUT = 3, /* create or replace schedule `sched` (+ its event) */
     JD_W_SCHEDULE_CHANGE = 4, /* update schedule `sched` (JD_SSET_*) and/or append its event */
     JD_W_SCHEDULE_DELETE = 5, /* delete schedule `sched.id` and its history */
+    JD_W_JOB_CRASHES = 6,     /* set job `job_id`'s crash count to `crashes`; no event is
+                                 appended and the version does not change */
 };
 
 /* Fields of a schedule row a JD_W_SCHEDULE_CHANGE sets. */
@@ -180,6 +188,7 @@ struct jd_write {
     const char *output, *error; /* JSON text or NULL */
     int64_t run_at_ms, started_ms, finished_ms;
     uint32_t attempts;
+    uint32_t crashes; /* JD_W_JOB_CRASHES */
     /* the event (JD_W_JOB_CHANGE; for an insert the store writes
      * {"state":"queued"} itself) */
     enum jd_event_kind kind;

@@ -47,6 +47,7 @@ enum {
     JD_WS_SCHED_TRIM,
     JD_WS_SCHED_DELETE,
     JD_WS_SCHED_DEL_EVENTS,
+    JD_WS_JOB_CRASHES,
     JD_WS_N
 };
 
@@ -61,6 +62,8 @@ struct jd_store {
     bool sync_full;
     int64_t retention_ms;
     unsigned max_batch;
+    bool unclean;     /* the last process to open the file did not close it */
+    bool marked_open; /* meta 'open' is 1 for this process: cleared at close */
 
     /* ---- writer thread ---- */
     sqlite3 *wdb;

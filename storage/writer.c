@@ -108,6 +108,7 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_SCHED_TRIM] = "DELETE FROM schedule_events WHERE schedule_id = ?1 AND seq <= ?2",
     [JD_WS_SCHED_DELETE] = "DELETE FROM schedules WHERE id = ?1",
     [JD_WS_SCHED_DEL_EVENTS] = "DELETE FROM schedule_events WHERE schedule_id = ?1",
+    [JD_WS_JOB_CRASHES] = "UPDATE jobs SET crashes = ?2 WHERE id = ?1",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -487,6 +488,20 @@ static int apply_schedule(struct jd_store *s, struct jd_write *w, int64_t now)
     return apply_schedule_change(s, &ev, now);
 }
 
+/* A job's crash count: bookkeeping of the job layer's, not history (no
+ * event, no new version). JD_ENOENT for a missing job. */
+static int apply_crashes(struct jd_store *s, struct jd_write *w)
+{
+    if (w->job_id <= 0)
+        return JD_EINVAL;
+    sqlite3_stmt *st = s->wst[JD_WS_JOB_CRASHES];
+    sqlite3_bind_int64(st, 1, w->job_id);
+    sqlite3_bind_int64(st, 2, w->crashes);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    return sqlite3_changes(s->wdb) > 0 ? 0 : JD_ENOENT;
+}
+
 /* vc: the batch's version cache, or NULL on the savepoint path. */
 static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
@@ -498,6 +513,8 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
         return apply_change(s, w, now, vc);
     case JD_W_QUEUE:
         return apply_queue(s, w);
+    case JD_W_JOB_CRASHES:
+        return apply_crashes(s, w);
     case JD_W_SCHEDULE_PUT:
     case JD_W_SCHEDULE_CHANGE:
     case JD_W_SCHEDULE_DELETE:

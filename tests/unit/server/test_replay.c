@@ -19,6 +19,8 @@
 
 #include "jobs_test_util.h"
 
+#include <sqlite3.h>
+
 struct put_wait {
     sem_t sem;
     int rc;
@@ -342,6 +344,178 @@ static void test_an_unrecorded_timeout_loses_to_a_recorded_message(void **state)
     env_down(&e);
 }
 
+/* ---- poison jobs: crash counts and quarantine ---- */
+
+static void put_crashes(struct jd_store *s, int64_t id, uint32_t n)
+{
+    struct jd_write w = {.op = JD_W_JOB_CRASHES, .job_id = id, .crashes = n};
+    put(s, &w);
+}
+
+/* Close the store and mark the file as a process that died would have left
+ * it (meta 'open' still 1), then open it again. */
+static void reopen_unclean(struct env *e)
+{
+    jd_store_close(e->store);
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(e->db, &db), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db, "UPDATE meta SET value = 1 WHERE key = 'open'", NULL, NULL, NULL),
+        SQLITE_OK);
+    assert_int_equal(sqlite3_changes(db), 1);
+    sqlite3_close(db);
+    env_open_store(e);
+    assert_true(jd_store_unclean(e->store));
+}
+
+static uint32_t stored_crashes(struct jd_store *s, int64_t id)
+{
+    struct jd_job row = {0};
+    assert_int_equal(jd_store_job_get(s, id, &row), 0);
+    uint32_t n = row.crashes;
+    jd_job_clear(&row);
+    return n;
+}
+
+static int64_t put_hanging_job(struct jd_store *s)
+{
+    int64_t id =
+        put_job(s, "{\"steps\":[{\"id\":\"h\",\"call\":\"t.hang\"}]}", JD_JOB_RUNNING, 1, 0);
+    put_event(s, id, JD_EVK_DISPATCH, 1, "{\"command\":\"t.hang\",\"attempt\":1,\"run\":1}");
+    return id;
+}
+
+/* The store tells a crash from a clean close. */
+static void test_the_store_knows_an_unclean_end(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    assert_false(jd_store_unclean(e.store)); /* a new database */
+    jd_store_close(e.store);
+    env_open_store(&e);
+    assert_false(jd_store_unclean(e.store)); /* closed cleanly */
+    reopen_unclean(&e);
+    jd_store_close(e.store);
+    env_open_store(&e);
+    assert_false(jd_store_unclean(e.store)); /* the unclean flag does not stick */
+    env_start_jobs(&e, NULL);
+    env_down(&e);
+}
+
+/* Died running it twice before, and once more now: three in a row. The job
+ * fails as quarantined without running, and is counted. */
+static void test_a_job_that_keeps_crashing_is_quarantined(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    int64_t id = put_hanging_job(e.store);
+    put_crashes(e.store, id, 2);
+    reopen_unclean(&e);
+    int started = tp_hang_started;
+    env_start_jobs(&e, NULL);
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "failed");
+    assert_string_equal(str(job, "error.kind"), "quarantined");
+    assert_non_null(strstr(str(job, "error.message"), "3 times in a row"));
+    cJSON_Delete(job);
+    assert_int_equal(tp_hang_started, started); /* not run again */
+    struct jd_jobs_stats st;
+    jd_jobs_stats(e.jobs, &st);
+    assert_int_equal(st.quarantined, 1);
+    assert_int_equal(st.failed, 1);
+    jd_store_sync(e.store);
+    assert_int_equal(stored_crashes(e.store, id), 0); /* a manual retry starts afresh */
+    env_down(&e);
+}
+
+/* One crash before, one now: two in a row, so it is replayed, and the new
+ * count is durable before the replay runs. Its end puts it back to 0. */
+static void test_the_count_is_durable_before_the_replay_runs(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    int64_t id = put_hanging_job(e.store);
+    put_crashes(e.store, id, 1);
+    reopen_unclean(&e);
+    int started = tp_hang_started;
+    env_start_jobs(&e, NULL);
+    /* jd_jobs_create returned: the count was committed before t.hang ran. */
+    assert_int_equal(stored_crashes(e.store, id), 2);
+    for (int i = 0; i < 500 && tp_hang_started == started; i++)
+        usleep(10000);
+    assert_int_equal(tp_hang_started, started + 1);
+    struct action_wait w;
+    action_wait_init(&w);
+    assert_int_equal(jd_jobs_cancel(e.jobs, id, action_cb, &w), 0);
+    action_wait_done(&w);
+    cJSON_Delete(wait_terminal(e.jobs, id, 5000));
+    jd_store_sync(e.store);
+    assert_int_equal(stored_crashes(e.store, id), 0);
+    env_down(&e);
+}
+
+/* After a clean close nothing died: the count goes back to 0 and the job
+ * is replayed whatever it was. */
+static void test_a_clean_restart_is_not_a_crash(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    int64_t id = put_hanging_job(e.store);
+    put_crashes(e.store, id, 2);
+    jd_store_close(e.store);
+    env_open_store(&e);
+    env_start_jobs(&e, NULL);
+    assert_int_equal(stored_crashes(e.store, id), 0);
+    cJSON *job = job_get(e.jobs, id);
+    assert_string_equal(jstate(job), "running");
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
+/* A job that was only waiting for a message is not a suspect once its
+ * replay went idle: the count goes back to 0 while it still waits. */
+static void test_going_idle_ends_the_run_of_crashes(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    int64_t id =
+        put_job(e.store, "{\"steps\":[{\"id\":\"w\",\"wait\":\"x\"}]}", JD_JOB_WAITING, 1, 0);
+    put_crashes(e.store, id, 1);
+    reopen_unclean(&e);
+    env_start_jobs(&e, NULL);
+    uint32_t n = 99;
+    for (int i = 0; i < 500 && (n = stored_crashes(e.store, id)) != 0; i++)
+        usleep(10000);
+    assert_int_equal(n, 0);
+    cJSON *job = job_get(e.jobs, id);
+    assert_string_equal(jstate(job), "waiting");
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
+/* max_replays < 0: never quarantine, however many crashes. */
+static void test_quarantine_can_be_turned_off(void **state)
+{
+    (void)state;
+    struct env e;
+    env_store_only(&e);
+    int64_t id = put_hanging_job(e.store);
+    put_crashes(e.store, id, 50);
+    reopen_unclean(&e);
+    struct jd_jobs_config cfg = {.max_replays = -1};
+    env_start_jobs(&e, &cfg);
+    assert_int_equal(stored_crashes(e.store, id), 51);
+    cJSON *job = job_get(e.jobs, id);
+    assert_string_equal(jstate(job), "running");
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -352,6 +526,12 @@ int main(void)
         cmocka_unit_test(test_an_earlier_runs_history_is_ignored),
         cmocka_unit_test(test_a_wait_replays_the_recorded_winner),
         cmocka_unit_test(test_an_unrecorded_timeout_loses_to_a_recorded_message),
+        cmocka_unit_test(test_the_store_knows_an_unclean_end),
+        cmocka_unit_test(test_a_job_that_keeps_crashing_is_quarantined),
+        cmocka_unit_test(test_the_count_is_durable_before_the_replay_runs),
+        cmocka_unit_test(test_a_clean_restart_is_not_a_crash),
+        cmocka_unit_test(test_going_idle_ends_the_run_of_crashes),
+        cmocka_unit_test(test_quarantine_can_be_turned_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
