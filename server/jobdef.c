@@ -42,6 +42,10 @@ struct jd_job_limits jd_jobdef_limits(const struct jd_job_limits *l)
         r.max_string = 64 << 10;
     if (!r.max_batch)
         r.max_batch = 1000;
+    if (!r.max_messages)
+        r.max_messages = 1000; /* as a batch: far more than wait steps, bounded history */
+    if (!r.max_message_bytes)
+        r.max_message_bytes = 16 << 20; /* 16 messages at the 1 MiB limit */
     return r;
 }
 

@@ -40,6 +40,10 @@ struct jd_job_limits {
     unsigned max_steps;          /* default 256 (parallel branches count) */
     size_t max_string;           /* any string value; default 64 KiB */
     unsigned max_batch;          /* jobs per batch request; default 1000 */
+    /* Messages one run of a job keeps (a message to a topic no step waits
+     * on stays until the job ends): more answer JD_ECONFLICT. */
+    unsigned max_messages;    /* default 1000 */
+    size_t max_message_bytes; /* their JSON text together; default 16 MiB */
 };
 
 struct jd_jobs_config {

@@ -128,9 +128,26 @@ int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
         return jd_error_set(err, rc, NULL,
                             rc == JD_ECONFLICT ? "the job has finished" : "no such job");
     }
+    char *res = cJSON_PrintUnformatted(payload);
+    char *text = jobs_with_run(payload, jb->run);
+    size_t n = strlen(text);
+    if (jb->messages >= j->limits.max_messages || jb->message_bytes > j->limits.max_message_bytes ||
+        n > j->limits.max_message_bytes - jb->message_bytes) {
+        pthread_mutex_unlock(&j->mu);
+        free(res);
+        free(text);
+        return jd_error_set(err, JD_ECONFLICT, NULL,
+                            "the job holds %u messages (%zu bytes) already; one run of a job "
+                            "keeps at most %u (%zu bytes), and a message to a topic no step "
+                            "waits on stays until the job ends",
+                            jb->messages, jb->message_bytes, j->limits.max_messages,
+                            j->limits.max_message_bytes);
+    }
+    jb->messages++;
+    jb->message_bytes += n;
     struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
-    r->res = cJSON_PrintUnformatted(payload);
-    r->data = jobs_with_run(payload, jb->run);
+    r->data = text;
+    r->res = res;
     r->w.kind = JD_EVK_MESSAGE;
     r->w.data = r->data;
     r->after = AFTER_MESSAGE;

@@ -142,7 +142,9 @@ struct job {
     int64_t version;                   /* committed */
     bool inserted;                     /* insert committed */
     uint32_t run;                      /* attempts: 1 for the first run */
-    uint32_t crashes; /* durable (jobs.crashes): deaths of the process in a row while it ran */
+    uint32_t crashes;     /* durable (jobs.crashes): deaths of the process in a row while it ran */
+    uint32_t messages;    /* messages recorded in this run (they stay until it ends) */
+    size_t message_bytes; /* and their event text together */
     bool admitted, spawned, finished, cancel_requested, cancel_sent, timed_out;
     bool slot_free; /* admitted, but waiting for a message: not counted in running */
     jd_pid pid;

@@ -99,6 +99,8 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
             break;
         }
         case JD_EVK_MESSAGE: {
+            jb->messages++;
+            jb->message_bytes += strlen(ev[i].data);
             cJSON_DeleteItemFromObjectCaseSensitive(d, "run");
             struct dlv *m = jd_xcalloc(1, sizeof *m);
             m->message = true;

@@ -3,7 +3,8 @@
 # items 1, 6 and 10): the chained-splice poison job fails at its step with a
 # substitution error while the server stays small and restarts cleanly; the
 # submit-time splice attack gets its 422 with a pointer at once; a batch job
-# over the definition limit and a far array index are refused with 422.
+# over the definition limit and a far array index are refused with 422;
+# messages to a topic no step waits on are capped per job (409).
 # Prints TAP.
 # shellcheck disable=SC2016,SC2119
 # shellcheck source=tests/integration/lib.sh
@@ -68,6 +69,29 @@ check "\${input.a.4294967297} on a 2-element array: 422 at /args/v" \
     eval 'is_problem 422 && body_has "\"pointer\":\"/args/v\"" && body_has "does not resolve"'
 json_post /v1/jobs '{"handler":"echo","input":{"a":[10,20]},"args":{"v":"${input.a.1}"}}'
 check "\${input.a.1} still resolves" status_is 201
+
+# ---- messages no step waits on: at most 16 MiB (or 1000) per job ----
+json_post /v1/jobs '{"steps":[{"id":"w","wait":"go"}]}'
+wid=$(location_id)
+chunk=$(head -c 64000 /dev/zero | tr '\0' m)
+msg="{\"topic\":\"nobody\",\"data\":[\"$chunk\""
+for ((i = 1; i < 15; i++)); do msg+=",\"$chunk\""; done
+msg+="]}"
+printf '%s' "$msg" >"$WORK/msg"
+accepted=0
+for ((i = 0; i < 20; i++)); do
+    req POST "/v1/jobs/$wid/messages" -H 'Content-Type: application/json' --data-binary @"$WORK/msg"
+    status_is 202 || break
+    accepted=$((accepted + 1))
+done
+check "17 messages of 960 KB to a topic no step waits on are kept (got $accepted)" \
+    test "$accepted" = 17
+check "the next one: 409 saying why" \
+    eval 'is_problem 409 && body_has "no step waits on" && body_has "16777216 bytes"'
+json_post "/v1/jobs/$wid/messages" '{"topic":"go","data":1}'
+check "one the job waits for still fits" status_is 202
+wait_job "$wid"
+check "and the job takes it" body_has '"state":"succeeded"'
 
 # ---- the failed poison job does not come back on restart ----
 stop_server

@@ -479,6 +479,67 @@ static void test_idempotency_fingerprint_is_sha256(void **state)
     env_down(&e);
 }
 
+/* Send one message and wait for its commit; the call's rc. */
+static int message_sync(struct jd_jobs *j, int64_t id, const char *m, struct jd_error *err)
+{
+    struct action_wait aw;
+    action_wait_init(&aw);
+    int rc = jd_jobs_message(j, id, m, strlen(m), action_cb, &aw, err);
+    if (rc == 0) {
+        action_wait_done(&aw);
+        assert_int_equal(aw.rc, 0);
+    } else {
+        sem_destroy(&aw.sem);
+    }
+    return rc;
+}
+
+/* Messages to a topic no step waits on stay until the job ends: one run of
+ * a job keeps at most max_messages of them and max_message_bytes of their
+ * text; more answer conflict (409) saying why, also after a restart (the
+ * count comes back from the history). */
+static void test_messages_per_job_are_capped(void **state)
+{
+    (void)state;
+    struct env e;
+    struct jd_jobs_config cfg = {.limits = {.max_messages = 3, .max_message_bytes = 400}};
+    env_up(&e, &cfg);
+    int64_t id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    cJSON_Delete(wait_state(e.jobs, id, "waiting", 5000));
+    struct jd_error err;
+    const char *m = "{\"topic\":\"nobody\",\"data\":1}";
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(message_sync(e.jobs, id, m, &err), 0);
+    assert_int_equal(message_sync(e.jobs, id, m, &err), JD_ECONFLICT);
+    assert_non_null(strstr(err.message, "at most 3"));
+    assert_non_null(strstr(err.message, "no step waits on"));
+    /* The count comes back from the history after a restart. */
+    jd_jobs_destroy(e.jobs);
+    env_start_jobs(&e, &cfg);
+    assert_int_equal(message_sync(e.jobs, id, m, &err), JD_ECONFLICT);
+    struct action_wait aw;
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_cancel(e.jobs, id, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    cJSON_Delete(wait_terminal(e.jobs, id, 5000));
+
+    /* By bytes: two messages of ~170 bytes fit in 400, a third does not. */
+    id = submit(e.jobs, "{\"steps\":[{\"id\":\"w\",\"wait\":\"go\"}]}");
+    char big[256];
+    snprintf(big, sizeof big, "{\"topic\":\"nobody\",\"data\":\"%0140d\"}", 0);
+    assert_int_equal(message_sync(e.jobs, id, big, &err), 0);
+    assert_int_equal(message_sync(e.jobs, id, big, &err), 0);
+    assert_int_equal(message_sync(e.jobs, id, big, &err), JD_ECONFLICT);
+    assert_non_null(strstr(err.message, "400 bytes"));
+    /* A small one still fits: the job takes what it waits for. */
+    const char *go = "{\"topic\":\"go\",\"data\":7}";
+    assert_int_equal(message_sync(e.jobs, id, go, &err), 0);
+    cJSON *job = wait_terminal(e.jobs, id, 5000);
+    assert_string_equal(jstate(job), "succeeded");
+    cJSON_Delete(job);
+    env_down(&e);
+}
+
 static void test_idempotency_batches_and_reads(void **state)
 {
     (void)state;
@@ -899,6 +960,7 @@ int main(void)
         cmocka_unit_test(test_retry_of_a_failed_job_keeps_history),
         cmocka_unit_test(test_idempotency_batches_and_reads),
         cmocka_unit_test(test_idempotency_fingerprint_is_sha256),
+        cmocka_unit_test(test_messages_per_job_are_capped),
         cmocka_unit_test(test_watch_and_unwatch),
         cmocka_unit_test(test_unwatch_never_returns_while_fn_is_pending_or_running),
         cmocka_unit_test(test_records_wait_for_a_full_disk),
