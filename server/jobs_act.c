@@ -5,6 +5,10 @@
  *
  * Invariants: only a live (inserted, unfinished) job takes a cancel or a
  * message; only a failed or cancelled job not in the table can be retried.
+ * A run of a job keeps every message until it ends (a workflow buffers
+ * those no wait step took, and replay re-delivers them all), so one run
+ * takes at most limits.max_messages / max_message_bytes (struct job counts
+ * them; replay rebuilds the counts).
  *
  * Threading: called from HTTP threads; each takes jd_jobs.mu for the check
  * and the record, and validates input without it.

@@ -100,7 +100,7 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
         }
         case JD_EVK_MESSAGE: {
             jb->messages++;
-            jb->message_bytes += strlen(ev[i].data);
+            jb->message_bytes += ev[i].data ? strlen(ev[i].data) : 0;
             cJSON_DeleteItemFromObjectCaseSensitive(d, "run");
             struct dlv *m = jd_xcalloc(1, sizeof *m);
             m->message = true;
