@@ -42,6 +42,37 @@ missing_paths() {
 check "every repository path named in README.md, docs/*.md and bench/RESULTS.md exists" \
     missing_paths
 
+# Markdown links: a relative target exists (relative to the page), and an
+# anchor names a heading of its page (GitHub's slugs: lower case, spaces to
+# "-", other punctuation dropped).
+slugs_of() { sed -nE 's/^#+ (.*)$/\1/p' "$1" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9 _-]//g; s/ /-/g'; }
+broken_links() {
+    local f t file anchor bad=
+    for f in "${DOCS[@]}" bench/RESULTS.md plugins/README.md ui/README.md; do
+        while IFS= read -r t; do
+            case $t in http://* | https://* | mailto:*) continue ;; esac
+            file=${t%%#*}
+            anchor=
+            [[ $t == *'#'* ]] && anchor=${t#*#}
+            if [ -n "$file" ]; then
+                file=$(dirname "$f")/$file
+                [ -e "$file" ] || {
+                    bad="$bad $f:$t"
+                    continue
+                }
+            else
+                file=$f
+            fi
+            if [ -n "$anchor" ] && [[ $file == *.md ]]; then
+                slugs_of "$file" | grep -qx -- "$anchor" || bad="$bad $f:$t"
+            fi
+        done < <(grep -oE '\]\([^) ]+\)' "$f" | sed -E 's/^\]\(//; s/\)$//')
+    done
+    BODY="broken:$bad"
+    [ -z "$bad" ]
+}
+check "every markdown link and anchor in the docs resolves" broken_links
+
 paths_found() { [ "$(for f in "${DOCS[@]}"; do paths_in "$f"; done | wc -l)" -gt 100 ]; }
 check "the path scan finds the paths (over 100 named)" paths_found
 
