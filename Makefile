@@ -119,7 +119,7 @@ $(JACKDAWD): $(call obj,server/main.c) $(call deplibs,api)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(api_LIBS) $(LIBS_SYS)
 
-# ---- the client: cli/ links libcurl, cJSON and common/ only (DESIGN.md 9) ----
+# ---- the client: cli/ links libcurl, cJSON and common/ only (docs/architecture.md, "Layers") ----
 JACKDAW := $(BUILD)/jackdaw
 $(JACKDAW): $(call obj,cli/main.c) $(call lib,cli) $(call lib,common)
 	@mkdir -p $(dir $@)

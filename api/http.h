@@ -1,7 +1,7 @@
 /*
  * The HTTP server: libmicrohttpd with an internal thread pool in poll mode
  * (not epoll: see http.c) and suspend/resume, serving every route of
- * DESIGN.md section 5 over the job layer (server/jobs.h).
+ * api/routes.h (docs/architecture.md, "HTTP routes") over the job layer (server/jobs.h).
  *
  * No MHD callback blocks on the database: submits, cancels, messages,
  * retries and queue changes suspend their connection until the job layer's

@@ -5,7 +5,7 @@
 # Installs the peers' toolchains when missing (Debian: librust-tokio-dev,
 # cargo, rustc, golang-go), builds the Tokio and Go peers offline (cached:
 # cargo and go rebuild only what changed), then for every shape of
-# /work/shared/BENCH.md runs the three programs in interleaved rounds
+# docs/performance.md ("The scheduler shapes") runs the three programs in interleaved rounds
 # (jackdaw, tokio, go, jackdaw, tokio, go, ...) with W workers and prints one
 # table: medians with min/p90, the ratios jackdaw/tokio and jackdaw/go, the
 # peak RSS of skynet, "worst ratio vs go: X.XX" and a last line
@@ -48,7 +48,7 @@ if [ "$QUICK" = 1 ]; then
     LIMIT=${LIMIT:-30}
     BUSY2_LIMIT=${BUSY2_LIMIT:-5}
 else
-    # 4 rounds x 10 iterations: 40 samples per program per shape (BENCH.md).
+    # 4 rounds x 10 iterations: 40 samples per program per shape (docs/performance.md).
     ROUNDS=${ROUNDS:-4}
     ITERS=${ITERS:-10}
     SKYNET_ITERS=${SKYNET_ITERS:-10}

@@ -1,5 +1,5 @@
 /*
- * bench/sched: the scheduler shapes of BENCH.md (Tokio's
+ * bench/sched: the scheduler shapes of docs/performance.md (Tokio's
  * benches/rt_multi_threaded.rs and Go's runtime benchmarks) on Jackdaw's
  * scheduler. Every iteration ends with a cross-thread signal (mutex +
  * condvar) from a worker to the bench thread, as Tokio's bench does.

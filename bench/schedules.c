@@ -13,7 +13,7 @@
  * schedule machinery (decision, job submit, commit callbacks) adds to a
  * bare timer.
  *
- * Lag is measured through the engine's timer seam (STYLE.md rule 9): the
+ * Lag is measured through the engine's timer seam (docs/architecture.md, "Testing"): the
  * bench's timer functions arm the scheduler's timers and note when each
  * was due. Both phases run for --seconds (default 10) after a 3 s warm-up.
  *

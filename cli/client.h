@@ -1,6 +1,6 @@
 /*
  * The CLI's HTTP client: one libcurl easy handle per call against the public
- * API (DESIGN.md section 9: cli/ uses libcurl, cJSON and common/ only, never
+ * API (docs/architecture.md, "The CLI": cli/ uses libcurl, cJSON and common/ only, never
  * server/). Response bodies are capped at JD_CLI_BODY_MAX so a hostile or
  * broken server cannot grow the client's memory without bound. Single
  * threaded per struct jd_cli_resp; jd_cli_global_init once before threads.

@@ -1,6 +1,6 @@
 /*
  * jackdaw: the command-line client. It speaks only the public HTTP API
- * (DESIGN.md section 9). Each subcommand makes one or a few requests and
+ * (docs/architecture.md, "The CLI"). Each subcommand makes one or a few requests and
  * prints either a table for people or, with --json, the server's JSON.
  *
  * Exit codes (also in --help and README.md):

@@ -1,6 +1,6 @@
 /*
  * Allocation that cannot fail: small internal allocations abort with a clear
- * message on out-of-memory (STYLE.md rule 5). Sizes a client controls must be
+ * message on out-of-memory (docs/architecture.md, "Code style"). Sizes a client controls must be
  * checked against their limits before they get here. Thread-safe.
  */
 #ifndef JD_COMMON_ALLOC_H

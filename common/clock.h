@@ -2,7 +2,7 @@
  * Time: a monotonic clock in nanoseconds for deadlines and durations, and the
  * wall clock in milliseconds since the epoch for what is stored and shown.
  * Both go through a replaceable function pointer so tests can drive a fake
- * clock (STYLE.md rule 9). Setting the clock is not thread-safe: do it before
+ * clock (docs/architecture.md, "Testing"). Setting the clock is not thread-safe: do it before
  * starting threads.
  */
 #ifndef JD_COMMON_CLOCK_H

@@ -8,7 +8,7 @@
  * jd_sched_create / jd_sched_shutdown / jd_sched_destroy are called by one
  * owner thread, never from a worker.
  *
- * Process lifecycle (DESIGN.md section 3): spawn -> Ready -> Running (a
+ * Process lifecycle (docs/architecture.md, "The scheduler"): spawn -> Ready -> Running (a
  * worker's CAS) -> Blocked (yielded, JD_STEP_WAIT) | Idle (JD_STEP_IDLE) |
  * Ready again (JD_STEP_CONTINUE) | Complete (DONE/FAIL). Blocked/Idle -> Ready
  * when an event arrives. An event that arrives while Running is never lost.

@@ -1,5 +1,6 @@
 /*
- * Job definitions: parse and validate the three shapes of DESIGN.md section 4
+ * Job definitions: parse and validate the three shapes of docs/architecture.md,
+ * "Processes and job shapes"
  * (a single `handler`, a `steps` workflow, an explicit `process` + `method`)
  * with the common options, and flatten workflow steps so that each step owns
  * one fixed yield tag (its index + 1). Tags therefore depend only on the

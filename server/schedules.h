@@ -1,6 +1,6 @@
 /*
  * Schedules: recorded objects that create ordinary jobs on a cron
- * expression or a fixed interval (DESIGN.md section 9). Part of the job
+ * expression or a fixed interval (docs/architecture.md, "Schedules"). Part of the job
  * layer; knows no HTTP.
  *
  * Each live schedule has exactly one timer on the scheduler's timer heap
@@ -42,7 +42,7 @@ struct jd_jobs;
 #define JD_SCHEDULE_ID_MAX 100      /* ids are [A-Za-z0-9._-], 1..100 characters */
 #define JD_SCHEDULE_CATCHUP_CAP 100 /* catchup "all" runs at most this many missed fires */
 
-/* Timers, replaceable for tests (STYLE.md rule 9): after(ctx, delay_ms, fn,
+/* Timers, replaceable for tests (docs/architecture.md, "Testing"): after(ctx, delay_ms, fn,
  * arg, &id) runs fn(arg) once after delay_ms (0 or a JD_E* code); cancel
  * returns 0 if the timer was pending and will not run. */
 struct jd_schedules_timers {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every route of DESIGN.md section 5 against the real server: statuses and
+# Every route of api/openapi.yaml against the real server: statuses and
 # bodies users rely on, a job of each shape (task, workflow, plugin process
 # type, exec) reaching its terminal state with the right output, long-poll
 # woken by completion, an SSE client receiving events live, idempotency,

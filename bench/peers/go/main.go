@@ -1,6 +1,6 @@
 // Go peer of Jackdaw's scheduler benchmark (bench/sched.c).
 //
-// Role: run one of the eight scheduler shapes of BENCH.md with goroutines and
+// Role: run one of the eight scheduler shapes of docs/performance.md with goroutines and
 // channels under GOMAXPROCS=W and print its per-iteration times, so
 // bench/compare.sh can put Go beside Jackdaw and Tokio.
 //

@@ -1,5 +1,5 @@
 /*
- * Router: every route of DESIGN.md section 5 resolves, unknown paths are
+ * Router: the routes of api/routes.h resolve, unknown paths are
  * 404, known paths with the wrong method are 405 with the right Allow set,
  * literal segments beat parameters, and parameters are bounded.
  */

@@ -8,7 +8,7 @@
  * trigger, a fire time that already has a job, and validation with
  * pointers.
  *
- * Includes schedules.c to count records in flight (STYLE.md rule 9).
+ * Includes schedules.c to count records in flight (docs/architecture.md, "Testing").
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,6 +1,6 @@
 //! Tokio peer of Jackdaw's scheduler benchmark (bench/sched.c).
 //!
-//! Role: run one of the eight scheduler shapes of BENCH.md on tokio's
+//! Role: run one of the eight scheduler shapes of docs/performance.md on tokio's
 //! multi-thread runtime with W worker threads and print its per-iteration
 //! times, so bench/compare.sh can put Tokio beside Jackdaw and Go.
 //!
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use tokio::runtime::{Builder, Runtime};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-/// Spawns per iteration of the spawn_many_* shapes (BENCH.md, as Tokio's bench).
+/// Spawns per iteration of the spawn_many_* shapes (docs/performance.md, as Tokio's bench).
 const NUM_SPAWN: usize = 10_000;
 /// busy2 spawns fewer: each one may wait behind a 10 us stall.
 const NUM_SPAWN_BUSY2: usize = 1_000;
@@ -45,7 +45,7 @@ const CHAIN_DEPTH: usize = 1_000;
 /// skynet: 10^6 leaves in a 10-ary tree (1,111,111 tasks); sum of 0..10^6.
 const SKYNET_LEAVES: u64 = 1_000_000;
 const SKYNET_ANSWER: u64 = 499_999_500_000;
-/// Busy tasks spin this long between yields/respawns (BENCH.md: "spin 10 us").
+/// Busy tasks spin this long between yields/respawns (docs/performance.md: "spin 10 µs").
 const STALL: Duration = Duration::from_micros(10);
 
 const SHAPES: [&str; 8] = [
