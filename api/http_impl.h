@@ -193,6 +193,8 @@ enum MHD_Result route_job_retry(struct jd_req *r);
 /* routes_queues.c: */
 enum MHD_Result route_queues(struct jd_req *r);
 enum MHD_Result route_queue_pause(struct jd_req *r);
+enum MHD_Result route_queue_get(struct jd_req *r);
+enum MHD_Result route_queue_put(struct jd_req *r);
 
 /* routes_schedules.c: */
 enum MHD_Result route_schedule_list(struct jd_req *r);

@@ -62,7 +62,14 @@ struct jd_jobs_config {
     int64_t cancel_grace_ms;     /* cancel event -> forced termination; 0: 5000 */
     unsigned max_running;        /* jobs running at once; 0: 10000. A job waiting for a
                                     message does not count until it runs again. */
+    /* --command-limit "http=64,exec=8": calls of a command in flight at
+     * once; more wait, in order, without a worker. NULL: none. */
+    const char *command_limits;
 };
+
+/* Parse a --command-limit value (empty: none); 0 or JD_EINVAL with err
+ * saying what is wrong. */
+int jd_jobs_command_limits_check(const char *spec, struct jd_error *err);
 
 /* Create the scheduler and registry, load plugins, and resume every
  * non-terminal job found in storage (replaying recorded completions). *out
@@ -82,6 +89,10 @@ struct jd_sched *jd_jobs_sched(struct jd_jobs *j);
 /* For GET /v1/stats: the throughput series (server/stats.h), fed as jobs
  * end; borrowed, valid until destroy. */
 struct jd_stats *jd_jobs_series(struct jd_jobs *j);
+
+/* Done callback of actions (cancel, retry, queue writes): fires after the
+ * commit with rc 0 or a JD_E* code and the result rendered (or NULL). */
+typedef void (*jd_action_done_fn)(void *arg, int rc, const char *json);
 
 /* ---- submitting ---- */
 
@@ -171,12 +182,40 @@ int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
 /* {"plugins":[{"name":..,"version":..,"commands":[{"name":..,"blocking":..}],
  *   "process_types":[{"name":..,"methods":[..]}]}]} */
 int jd_jobs_handlers_json(struct jd_jobs *j, char **json);
-/* {"queues":[{"name":..,"paused":..,"counts":{"queued":n,...}}]} */
+/* {"queues":[{"name":..,"paused":..,"counts":{"queued":n,...},
+ *   "max_running":n|null,"rate":{"limit":n,"per":".."}|null,
+ *   "retention":{"succeeded":"..",..}|null,"active":n[,"rate_available":n]}]} */
 int jd_jobs_queues_json(struct jd_jobs *j, char **json);
+/* One queue's object as in the list; JD_ENOENT if it has no jobs, row or
+ * controls. */
+int jd_jobs_queue_json(struct jd_jobs *j, const char *queue, char **json);
+/* PUT /v1/queues/{q}: replace the queue's controls with body's
+ * {"max_running":N,"rate":{"limit":N,"per":"1s"},"retention":{"succeeded":
+ * "1d","failed":"30d","cancelled":"7d"}} (each optional or null: unset).
+ * Invalid: returns at once with err (JD_EPARSE, JD_EINVAL and a pointer,
+ * JD_ENOENT for a bad queue name) and done is not called; else 0 and done
+ * fires after the commit with the queue rendered. */
+int jd_jobs_queue_configure(struct jd_jobs *j, const char *queue, const char *body, size_t len,
+                            jd_action_done_fn done, void *arg, struct jd_error *err);
+
+/* Limits and their live numbers, for /metrics. Caller frees both arrays
+ * with free(). */
+struct jd_jobs_queue_limit {
+    char name[65];
+    unsigned max_running; /* 0: none */
+    unsigned active;      /* jobs holding a running slot */
+    uint32_t rate_limit;  /* 0: none */
+    int64_t rate_per_ms;
+    uint64_t rate_waits; /* admissions the rate deferred */
+};
+struct jd_jobs_command_limit {
+    char name[65];
+    unsigned limit, active, waiting;
+};
+int jd_jobs_limits(struct jd_jobs *j, struct jd_jobs_queue_limit **queues, size_t *nq,
+                   struct jd_jobs_command_limit **commands, size_t *nc);
 
 /* ---- acting on a job (done fires after the commit; rc 0 or JD_E*) ---- */
-
-typedef void (*jd_action_done_fn)(void *arg, int rc, const char *json);
 
 /* Cancel: JD_ENOENT, JD_ECONFLICT (already terminal) at once; else 0 and
  * done fires when the cancel request is recorded (json: the job). */

@@ -157,7 +157,7 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
             }
         } else {
             jb->admitted = true;
-            j->running++;
+            jobs_slot_take_locked(j, jb);
             start = true;
         }
         pthread_mutex_unlock(&j->mu);

@@ -138,6 +138,7 @@ int main(int argc, char **argv)
         .exec_timeout_ms = cfg.exec_timeout_ms,
         .http_allow = cfg.http_allow,
         .http_timeout_ms = cfg.http_timeout_ms,
+        .command_limits = cfg.command_limits,
     };
     if ((rc = jd_jobs_create(&jcfg, &jobs, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot start the job layer", "error",

@@ -143,6 +143,17 @@ static const char *const migrations[] = {
     "  data TEXT"
     ") STRICT;"
     "CREATE UNIQUE INDEX schedule_events_seq ON schedule_events(schedule_id, seq);",
+
+    /* 4 (queue controls): a queue's max_running, rate and retention (the
+     * config JSON, read back at start), its retention per terminal state
+     * in columns the writer's retention pass reads (0: --retention), and
+     * an index for that pass, which then walks each (queue, state) by
+     * finish time instead of one global finish-time order. */
+    "ALTER TABLE queues ADD COLUMN config TEXT;"
+    "ALTER TABLE queues ADD COLUMN retain_succeeded_ms INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE queues ADD COLUMN retain_failed_ms INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE queues ADD COLUMN retain_cancelled_ms INTEGER NOT NULL DEFAULT 0;"
+    "CREATE INDEX jobs_queue_finished ON jobs(queue, state, finished_ms) WHERE state >= 3;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -495,6 +495,7 @@ enum {
     RS_SCHED_LIST,
     RS_SCHED_EVENTS,
     RS_OLDEST_QUEUED,
+    RS_QCONFIG,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -529,6 +530,7 @@ static const char *const read_sql[RS_N] = {
     [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
                           " ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
+    [RS_QCONFIG] = "SELECT name, config FROM queues WHERE config IS NOT NULL ORDER BY name",
     [RS_LIST_SCHEDULE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_schedule"
                          " CROSS JOIN job_definitions d ON d.job_id = j.id"
                          " WHERE j.schedule_id = ?5 AND j.id < ?1 ORDER BY j.id DESC LIMIT ?2",
@@ -541,7 +543,7 @@ static const char *const read_sql[RS_N] = {
     [RS_SCHED_EVENTS] = "SELECT seq, time_ms, fire_ms, job_id, kind, data FROM schedule_events"
                         " WHERE schedule_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
     [RS_OLDEST_QUEUED] = "SELECT id, created_ms FROM jobs INDEXED BY jobs_queue_state"
-                          " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
+                         " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -892,7 +894,9 @@ int jd_store_recover(struct jd_store *s,
     return rc;
 }
 
-int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
+/* The text columns of a read statement's rows, two (cols 2) or one per
+ * row, into one array (names and values interleaved for two). */
+static int read_strings(struct jd_store *s, int which, int cols, char ***names, size_t *n)
 {
     *names = NULL;
     *n = 0;
@@ -900,16 +904,18 @@ int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
     int rc = rconn_get(s, &c);
     if (rc)
         return rc;
-    sqlite3_stmt *st = c->st[RS_PAUSED];
+    sqlite3_stmt *st = c->st[which];
     size_t cap = 4, k = 0;
     char **out = jd_xcalloc(cap, sizeof *out);
     int src;
     while ((src = sqlite3_step(st)) == SQLITE_ROW) {
-        if (k == cap) {
-            cap *= 2;
-            out = jd_xrealloc(out, cap * sizeof *out);
+        for (int i = 0; i < cols; i++) {
+            if (k == cap) {
+                cap *= 2;
+                out = jd_xrealloc(out, cap * sizeof *out);
+            }
+            out[k++] = col_text(st, i);
         }
-        out[k++] = col_text(st, 0);
     }
     rc = step_rc(src);
     sqlite3_reset(st);
@@ -921,6 +927,16 @@ int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
     *names = out;
     *n = k;
     return 0;
+}
+
+int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
+{
+    return read_strings(s, RS_PAUSED, 1, names, n);
+}
+
+int jd_store_queue_configs(struct jd_store *s, char ***pairs, size_t *n)
+{
+    return read_strings(s, RS_QCONFIG, 2, pairs, n);
 }
 
 /* ---- schedules ---- */

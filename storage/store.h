@@ -93,7 +93,8 @@ void jd_job_events_free(struct jd_job_event *ev, size_t n);
 struct jd_store_config {
     const char *path;     /* database file; its directory must exist */
     bool sync_full;       /* true: synchronous=FULL (fsync per commit); false: NORMAL */
-    int64_t retention_ms; /* delete terminal jobs finished longer ago; 0: keep forever */
+    int64_t retention_ms; /* delete terminal jobs finished longer ago; 0: keep forever
+                             (a queue's own retention, JD_W_QUEUE_CONFIG, overrides it) */
     unsigned max_batch;   /* records per transaction at most; 0: 1024 */
     uint64_t max_bytes;   /* refuse to grow the database past this many bytes (commits
                              then fail with JD_EIO, as on a full disk); 0: no limit */
@@ -123,6 +124,8 @@ enum jd_write_op {
     JD_W_SCHEDULE_PUT = 3, /* create or replace schedule `sched` (+ its event) */
     JD_W_SCHEDULE_CHANGE = 4, /* update schedule `sched` (JD_SSET_*) and/or append its event */
     JD_W_SCHEDULE_DELETE = 5, /* delete schedule `sched.id` and its history */
+    JD_W_QUEUE_CONFIG = 6,    /* queue controls: upsert queue `queue`'s `queue_config` and
+                                 `retain_ms` (its paused flag is kept) */
 };
 
 /* Fields of a schedule row a JD_W_SCHEDULE_CHANGE sets. */
@@ -189,6 +192,11 @@ struct jd_write {
     /* JD_W_QUEUE */
     const char *queue;
     bool paused;
+    /* JD_W_QUEUE_CONFIG (with queue): the controls as JSON text (NULL: none)
+     * and how long its succeeded, failed and cancelled jobs are kept
+     * (indexed by state - JD_JOB_SUCCEEDED; 0: as --retention says) */
+    const char *queue_config;
+    int64_t retain_ms[3];
 
     /* JD_W_SCHEDULE_* */
     struct jd_schedule_write sched;
@@ -284,6 +292,9 @@ int jd_store_recover(struct jd_store *s,
 
 /* Paused queues (names). Free with jd_strings_free. */
 int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n);
+/* Queues with controls: *pairs holds name, config JSON text, name, ...
+ * (*n strings, twice the queues). Free with jd_strings_free. */
+int jd_store_queue_configs(struct jd_store *s, char ***pairs, size_t *n);
 void jd_strings_free(char **v, size_t n);
 
 /* ---- schedules ---- */

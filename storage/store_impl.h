@@ -47,6 +47,9 @@ enum {
     JD_WS_SCHED_TRIM,
     JD_WS_SCHED_DELETE,
     JD_WS_SCHED_DEL_EVENTS,
+    JD_WS_QUEUE_CONFIG,
+    JD_WS_RET_QUEUES,
+    JD_WS_RET_SELECT_QS,
     JD_WS_N
 };
 
@@ -69,6 +72,7 @@ struct jd_store {
     pthread_t writer;
     bool writer_started;
     int64_t retention_due_ms; /* wall ms of the next retention pass */
+    bool queue_retention;     /* some queue has its own retention: pass per (queue, state) */
 
     /* ---- producers -> writer ---- */
     /* Treiber stack of submitted records, newest first; the writer takes it

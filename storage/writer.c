@@ -108,6 +108,23 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_SCHED_TRIM] = "DELETE FROM schedule_events WHERE schedule_id = ?1 AND seq <= ?2",
     [JD_WS_SCHED_DELETE] = "DELETE FROM schedules WHERE id = ?1",
     [JD_WS_SCHED_DEL_EVENTS] = "DELETE FROM schedule_events WHERE schedule_id = ?1",
+    [JD_WS_QUEUE_CONFIG] =
+        "INSERT INTO queues(name, paused, config, retain_succeeded_ms, retain_failed_ms,"
+        " retain_cancelled_ms) VALUES (?1, 0, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO UPDATE SET"
+        " config = excluded.config, retain_succeeded_ms = excluded.retain_succeeded_ms,"
+        " retain_failed_ms = excluded.retain_failed_ms,"
+        " retain_cancelled_ms = excluded.retain_cancelled_ms",
+    /* Every (queue, terminal state) that has jobs, with the queue's own
+     * retention for that state (0: the global one). */
+    [JD_WS_RET_QUEUES] =
+        "SELECT queue_counts.queue, queue_counts.state, coalesce(CASE queue_counts.state"
+        " WHEN 3 THEN retain_succeeded_ms WHEN 4 THEN retain_failed_ms"
+        " ELSE retain_cancelled_ms END, 0)"
+        " FROM queue_counts LEFT JOIN queues ON queues.name = queue_counts.queue"
+        " WHERE queue_counts.state >= 3 AND queue_counts.n > 0",
+    /* "state >= 3" lets SQLite use the partial index jobs_queue_finished. */
+    [JD_WS_RET_SELECT_QS] = "SELECT id, idempotency_key FROM jobs WHERE queue = ?1 AND state = ?2"
+                            " AND state >= 3 AND finished_ms < ?3 LIMIT ?4",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -386,8 +403,29 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
     return rc;
 }
 
+static int apply_queue_config(struct jd_store *s, struct jd_write *w)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_QUEUE_CONFIG];
+    sqlite3_bind_text(st, 1, w->queue, -1, SQLITE_STATIC);
+    bind_text(st, 2, w->queue_config);
+    for (int i = 0; i < 3; i++) {
+        if (w->retain_ms[i] < 0)
+            return JD_EINVAL;
+        sqlite3_bind_int64(st, 3 + i, w->retain_ms[i]);
+    }
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    /* Never switched off until the next start: a pass per (queue, state)
+     * is as right without overrides, only a little slower. */
+    if (w->retain_ms[0] > 0 || w->retain_ms[1] > 0 || w->retain_ms[2] > 0)
+        s->queue_retention = true;
+    return 0;
+}
+
 static int apply_queue(struct jd_store *s, struct jd_write *w)
 {
+    if (w->op == JD_W_QUEUE_CONFIG && w->queue)
+        return apply_queue_config(s, w);
     if (!w->queue)
         return JD_EINVAL;
     sqlite3_stmt *st = s->wst[JD_WS_QUEUE_UPSERT];
@@ -497,6 +535,7 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
     case JD_W_JOB_CHANGE:
         return apply_change(s, w, now, vc);
     case JD_W_QUEUE:
+    case JD_W_QUEUE_CONFIG:
         return apply_queue(s, w);
     case JD_W_SCHEDULE_PUT:
     case JD_W_SCHEDULE_CHANGE:
@@ -746,6 +785,51 @@ int jd_store_done_thread(struct jd_store *s)
     return 0;
 }
 
+/* Collect the rows (id, idempotency key) sel yields into ids/keys, up to
+ * JD_RETENTION_BATCH in all; SQLite rc (SQLITE_DONE when fine). */
+static int collect_expired(sqlite3_stmt *sel, int64_t *ids, char **keys, int *n)
+{
+    int rc;
+    while (*n < JD_RETENTION_BATCH && (rc = sqlite3_step(sel)) == SQLITE_ROW) {
+        ids[*n] = sqlite3_column_int64(sel, 0);
+        keys[*n] = jd_xstrdup((const char *)sqlite3_column_text(sel, 1));
+        (*n)++;
+    }
+    if (*n >= JD_RETENTION_BATCH)
+        rc = SQLITE_DONE;
+    sqlite3_reset(sel);
+    return rc == SQLITE_ROW ? SQLITE_DONE : rc;
+}
+
+/* With queue retention: every (queue, terminal state) by its own cutoff,
+ * each an index range on jobs_queue_finished. SQLite rc. */
+static int collect_per_queue(struct jd_store *s, int64_t now, int64_t *ids, char **keys, int *n)
+{
+    sqlite3_stmt *qs = s->wst[JD_WS_RET_QUEUES];
+    sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT_QS];
+    int rc;
+    while (*n < JD_RETENTION_BATCH && (rc = sqlite3_step(qs)) == SQLITE_ROW) {
+        int64_t keep = sqlite3_column_int64(qs, 2);
+        if (keep <= 0)
+            keep = s->retention_ms;
+        if (keep <= 0)
+            continue; /* kept forever */
+        sqlite3_bind_text(sel, 1, (const char *)sqlite3_column_text(qs, 0), -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int(sel, 2, sqlite3_column_int(qs, 1));
+        sqlite3_bind_int64(sel, 3, now - keep);
+        sqlite3_bind_int(sel, 4, JD_RETENTION_BATCH - *n);
+        int src = collect_expired(sel, ids, keys, n);
+        if (src != SQLITE_DONE) {
+            sqlite3_reset(qs);
+            return src;
+        }
+    }
+    if (*n >= JD_RETENTION_BATCH)
+        rc = SQLITE_DONE;
+    sqlite3_reset(qs);
+    return rc == SQLITE_ROW ? SQLITE_DONE : rc;
+}
+
 /* Delete one batch of expired terminal jobs; true if the batch was full (so
  * more may be waiting). */
 static bool retention_step(struct jd_store *s)
@@ -758,17 +842,16 @@ static bool retention_step(struct jd_store *s)
 
     if (run(s->wst[JD_WS_BEGIN]) != SQLITE_DONE)
         goto fail;
-    sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT];
-    sqlite3_bind_int64(sel, 1, now - s->retention_ms);
-    sqlite3_bind_int(sel, 2, JD_RETENTION_BATCH);
     int rc;
-    while ((rc = sqlite3_step(sel)) == SQLITE_ROW && n < JD_RETENTION_BATCH) {
-        ids[n] = sqlite3_column_int64(sel, 0);
-        keys[n] = jd_xstrdup((const char *)sqlite3_column_text(sel, 1));
-        n++;
+    if (s->queue_retention) {
+        rc = collect_per_queue(s, now, ids, keys, &n);
+    } else {
+        sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT];
+        sqlite3_bind_int64(sel, 1, now - s->retention_ms);
+        sqlite3_bind_int(sel, 2, JD_RETENTION_BATCH);
+        rc = collect_expired(sel, ids, keys, &n);
     }
-    sqlite3_reset(sel);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+    if (rc != SQLITE_DONE)
         goto fail;
     int64_t max_id = 0;
     for (int i = 0; i < n; i++) {
@@ -816,14 +899,22 @@ fail:
     return ok && n == JD_RETENTION_BATCH;
 }
 
+/* Whether retention passes run at all: a global --retention or a queue's own. */
+static bool retention_on(const struct jd_store *s)
+{
+    return s->retention_ms > 0 || s->queue_retention;
+}
+
 static void maybe_retention(struct jd_store *s)
 {
-    if (s->retention_ms <= 0)
+    if (!retention_on(s))
         return;
     int64_t now = jd_wall_ms();
     if (now < s->retention_due_ms)
         return;
-    int64_t interval = s->retention_ms / 8;
+    /* A queue's retention may be as short as a second: its passes run at
+     * the longest interval (a second). */
+    int64_t interval = s->queue_retention ? JD_RETENTION_MAX_INTERVAL_MS : s->retention_ms / 8;
     if (interval < 10)
         interval = 10;
     if (interval > JD_RETENTION_MAX_INTERVAL_MS)
@@ -845,7 +936,7 @@ static bool writer_wait(struct jd_store *s)
             stop = true;
             break;
         }
-        if (s->retention_ms > 0) {
+        if (retention_on(s)) {
             int64_t wait_ms = s->retention_due_ms - jd_wall_ms();
             if (wait_ms <= 0)
                 break;
@@ -941,6 +1032,13 @@ int jd_writer_start(struct jd_store *s, struct jd_error *err)
                                 sqlite3_errmsg(s->wdb));
     }
     s->retention_due_ms = 0;
+    sqlite3_stmt *qr = NULL;
+    if (sqlite3_prepare_v2(s->wdb,
+                           "SELECT 1 FROM queues WHERE retain_succeeded_ms > 0 OR"
+                           " retain_failed_ms > 0 OR retain_cancelled_ms > 0 LIMIT 1",
+                           -1, &qr, NULL) == SQLITE_OK)
+        s->queue_retention = sqlite3_step(qr) == SQLITE_ROW;
+    sqlite3_finalize(qr);
     int rc = pthread_create(&s->writer, NULL, writer_main, s);
     if (rc != 0)
         return jd_error_set(err, JD_EIO, NULL, "database %s: cannot start the writer: %s", s->path,
