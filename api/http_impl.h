@@ -107,6 +107,7 @@ struct jd_req {
     char *cb_json;
     int64_t cb_job_id;
     bool cb_existing;
+    int cb_unique; /* jd_submit_result.unique */
     struct jd_error cb_err;
     jd_async_answer_fn *answer; /* the success answer once the callback fired; NULL: 202 */
 

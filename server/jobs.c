@@ -262,6 +262,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
 
     if ((rc = jobs_recover(j, err)))
         goto fail;
+    jobs_unique_recover(j);
     jobs_admit(j);
     *out = j;
     return 0;

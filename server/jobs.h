@@ -103,7 +103,13 @@ struct jd_submit_result {
     int64_t job_id;      /* single submit */
     const char *json;    /* single: the job rendered; batch: {"jobs":[...]} */
     bool existing;       /* idempotency key matched an earlier job (same body) */
+    /* A unique key was held (job_id, json: the holder): JD_SUBMIT_UNIQUE_EXISTING
+     * for "return_existing", JD_SUBMIT_UNIQUE_REJECTED for "reject" (and for
+     * "replace" when the holder already runs); 0 otherwise. */
+    int unique;
 };
+#define JD_SUBMIT_UNIQUE_EXISTING 1
+#define JD_SUBMIT_UNIQUE_REJECTED 2
 typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res);
 
 /*
@@ -115,6 +121,10 @@ typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res)
  * idempotency_key (may be NULL): the same key with the same body answers with
  * the original job (existing = true); with a different body: JD_EINVAL
  * (message says so); while the first is still being committed: JD_ECONFLICT.
+ * A definition's "unique" key held by a live job answers with that job
+ * (res.unique says how) or, for "replace" with the holder still queued,
+ * cancels the holder and inserts the new job in one commit; while the
+ * holder's own insert is still being committed: JD_ECONFLICT.
  */
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
                    jd_submit_done_fn done, void *arg, struct jd_error *err);

@@ -11,6 +11,7 @@
  *   jobs_submit.c  submit, batch, validate
  *   jobs_act.c     cancel, message, retry, queue pause/resume
  *   jobs_queues.c  queue controls (max_running, rate, retention), GET /v1/queues
+ *   jobs_unique.c  unique keys: who holds one, taking and dropping, recovery
  *   jobs_watch.c   watches (change notification)
  *   jobs_read.c    JSON reads and counters
  *   render.c       JSON output
@@ -194,6 +195,11 @@ struct job {
     struct job *qprev, *qnext;
     bool in_ready;
     struct queue *qp; /* its queue, once looked up (queues live until destroy) */
+    /* Its unique key (jobs_unique.c), chained in jd_jobs.ukeys through unext. */
+    char *ukey;
+    bool ukey_queued;   /* "while": "queued": held only until it starts */
+    int64_t ukey_until; /* wall ms the hold ends ("for_ms"); 0: with the job */
+    struct job *unext;
 };
 
 /* A watch stays in its bucket (jd_jobs.watches) from jd_jobs_watch until its
@@ -235,6 +241,7 @@ struct jd_jobs {
     struct jd_jobs_stats st;
     struct jd_stats *series;      /* throughput per second (own lock, taken under mu) */
     struct cmd_limit *cmd_limits; /* --command-limit, fixed after create */
+    struct job *ukeys[NBUCKETS];  /* jobs holding a unique key, by key hash */
 };
 
 struct idem {
@@ -325,6 +332,14 @@ bool jobs_queue_name_ok(const char *q); /* [A-Za-z0-9._-]{1,64}; any thread */
 struct queue *jobs_queue_find(struct jd_jobs *j, const char *name); /* or NULL */
 void jobs_queue_controls_load(struct jd_jobs *j);                   /* at create, before recovery */
 void jobs_queue_controls_committed_locked(struct jd_jobs *j, const char *queue, const char *text);
+
+/* jobs_unique.c: unique keys (under mu). */
+/* The live job holding key at wall time now, or NULL. */
+struct job *jobs_unique_holder_locked(struct jd_jobs *j, const char *key, int64_t now);
+void jobs_unique_hold_locked(struct jd_jobs *j, struct job *jb, const char *key, bool queued,
+                             int64_t until);
+void jobs_unique_drop_locked(struct jd_jobs *j, struct job *jb); /* no key: nothing */
+void jobs_unique_recover(struct jd_jobs *j); /* at create, after recovery; takes mu */
 
 /* jobs_run.c: processes (without mu; hooks are set in jd_jobs_create). */
 void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb);

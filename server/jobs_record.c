@@ -106,6 +106,9 @@ struct wrec *jobs_state_rec(struct jd_jobs *j, struct job *jb, enum jd_job_state
     r->w.kind = JD_EVK_STATE;
     r->w.data = r->data;
     r->after = after;
+    /* A unique key is released in the commit that ends its hold. */
+    if (jb->ukey && (jd_job_state_terminal(s) || (s == JD_JOB_RUNNING && jb->ukey_queued)))
+        r->w.release_unique = true;
     jb->state = s;
     return r;
 }

@@ -496,6 +496,7 @@ enum {
     RS_SCHED_EVENTS,
     RS_OLDEST_QUEUED,
     RS_QCONFIG,
+    RS_UNIQUE_KEYS,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -530,6 +531,7 @@ static const char *const read_sql[RS_N] = {
     [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
                           " ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
+    [RS_UNIQUE_KEYS] = "SELECT key, job_id, expires_ms FROM unique_keys",
     [RS_QCONFIG] = "SELECT name, config FROM queues WHERE config IS NOT NULL ORDER BY name",
     [RS_LIST_SCHEDULE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_schedule"
                          " CROSS JOIN job_definitions d ON d.job_id = j.id"
@@ -927,6 +929,25 @@ static int read_strings(struct jd_store *s, int which, int cols, char ***names, 
     *names = out;
     *n = k;
     return 0;
+}
+
+int jd_store_unique_keys(struct jd_store *s,
+                         void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
+                         void *arg)
+{
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_UNIQUE_KEYS];
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW)
+        fn(arg, (const char *)sqlite3_column_text(st, 0), sqlite3_column_int64(st, 1),
+           sqlite3_column_int64(st, 2));
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    return rc;
 }
 
 int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)

@@ -176,6 +176,12 @@ struct jd_write {
     const struct jd_job *job;     /* id, queue, priority, state, definition, run_at_ms,
                                      created_ms, idempotency_key */
     const char *idem_fingerprint; /* stored with the idempotency key, or NULL */
+    /* The job's unique key (or NULL), stored in the same commit; fails the
+     * record with JD_ECONFLICT (w->job_id then names the holder) while
+     * another job holds it: one not yet terminal whose hold has not
+     * expired (unique_expires_ms, wall ms; 0: never). */
+    const char *unique_key;
+    int64_t unique_expires_ms;
 
     /* JD_W_JOB_CHANGE: fields to update (JD_SET_*), then one event appended */
     unsigned set;
@@ -183,6 +189,7 @@ struct jd_write {
     const char *output, *error; /* JSON text or NULL */
     int64_t run_at_ms, started_ms, finished_ms;
     uint32_t attempts;
+    bool release_unique; /* JD_W_JOB_CHANGE: delete the job's unique key in the same commit */
     /* the event (JD_W_JOB_CHANGE; for an insert the store writes
      * {"state":"queued"} itself) */
     enum jd_event_kind kind;
@@ -203,7 +210,8 @@ struct jd_write {
 
     /* Called on the writer thread (or, after jd_store_done_thread, on the
      * completion thread) after the commit (rc 0) or failure (rc <
-     * 0): JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
+     * 0): JD_ECONFLICT for a unique key another job holds (w->job_id is then
+     * the holder), JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
      * the existing job), JD_ENOENT for a change to a missing job (or a
      * schedule change or delete of a missing schedule), JD_EIO when
      * the transaction failed. Must not block; may enqueue more writes. */
@@ -289,6 +297,12 @@ int jd_store_recover(struct jd_store *s,
                      int (*fn)(void *arg, const struct jd_job *job,
                                const struct jd_job_event *events, size_t n),
                      void *arg);
+
+/* Unique keys held (recovery): fn(arg, key, job_id, expires_ms) for each,
+ * borrowed for the call. 0 or a JD_E* code. */
+int jd_store_unique_keys(struct jd_store *s,
+                         void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
+                         void *arg);
 
 /* Paused queues (names). Free with jd_strings_free. */
 int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n);

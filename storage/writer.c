@@ -123,6 +123,19 @@ static const char *const writer_sql[JD_WS_N] = {
         " FROM queue_counts LEFT JOIN queues ON queues.name = queue_counts.queue"
         " WHERE queue_counts.state >= 3 AND queue_counts.n > 0",
     /* "state >= 3" lets SQLite use the partial index jobs_queue_finished. */
+    /* Take the key unless a live hold has it: a row whose job is gone or
+     * terminal (never left by this writer: a backstop) or whose hold
+     * expired is taken over. No change: held. */
+    [JD_WS_UNIQUE_TAKE] =
+        "INSERT INTO unique_keys(key, job_id, expires_ms) VALUES (?1, ?2, ?3)"
+        " ON CONFLICT(key) DO UPDATE SET job_id = excluded.job_id,"
+        " expires_ms = excluded.expires_ms"
+        " WHERE (unique_keys.expires_ms > 0 AND unique_keys.expires_ms <= ?4)"
+        " OR NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = unique_keys.job_id AND"
+        " jobs.state < 3)",
+    [JD_WS_UNIQUE_HOLDER] = "SELECT job_id FROM unique_keys WHERE key = ?1",
+    [JD_WS_UNIQUE_RELEASE] = "DELETE FROM unique_keys WHERE job_id = ?1",
+    [JD_WS_RET_DEL_UNIQUE] = "DELETE FROM unique_keys WHERE job_id = ?1",
     [JD_WS_RET_SELECT_QS] = "SELECT id, idempotency_key FROM jobs WHERE queue = ?1 AND state = ?2"
                             " AND state >= 3 AND finished_ms < ?3 LIMIT ?4",
 };
@@ -239,6 +252,28 @@ static int vc_flush(struct jd_store *s, struct vcache *c, int64_t now)
     return SQLITE_DONE;
 }
 
+/* Take w's unique key for job id; JD_ECONFLICT (w->job_id: the holder)
+ * when a live hold has it. */
+static int take_unique(struct jd_store *s, struct jd_write *w, int64_t id, int64_t now)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_UNIQUE_TAKE];
+    sqlite3_bind_text(st, 1, w->unique_key, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, id);
+    sqlite3_bind_int64(st, 3, w->unique_expires_ms);
+    sqlite3_bind_int64(st, 4, now);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (sqlite3_changes(s->wdb) > 0)
+        return 0;
+    st = s->wst[JD_WS_UNIQUE_HOLDER];
+    sqlite3_bind_text(st, 1, w->unique_key, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        w->job_id = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? JD_ECONFLICT : JD_EIO;
+}
+
 static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
     const struct jd_job *j = w->job;
@@ -271,6 +306,11 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
         }
     }
 
+    if (w->unique_key) {
+        int rc = take_unique(s, w, id, now);
+        if (rc)
+            return rc;
+    }
     sqlite3_stmt *st = s->wst[JD_WS_JOB_INSERT];
     sqlite3_bind_int64(st, 1, id);
     sqlite3_bind_text(st, 2, j->queue, -1, SQLITE_STATIC);
@@ -358,6 +398,12 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
             return record_error(sqlite3_extended_errcode(s->wdb));
         if (version == 0)
             return JD_ENOENT;
+    }
+    if (w->release_unique) {
+        sqlite3_stmt *us = s->wst[JD_WS_UNIQUE_RELEASE];
+        sqlite3_bind_int64(us, 1, w->job_id);
+        if (run(us) != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
     }
     const char *data = w->data;
     char buf[48];
@@ -612,7 +658,7 @@ static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, i
         int rc = apply(s, b[i], now, vc);
         if (rc == 0)
             continue;
-        if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL)
+        if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL && rc != JD_ECONFLICT)
             return -1;
         if (run(s->wst[JD_WS_ROLLBACK]) != SQLITE_DONE)
             return -1;
@@ -644,7 +690,8 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
         int rc = 0;
         for (size_t k = 0; k < g && rc == 0; k++)
             rc = apply(s, b[i + k], now, NULL);
-        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL) {
+        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL &&
+            rc != JD_ECONFLICT) {
             log_failure(s, "write");
             return -1;
         }
@@ -866,6 +913,10 @@ static bool retention_step(struct jd_store *s)
             if (run(st) != SQLITE_DONE)
                 goto fail;
         }
+        st = s->wst[JD_WS_RET_DEL_UNIQUE];
+        sqlite3_bind_int64(st, 1, ids[i]);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
         st = s->wst[JD_WS_RET_DEL_DEF];
         sqlite3_bind_int64(st, 1, ids[i]);
         if (run(st) != SQLITE_DONE)

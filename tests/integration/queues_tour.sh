@@ -24,3 +24,14 @@ curl -s -X PUT "$JD/v1/queues/emails" -H "$H" -d '{"max_running": 5}'
 
 # Out of range: 422 with a pointer to the field.
 curl -s -X PUT "$JD/v1/queues/emails" -H "$H" -d '{"rate": {"limit": 0, "per": "1s"}}'
+
+# Unique jobs: at most one live job per key. The first is 201; the same key
+# again answers 200 with that job ("on_conflict": "return_existing", the
+# default), 409 naming it ("reject"), or, while the holder is still queued,
+# cancels it and takes its place ("replace").
+curl -s -X POST "$JD/v1/jobs" -H "$H" -d '{"handler": "sleep", "args": {"ms": 2000},
+  "unique": {"key": "user-42-sync"}}'
+curl -s -o /dev/null -w '%{http_code}\n' -X POST "$JD/v1/jobs" -H "$H" \
+  -d '{"handler": "sleep", "args": {"ms": 2000}, "unique": {"key": "user-42-sync"}}'
+curl -s -X POST "$JD/v1/jobs" -H "$H" -d '{"handler": "sleep", "args": {"ms": 2000},
+  "unique": {"key": "user-42-sync", "on_conflict": "reject"}}'

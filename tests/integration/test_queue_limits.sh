@@ -86,6 +86,8 @@ check "PUT answers with the controls" \
 check "GET shows them with the live numbers" eval 'has "\"active\":" && has "\"rate_available\":"'
 check "a second PUT replaces the set" has '"max_running":5,"rate":null,"retention":null'
 check "out of range: 422 with a pointer" has '"pointer":"/rate/limit"'
+check "a unique job: 201, then 200 with it" eval 'has "\"unique\":{\"key\":\"user-42-sync\"}" && grep -qx 200 "$WORK/tour.out"'
+check "reject: 409 naming it" has '"existing_job_id":'
 readme_block() { sed -n '/^## Queue controls/,/^## /p' README.md | sed -n '/^```sh$/,/^```$/p' | sed '1d;$d'; }
 check "the README quotes the tour verbatim" \
     diff <(readme_block) <(sed -n '/^JD=/,$p' tests/integration/queues_tour.sh)
