@@ -40,8 +40,6 @@ enum MHD_Result route_queue_get(struct jd_req *r)
     if (!queue_name_ok(r->m.param))
         return http_respond_problem(r, 404, "no such queue (names are [A-Za-z0-9._-]{1,64})", NULL);
     int rc = jd_jobs_queue_json(http_jobs_of(r->h), r->m.param, &text);
-    if (rc == JD_ENOENT)
-        return http_respond_problem(r, 404, "no such queue: it has no jobs and no controls", NULL);
     return http_respond_json_rc(r, rc, text);
 }
 

@@ -196,8 +196,8 @@ int jd_jobs_handlers_json(struct jd_jobs *j, char **json);
  *   "max_running":n|null,"rate":{"limit":n,"per":".."}|null,
  *   "retention":{"succeeded":"..",..}|null,"active":n[,"rate_available":n]}]} */
 int jd_jobs_queues_json(struct jd_jobs *j, char **json);
-/* One queue's object as in the list; JD_ENOENT if it has no jobs, row or
- * controls. */
+/* One queue's object as in the list (a queue with no jobs and no controls
+ * has zero counts); JD_ENOENT for a name that cannot be a queue's. */
 int jd_jobs_queue_json(struct jd_jobs *j, const char *queue, char **json);
 /* PUT /v1/queues/{q}: replace the queue's controls with body's
  * {"max_running":N,"rate":{"limit":N,"per":"1s"},"retention":{"succeeded":

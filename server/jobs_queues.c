@@ -284,7 +284,7 @@ static void decorate_locked(struct jd_jobs *j, cJSON *o)
     }
 }
 
-/* {"queues":[...]} with controls, or one queue (name; JD_ENOENT if unknown). */
+/* {"queues":[...]} with controls, or one queue's object (only: its name). */
 static int queues_json(struct jd_jobs *j, const char *only, char **json)
 {
     struct jd_queue_counts *rows = NULL;
@@ -292,7 +292,14 @@ static int queues_json(struct jd_jobs *j, const char *only, char **json)
     int rc = jd_store_queue_counts(j->store, &rows, &n);
     if (rc)
         return rc;
-    cJSON *o = jd_render_queues(rows, n);
+    size_t k = n;
+    if (only) { /* a queue with no jobs and no row is a queue all the same */
+        k = 0;
+        while (k < n && strcmp(rows[k].queue, only) != 0)
+            k++;
+    }
+    struct jd_queue_counts empty = {.queue = (char *)only};
+    cJSON *o = only ? jd_render_queues(k < n ? &rows[k] : &empty, 1) : jd_render_queues(rows, n);
     jd_queue_counts_free(rows, n);
     cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "queues");
     pthread_mutex_lock(&j->mu);
@@ -304,10 +311,6 @@ static int queues_json(struct jd_jobs *j, const char *only, char **json)
             found = q;
     }
     pthread_mutex_unlock(&j->mu);
-    if (only && !found) {
-        cJSON_Delete(o);
-        return JD_ENOENT;
-    }
     *json = cJSON_PrintUnformatted(only ? found : o);
     cJSON_Delete(o);
     return 0;

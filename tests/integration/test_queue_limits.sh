@@ -126,9 +126,10 @@ check "a queue name over 64 characters: 404" is_problem 404
 req PUT "/v1/queues/a%20b" -H 'Content-Type: application/json' --data-binary '{}'
 check "a queue name with a space: 404" is_problem 404
 req GET /v1/queues/nosuch
-check "GET an unknown queue: 404" is_problem 404
+check "GET a queue never used: 200, zero counts, no controls" \
+    eval 'status_is 200 && body_has "\"queued\":0" && body_has "\"max_running\":null"'
 req GET /v1/queues/q
-check "a refused PUT left nothing behind" is_problem 404
+check "a refused PUT left nothing behind" eval 'status_is 200 && body_has "\"max_running\":null,\"rate\":null,\"retention\":null"'
 
 # ---- max_running ----
 put_queue capped '{"max_running":2}'
