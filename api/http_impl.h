@@ -107,6 +107,7 @@ struct jd_req {
     char *cb_json;
     int64_t cb_job_id;
     bool cb_existing;
+    int cb_unique; /* jd_submit_result.unique */
     struct jd_error cb_err;
     jd_async_answer_fn *answer; /* the success answer once the callback fired; NULL: 202 */
 
@@ -193,6 +194,8 @@ enum MHD_Result route_job_retry(struct jd_req *r);
 /* routes_queues.c: */
 enum MHD_Result route_queues(struct jd_req *r);
 enum MHD_Result route_queue_pause(struct jd_req *r);
+enum MHD_Result route_queue_get(struct jd_req *r);
+enum MHD_Result route_queue_put(struct jd_req *r);
 
 /* routes_schedules.c: */
 enum MHD_Result route_schedule_list(struct jd_req *r);

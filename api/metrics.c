@@ -307,6 +307,52 @@ static void render_queues(struct buf *b, const struct jd_queue_counts *q, size_t
     }
 }
 
+/* Queue controls and command limits with their live numbers. */
+static void render_limits(struct buf *b, const struct jd_metrics_sources *src)
+{
+    const struct jd_jobs_queue_limit *q = src->queue_limits;
+    family(b, "jackdaw_queue_active", "gauge",
+           "Jobs of the queue holding a running slot (what max_running caps).");
+    for (size_t i = 0; i < src->nqueue_limits; i++) {
+        put(b, "jackdaw_queue_active{queue=\"");
+        put_label(b, q[i].name);
+        put(b, "\"} %u\n", q[i].active);
+    }
+    family(b, "jackdaw_queue_max_running", "gauge", "A queue's max_running (queues with one).");
+    for (size_t i = 0; i < src->nqueue_limits; i++) {
+        if (!q[i].max_running)
+            continue;
+        put(b, "jackdaw_queue_max_running{queue=\"");
+        put_label(b, q[i].name);
+        put(b, "\"} %u\n", q[i].max_running);
+    }
+    family(b, "jackdaw_queue_rate_limit_per_second", "gauge",
+           "A queue's rate limit on starts, per second (queues with one).");
+    family(b, "jackdaw_queue_rate_waits_total", "counter",
+           "Admissions a queue's rate limit deferred.");
+    for (size_t i = 0; i < src->nqueue_limits; i++) {
+        if (!q[i].rate_limit)
+            continue;
+        put(b, "jackdaw_queue_rate_limit_per_second{queue=\"");
+        put_label(b, q[i].name);
+        put(b, "\"} %g\n", q[i].rate_limit * 1000.0 / (double)q[i].rate_per_ms);
+        put(b, "jackdaw_queue_rate_waits_total{queue=\"");
+        put_label(b, q[i].name);
+        put(b, "\"} %llu\n", (unsigned long long)q[i].rate_waits);
+    }
+    const struct jd_jobs_command_limit *c = src->command_limits;
+    family(b, "jackdaw_command_limit", "gauge", "A command's --command-limit.");
+    for (size_t i = 0; i < src->ncommand_limits; i++)
+        put(b, "jackdaw_command_limit{command=\"%s\"} %u\n", c[i].name, c[i].limit);
+    family(b, "jackdaw_command_active", "gauge", "Calls of a limited command in flight.");
+    for (size_t i = 0; i < src->ncommand_limits; i++)
+        put(b, "jackdaw_command_active{command=\"%s\"} %u\n", c[i].name, c[i].active);
+    family(b, "jackdaw_command_waiting", "gauge",
+           "Calls of a limited command waiting for a place.");
+    for (size_t i = 0; i < src->ncommand_limits; i++)
+        put(b, "jackdaw_command_waiting{command=\"%s\"} %u\n", c[i].name, c[i].waiting);
+}
+
 char *jd_metrics_render(const struct jd_metrics_sources *src)
 {
     struct buf b = {jd_xmalloc(16384), 0, 16384};
@@ -327,5 +373,7 @@ char *jd_metrics_render(const struct jd_metrics_sources *src)
         render_schedules(&b, src->schedules);
     if (src->queues)
         render_queues(&b, src->queues, src->nqueues);
+    if (src->queue_limits || src->command_limits)
+        render_limits(&b, src);
     return b.p;
 }

@@ -22,6 +22,8 @@ struct jd_store_stats;
 struct jd_jobs_call_stats;
 struct jd_queue_counts;
 struct jd_schedules_stats;
+struct jd_jobs_queue_limit;
+struct jd_jobs_command_limit;
 
 /* Statuses counted per route; anything else lands in the last column. */
 #define JD_METRICS_CODES 20
@@ -51,6 +53,10 @@ struct jd_metrics_sources {
     const struct jd_schedules_stats *schedules;
     const struct jd_queue_counts *queues; /* durable counts per queue and state */
     size_t nqueues;
+    const struct jd_jobs_queue_limit *queue_limits; /* queue controls, live */
+    size_t nqueue_limits;
+    const struct jd_jobs_command_limit *command_limits; /* --command-limit, live */
+    size_t ncommand_limits;
     int ready; /* 1 ready, 0 starting or draining */
 };
 

@@ -174,6 +174,7 @@ void http_on_submit_done(void *arg, const struct jd_submit_result *res)
     r->cb_err = res->err;
     r->cb_job_id = res->job_id;
     r->cb_existing = res->existing;
+    r->cb_unique = res->unique;
     r->cb_json = res->json ? jd_xstrdup(res->json) : NULL;
     pthread_mutex_unlock(&r->mu);
     http_wake(r, WAKE_CHANGED);

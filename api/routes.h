@@ -47,6 +47,10 @@
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_QUEUES,       JD_M_GET,  "/v1/queues",                route_queues,                 \
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_QUEUE_GET,    JD_M_GET,  "/v1/queues/{queue}",        route_queue_get,              \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_QUEUE_PUT,    JD_M_PUT,  "/v1/queues/{queue}",        route_queue_put,              \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON)                                            \
     X(JD_ROUTE_QUEUE_PAUSE,  JD_M_POST, "/v1/queues/{queue}/pause",  route_queue_pause,            \
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
     X(JD_ROUTE_QUEUE_RESUME, JD_M_POST, "/v1/queues/{queue}/resume", route_queue_pause,            \

@@ -196,11 +196,33 @@ enum MHD_Result route_job_events(struct jd_req *r)
 
 /* 201 with the job and its Location (Idempotent-Replayed when the key
  * named a job stored earlier). */
+/* A unique key was held: 409 naming the holder (reject), or 200 with it. */
+static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const char *loc)
+{
+    if (r->cb_unique == JD_SUBMIT_UNIQUE_EXISTING) {
+        char *b = jd_xasprintf("%s\n", json ? json : "{}");
+        return http_respond(r, 200, "application/json", b, strlen(b), MHD_HTTP_HEADER_LOCATION, loc,
+                            NULL, NULL);
+    }
+    char detail[96];
+    snprintf(detail, sizeof detail, "job %" PRId64 " holds this unique key", r->cb_job_id);
+    char *p = jd_problem_json(409, detail, "/unique/key", r->path, r->rid);
+    /* p ends "}\n": add the holder's id as a member of the problem. */
+    size_t n = strlen(p);
+    char *b =
+        jd_xasprintf("%.*s,\"existing_job_id\":\"%" PRId64 "\"}\n", (int)(n - 2), p, r->cb_job_id);
+    free(p);
+    return http_respond(r, 409, "application/problem+json", b, strlen(b), MHD_HTTP_HEADER_LOCATION,
+                        loc, NULL, NULL);
+}
+
 static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
 {
     char loc[48];
     snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, r->cb_job_id);
     snprintf(r->job_label, sizeof r->job_label, "%" PRId64, r->cb_job_id);
+    if (r->cb_unique)
+        return answer_unique(r, json, loc);
     char *b = jd_xasprintf("%s\n", json ? json : "{}");
     return http_respond(r, 201, "application/json", b, strlen(b), MHD_HTTP_HEADER_LOCATION, loc,
                         r->cb_existing ? "Idempotent-Replayed" : NULL, "true");

@@ -43,6 +43,8 @@ enum MHD_Result route_metrics(struct jd_req *r)
     struct jd_store_stats st;
     struct jd_jobs_call_stats cs;
     struct jd_schedules_stats sch;
+    struct jd_jobs_queue_limit *ql = NULL;
+    struct jd_jobs_command_limit *cl = NULL;
     struct jd_schedules *sc = http_schedules_of(h);
     if (sc != NULL) {
         jd_schedules_stats(sc, &sch);
@@ -55,6 +57,9 @@ enum MHD_Result route_metrics(struct jd_req *r)
         src.jobs = &js;
         src.sched = &ss;
         src.calls = &cs;
+        jd_jobs_limits(j, &ql, &src.nqueue_limits, &cl, &src.ncommand_limits);
+        src.queue_limits = ql;
+        src.command_limits = cl;
     }
     struct jd_queue_counts *qc = NULL;
     size_t nq = 0;
@@ -70,6 +75,8 @@ enum MHD_Result route_metrics(struct jd_req *r)
     char *text = jd_metrics_render(&src);
     if (qc != NULL)
         jd_queue_counts_free(qc, nq);
+    free(ql);
+    free(cl);
     return http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text),
                         NULL, NULL, NULL, NULL);
 }

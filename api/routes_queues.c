@@ -1,6 +1,7 @@
 /*
- * Route handlers for /v1/queues: the queue counts, and pausing or resuming
- * a queue (answered after the commit).
+ * Route handlers for /v1/queues: the queue counts with their controls, one
+ * queue, setting a queue's controls (PUT), and pausing or resuming a queue
+ * (writes answered after the commit).
  *
  * Threading: handlers run on MHD pool threads (see routes_jobs.c).
  */
@@ -30,6 +31,34 @@ enum MHD_Result route_queues(struct jd_req *r)
     char *text = NULL;
     int rc = jd_jobs_queues_json(http_jobs_of(r->h), &text);
     return http_respond_json_rc(r, rc, text);
+}
+
+/* GET /v1/queues/{queue} */
+enum MHD_Result route_queue_get(struct jd_req *r)
+{
+    char *text = NULL;
+    if (!queue_name_ok(r->m.param))
+        return http_respond_problem(r, 404, "no such queue (names are [A-Za-z0-9._-]{1,64})", NULL);
+    int rc = jd_jobs_queue_json(http_jobs_of(r->h), r->m.param, &text);
+    return http_respond_json_rc(r, rc, text);
+}
+
+static enum MHD_Result answer_queue(struct jd_req *r, const char *json)
+{
+    return http_respond_json(r, 200, json ? json : "{}", NULL, NULL);
+}
+
+/* PUT /v1/queues/{queue}: replace its controls; 200 with the queue. */
+enum MHD_Result route_queue_put(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    if (!queue_name_ok(r->m.param))
+        return http_respond_problem(r, 404, "no such queue (names are [A-Za-z0-9._-]{1,64})", NULL);
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_queue_configure(http_jobs_of(r->h), r->m.param, r->body ? r->body : "", r->len,
+                                     http_on_action_done, r, &err);
+    return http_async_started(r, rc, &err, answer_queue);
 }
 
 /* 200 with the queue's new state. */

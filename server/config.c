@@ -68,6 +68,9 @@ static const struct opt opts[] = {
      "deadline of an http call whose args give no timeout_ms (default 60s)"},
     {"--retention", "JACKDAW_RETENTION", OPT_DURATION, F(retention_ms), "DURATION",
      "delete terminal jobs finished longer ago, e.g. 7d (default 0: keep)"},
+    {"--command-limit", "JACKDAW_COMMAND_LIMIT", OPT_STR, F(command_limits), "LIST",
+     "calls of a command in flight at once, e.g. http=64,exec=8; more wait in order "
+     "(default: no limit)"},
     {"--max-body", "JACKDAW_MAX_BODY", OPT_BYTES, F(max_body), "BYTES",
      "largest request body, suffix k/m allowed (default 4m); larger gets 413"},
     {"--log-level", "JACKDAW_LOG_LEVEL", OPT_LEVEL, F(log_level), "LEVEL",
@@ -343,6 +346,8 @@ void jd_config_free(struct jd_config *c)
     free(c->exec_allow);
     free(c->exec_env_allow);
     free(c->http_allow);
+    free(c->command_limits);
+    c->command_limits = NULL;
     c->db = c->plugin_dir = c->token = c->exec_allow = c->exec_env_allow = c->http_allow = NULL;
 }
 

@@ -31,6 +31,7 @@ struct jd_config {
     char *http_allow;              /* --http-allow; NULL: any host */
     int64_t http_timeout_ms;       /* --http-timeout; default deadline of http, default 60 s */
     int64_t retention_ms;          /* --retention; 0: keep terminal jobs forever */
+    char *command_limits;          /* --command-limit "http=64,exec=8"; NULL: none */
     size_t max_body;               /* --max-body; default 4 MiB */
     int log_level;                 /* --log-level; enum jd_log_level, default info */
     unsigned http_threads;         /* --http-threads; default 2 */

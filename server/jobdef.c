@@ -480,6 +480,58 @@ static int parse_step(struct vctx *v, const cJSON *s, const char *ptr, int paren
 
 /* ---- top level ---- */
 
+/* "unique": {"key": "...", "while": "active"|"queued", "for_ms": N,
+ * "on_conflict": "reject"|"return_existing"|"replace"}. */
+static int parse_unique(struct jd_jobdef *d, const cJSON *u, const char *base, struct jd_error *err)
+{
+    static const char *const allowed[] = {"key", "while", "for_ms", "on_conflict", NULL};
+    char p[JD_ERROR_PTR_MAX];
+    int rc;
+    if (!cJSON_IsObject(u))
+        return jd_error_set(err, JD_EINVAL, base,
+                            "unique must be an object such as {\"key\": \"user-42-sync\"}");
+    if ((rc = check_members(u, base, allowed, "unique", err)))
+        return rc;
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(u, "key");
+    ptr_join(p, sizeof p, base, "key");
+    if (!key)
+        return jd_error_set(err, JD_EINVAL, p, "missing key");
+    if (!cJSON_IsString(key) || !key->valuestring[0] ||
+        strlen(key->valuestring) > JD_UNIQUE_KEY_MAX)
+        return jd_error_set(err, JD_EINVAL, p, "key must be a string of 1 to %d bytes",
+                            JD_UNIQUE_KEY_MAX);
+    d->unique_key = key->valuestring;
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(u, "while");
+    if (w) {
+        ptr_join(p, sizeof p, base, "while");
+        if (!cJSON_IsString(w) ||
+            (strcmp(w->valuestring, "active") != 0 && strcmp(w->valuestring, "queued") != 0))
+            return jd_error_set(err, JD_EINVAL, p, "while must be \"active\" or \"queued\"");
+        d->unique_while_queued = strcmp(w->valuestring, "queued") == 0;
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(u, "for_ms");
+    if (f) {
+        ptr_join(p, sizeof p, base, "for_ms");
+        if ((rc = get_int(f, p, 1, MAX_DELAY_MS, &d->unique_for_ms, err)))
+            return rc;
+    }
+    const cJSON *oc = cJSON_GetObjectItemCaseSensitive(u, "on_conflict");
+    if (oc) {
+        static const char *const names[] = {"return_existing", "reject", "replace"};
+        ptr_join(p, sizeof p, base, "on_conflict");
+        int k = 0;
+        while (k < 3 && !(cJSON_IsString(oc) && strcmp(oc->valuestring, names[k]) == 0))
+            k++;
+        if (k == 3)
+            return jd_error_set(err, JD_EINVAL, p,
+                                "on_conflict must be \"return_existing\", \"reject\" or "
+                                "\"replace\"");
+        d->unique_on = (enum jd_unique_conflict)k;
+    }
+    d->has_unique = true;
+    return 0;
+}
+
 static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base,
                         struct jd_error *err)
 {
@@ -552,6 +604,11 @@ static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base
         d->labels = c;
     }
     d->input = cJSON_GetObjectItemCaseSensitive(root, "input");
+    if ((c = cJSON_GetObjectItemCaseSensitive(root, "unique"))) {
+        ptr_join(p, sizeof p, base, "unique");
+        if ((rc = parse_unique(d, c, p, err)))
+            return rc;
+    }
     return 0;
 }
 
@@ -562,7 +619,7 @@ static int from_json(cJSON *root, const char *base, const struct jd_job_limits *
 {
     static const char *const allowed[] = {"handler",    "args",  "steps",    "process",  "method",
                                           "input",      "queue", "priority", "delay_ms", "run_at",
-                                          "timeout_ms", "retry", "labels",   NULL};
+                                          "timeout_ms", "retry", "labels",   "unique",   NULL};
     struct jd_job_limits l = jd_jobdef_limits(limits);
     struct jd_jobdef *d = jd_xcalloc(1, sizeof *d);
     d->root = root;

@@ -61,6 +61,15 @@ struct jd_jobdef_step {
     size_t nchildren; /* PARALLEL: children at [index+1, index+nchildren] */
 };
 
+/* What a submit whose unique key is held does (jobs.h says what the
+ * caller sees). */
+enum jd_unique_conflict {
+    JD_UNIQUE_RETURN_EXISTING = 0, /* the default */
+    JD_UNIQUE_REJECT = 1,
+    JD_UNIQUE_REPLACE = 2,
+};
+#define JD_UNIQUE_KEY_MAX 256 /* bytes; keys are looked up in memory and indexed on disk */
+
 struct jd_jobdef {
     enum jd_jobdef_shape shape;
     cJSON *root;       /* the parsed definition (owned) */
@@ -74,6 +83,12 @@ struct jd_jobdef {
     struct jd_retry_policy retry; /* job level: default for every call */
     const cJSON *labels;          /* or NULL */
     const cJSON *input;           /* or NULL */
+    /* "unique": {"key", "while", "for_ms", "on_conflict"} (unique jobs) */
+    bool has_unique;
+    const char *unique_key;            /* 1..JD_UNIQUE_KEY_MAX bytes; borrowed from root */
+    bool unique_while_queued;          /* "while": "queued" (default "active") */
+    int64_t unique_for_ms;             /* hold at most this long after submit; 0: no bound */
+    enum jd_unique_conflict unique_on; /* "on_conflict" */
     /* PROCESS */
     const char *process, *method;
     /* TASK and WORKFLOW: the flattened steps (TASK: one CALL step "task") */

@@ -108,6 +108,88 @@ static const char *env_config(void *ctx, const char *key)
     return NULL;
 }
 
+#define JD_COMMAND_LIMIT_MAX 1000000 /* calls of one command in flight; more is no limit */
+
+/* Parse "name=N,name=N" into a list (*out, may be NULL for a check only). */
+static int command_limits_parse(const char *spec, struct cmd_limit **out, struct jd_error *err)
+{
+    struct cmd_limit *list = NULL;
+    int rc = 0;
+    const char *p = spec ? spec : "";
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        size_t nlen = eq ? (size_t)(eq - p) : 0;
+        char num[16] = "";
+        if (eq && len - nlen - 1 < sizeof num)
+            memcpy(num, eq + 1, len - nlen - 1);
+        char *e = NULL;
+        long v = num[0] >= '0' && num[0] <= '9' ? strtol(num, &e, 10) : 0;
+        bool name_ok = nlen > 0 && nlen <= 64;
+        for (size_t i = 0; name_ok && i < nlen; i++)
+            name_ok = p[i] == '_' || p[i] == '-' || p[i] == '.' || (p[i] >= '0' && p[i] <= '9') ||
+                      (p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z');
+        if (!name_ok || !e || *e || v < 1 || v > JD_COMMAND_LIMIT_MAX) {
+            rc = jd_error_set(err, JD_EINVAL, NULL,
+                              "--command-limit: \"%.*s\" is not COMMAND=N (N from 1 to %d)",
+                              (int)(len > 80 ? 80 : len), p, JD_COMMAND_LIMIT_MAX);
+            goto out;
+        }
+        for (struct cmd_limit *c = list; c; c = c->next)
+            if (strlen(c->name) == nlen && memcmp(c->name, p, nlen) == 0) {
+                rc = jd_error_set(err, JD_EINVAL, NULL, "--command-limit: \"%s\" given twice",
+                                  c->name);
+                goto out;
+            }
+        struct cmd_limit *c = jd_xcalloc(1, sizeof *c);
+        c->name = jd_xstrndup(p, nlen);
+        c->limit = (unsigned)v;
+        c->next = list;
+        list = c;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+out:
+    if (rc || !out) {
+        while (list) {
+            struct cmd_limit *c = list;
+            list = c->next;
+            free(c->name);
+            free(c);
+        }
+    } else {
+        *out = list;
+    }
+    return rc;
+}
+
+static void queues_free(struct jd_jobs *j)
+{
+    while (j->queues) {
+        struct queue *q = j->queues;
+        j->queues = q->next;
+        free(q->name);
+        free(q);
+    }
+}
+
+static void command_limits_free(struct jd_jobs *j)
+{
+    while (j->cmd_limits) {
+        struct cmd_limit *c = j->cmd_limits;
+        j->cmd_limits = c->next;
+        free(c->name);
+        free(c);
+    }
+}
+
+int jd_jobs_command_limits_check(const char *spec, struct jd_error *err)
+{
+    return command_limits_parse(spec, NULL, err);
+}
+
 int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struct jd_error *err)
 {
     jd_error_clear(err);
@@ -133,6 +215,16 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->series = jd_stats_create();
+    if ((rc = command_limits_parse(cfg->command_limits, &j->cmd_limits, err))) {
+        jd_stats_destroy(j->series);
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j->exec_allow);
+        free(j->http_allow);
+        free(j->exec_env_allow);
+        free(j);
+        return rc;
+    }
     /* Commit callbacks (rendering answers, waking connections, starting and
      * freeing jobs) on the store's completion thread, off the serial writer.
      * On failure they stay on the writer, which is correct, only slower. */
@@ -178,9 +270,11 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
             jobs_queue_get(j, paused[i])->paused = true;
         jd_strings_free(paused, npaused);
     }
+    jobs_queue_controls_load(j);
 
     if ((rc = jobs_recover(j, err)))
         goto fail;
+    jobs_unique_recover(j);
     jobs_admit(j);
     *out = j;
     return 0;
@@ -189,6 +283,8 @@ fail:
         jd_registry_destroy(j->reg);
     if (j->sched)
         jd_sched_destroy(j->sched);
+    command_limits_free(j);
+    queues_free(j);
     jd_stats_destroy(j->series);
     free(j->exec_allow);
     free(j->http_allow);
@@ -287,12 +383,8 @@ void jd_jobs_destroy(struct jd_jobs *j)
             j->watches[b] = w->next;
             free(w);
         }
-    while (j->queues) {
-        struct queue *q = j->queues;
-        j->queues = q->next;
-        free(q->name);
-        free(q);
-    }
+    queues_free(j);
+    command_limits_free(j);
     while (j->idems) {
         struct idem *i = j->idems;
         j->idems = i->next;

@@ -73,7 +73,14 @@ struct jd_jobs_config {
      * being replayed (a poison job must not crash the server forever).
      * 0: 3; negative: never. */
     int max_replays;
+    /* --command-limit "http=64,exec=8": calls of a command in flight at
+     * once; more wait, in order, without a worker. NULL: none. */
+    const char *command_limits;
 };
+
+/* Parse a --command-limit value (empty: none); 0 or JD_EINVAL with err
+ * saying what is wrong. */
+int jd_jobs_command_limits_check(const char *spec, struct jd_error *err);
 
 /* Create the scheduler and registry, load plugins, and resume every
  * non-terminal job found in storage (replaying recorded completions). *out
@@ -94,6 +101,10 @@ struct jd_sched *jd_jobs_sched(struct jd_jobs *j);
  * end; borrowed, valid until destroy. */
 struct jd_stats *jd_jobs_series(struct jd_jobs *j);
 
+/* Done callback of actions (cancel, retry, queue writes): fires after the
+ * commit with rc 0 or a JD_E* code and the result rendered (or NULL). */
+typedef void (*jd_action_done_fn)(void *arg, int rc, const char *json);
+
 /* ---- submitting ---- */
 
 /* What a submit produced; borrowed for the callback. */
@@ -103,7 +114,13 @@ struct jd_submit_result {
     int64_t job_id;      /* single submit */
     const char *json;    /* single: the job rendered; batch: {"jobs":[...]} */
     bool existing;       /* idempotency key matched an earlier job (same body) */
+    /* A unique key was held (job_id, json: the holder): JD_SUBMIT_UNIQUE_EXISTING
+     * for "return_existing", JD_SUBMIT_UNIQUE_REJECTED for "reject" (and for
+     * "replace" when the holder already runs); 0 otherwise. */
+    int unique;
 };
+#define JD_SUBMIT_UNIQUE_EXISTING 1
+#define JD_SUBMIT_UNIQUE_REJECTED 2
 typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res);
 
 /*
@@ -115,6 +132,10 @@ typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res)
  * idempotency_key (may be NULL): the same key with the same body answers with
  * the original job (existing = true); with a different body: JD_EINVAL
  * (message says so); while the first is still being committed: JD_ECONFLICT.
+ * A definition's "unique" key held by a live job answers with that job
+ * (res.unique says how) or, for "replace" with the holder still queued,
+ * cancels the holder and inserts the new job in one commit; while the
+ * holder's own insert is still being committed: JD_ECONFLICT.
  */
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
                    jd_submit_done_fn done, void *arg, struct jd_error *err);
@@ -182,12 +203,40 @@ int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
 /* {"plugins":[{"name":..,"version":..,"commands":[{"name":..,"blocking":..}],
  *   "process_types":[{"name":..,"methods":[..]}]}]} */
 int jd_jobs_handlers_json(struct jd_jobs *j, char **json);
-/* {"queues":[{"name":..,"paused":..,"counts":{"queued":n,...}}]} */
+/* {"queues":[{"name":..,"paused":..,"counts":{"queued":n,...},
+ *   "max_running":n|null,"rate":{"limit":n,"per":".."}|null,
+ *   "retention":{"succeeded":"..",..}|null,"active":n[,"rate_available":n]}]} */
 int jd_jobs_queues_json(struct jd_jobs *j, char **json);
+/* One queue's object as in the list (a queue with no jobs and no controls
+ * has zero counts); JD_ENOENT for a name that cannot be a queue's. */
+int jd_jobs_queue_json(struct jd_jobs *j, const char *queue, char **json);
+/* PUT /v1/queues/{q}: replace the queue's controls with body's
+ * {"max_running":N,"rate":{"limit":N,"per":"1s"},"retention":{"succeeded":
+ * "1d","failed":"30d","cancelled":"7d"}} (each optional or null: unset).
+ * Invalid: returns at once with err (JD_EPARSE, JD_EINVAL and a pointer,
+ * JD_ENOENT for a bad queue name) and done is not called; else 0 and done
+ * fires after the commit with the queue rendered. */
+int jd_jobs_queue_configure(struct jd_jobs *j, const char *queue, const char *body, size_t len,
+                            jd_action_done_fn done, void *arg, struct jd_error *err);
+
+/* Limits and their live numbers, for /metrics. Caller frees both arrays
+ * with free(). */
+struct jd_jobs_queue_limit {
+    char name[65];
+    unsigned max_running; /* 0: none */
+    unsigned active;      /* jobs holding a running slot */
+    uint32_t rate_limit;  /* 0: none */
+    int64_t rate_per_ms;
+    uint64_t rate_waits; /* admissions the rate deferred */
+};
+struct jd_jobs_command_limit {
+    char name[65];
+    unsigned limit, active, waiting;
+};
+int jd_jobs_limits(struct jd_jobs *j, struct jd_jobs_queue_limit **queues, size_t *nq,
+                   struct jd_jobs_command_limit **commands, size_t *nc);
 
 /* ---- acting on a job (done fires after the commit; rc 0 or JD_E*) ---- */
-
-typedef void (*jd_action_done_fn)(void *arg, int rc, const char *json);
 
 /* Cancel: JD_ENOENT, JD_ECONFLICT (already terminal) at once; else 0 and
  * done fires when the cancel request is recorded (json: the job). */

@@ -212,12 +212,8 @@ int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *a
 int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_action_done_fn done,
                         void *arg)
 {
-    if (!queue || !queue[0] || strlen(queue) > 64)
+    if (!jobs_queue_name_ok(queue))
         return JD_EINVAL;
-    for (const char *p = queue; *p; p++)
-        if (!(*p == '_' || *p == '-' || *p == '.' || (*p >= '0' && *p <= '9') ||
-              (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')))
-            return JD_EINVAL;
     pthread_mutex_lock(&j->mu);
     if (j->draining) {
         pthread_mutex_unlock(&j->mu);

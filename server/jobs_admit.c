@@ -4,8 +4,12 @@
  * timers (run_at, whole-job timeout, cancel grace).
  *
  * Invariants: a job is in at most one ready list (in_ready), which holds a
- * reference; an admitted job holds one of max_running's slots (running)
- * unless it waits for a message (slot_free). Paused queues are skipped.
+ * reference; an admitted job holds one of max_running's slots (running,
+ * and its queue's running) unless it waits for a message (slot_free).
+ * Paused queues are skipped, and so are queues at their own max_running
+ * or with an empty rate bucket; for the latter a timer (one per queue)
+ * re-runs admission when the next token is due, so nothing polls.
+ * Resumed jobs (replay) take slots but no tokens: the rate is on starts.
  *
  * Threading: the *_locked functions and the ready-list helpers run under
  * jd_jobs.mu. jobs_start_list and jobs_admit take mu themselves and start
@@ -25,14 +29,82 @@ static void job_timer_fire(void *arg);
 
 struct queue *jobs_queue_get(struct jd_jobs *j, const char *name)
 {
-    for (struct queue *q = j->queues; q; q = q->next)
-        if (strcmp(q->name, name) == 0)
-            return q;
-    struct queue *q = jd_xcalloc(1, sizeof *q);
+    struct queue *q = jobs_queue_find(j, name);
+    if (q)
+        return q;
+    q = jd_xcalloc(1, sizeof *q);
     q->name = jd_xstrdup(name);
+    q->j = j;
     q->next = j->queues;
     j->queues = q;
     return q;
+}
+
+struct queue *jobs_job_queue(struct jd_jobs *j, struct job *jb)
+{
+    if (!jb->qp)
+        jb->qp = jobs_queue_get(j, jb->queue);
+    return jb->qp;
+}
+
+void jobs_slot_take_locked(struct jd_jobs *j, struct job *jb)
+{
+    j->running++;
+    jobs_job_queue(j, jb)->running++;
+}
+
+void jobs_slot_give_locked(struct jd_jobs *j, struct job *jb)
+{
+    j->running--;
+    struct queue *q = jobs_job_queue(j, jb);
+    if (q->running > 0)
+        q->running--;
+}
+
+static void rate_timer_fire(void *arg)
+{
+    struct queue *q = arg;
+    struct jd_jobs *j = q->j;
+    struct job *start = NULL;
+    pthread_mutex_lock(&j->mu);
+    q->rate_timer = false;
+    if (!j->stopping)
+        jobs_admit_locked(j, &start);
+    pthread_mutex_unlock(&j->mu);
+    jobs_start_list(j, start);
+}
+
+/* Under mu: q has a job ready and no token; re-admit when one is due (an
+ * armed timer that is due later, after a PUT raised the rate, is moved). */
+static void rate_timer_arm_locked(struct jd_jobs *j, struct queue *q, int64_t now)
+{
+    int64_t at = now + jd_bucket_wait_ms(&q->rate, now);
+    if (q->rate_timer) {
+        if (q->rate_timer_at <= at || jd_sched_timer_cancel(j->sched, q->rate_timer_id) != 0)
+            return; /* due in time, or firing now (it re-admits) */
+        q->rate_timer = false;
+    }
+    if (jd_sched_timer_after(j->sched, (uint64_t)(at - now) * 1000000u, rate_timer_fire, q,
+                             &q->rate_timer_id) == 0) {
+        q->rate_timer = true;
+        q->rate_timer_at = at;
+    }
+}
+
+/* Under mu: may q start a job now (its own cap and rate)? */
+static bool queue_may_start(struct jd_jobs *j, struct queue *q, int64_t *now)
+{
+    if (q->ctl.max_running && q->running >= q->ctl.max_running)
+        return false;
+    if (!q->ctl.rate_limit)
+        return true;
+    if (*now < 0)
+        *now = jobs_mono_ms();
+    if (jd_bucket_ready(&q->rate, *now))
+        return true;
+    q->rate_waits++;
+    rate_timer_arm_locked(j, q, *now);
+    return false;
 }
 
 static void ready_push(struct jd_jobs *j, struct job *jb)
@@ -80,10 +152,11 @@ void jobs_ready_remove(struct jd_jobs *j, struct job *jb)
  * caller after unlocking (start list holds a reference each). */
 void jobs_admit_locked(struct jd_jobs *j, struct job **start)
 {
+    int64_t now = -1;
     while (!j->draining && j->running < j->max_running) {
         struct job *best = NULL;
         for (struct queue *q = j->queues; q; q = q->next) {
-            if (q->paused || !q->head)
+            if (q->paused || !q->head || !queue_may_start(j, q, &now))
                 continue;
             struct job *h = q->head;
             if (!best || h->priority > best->priority ||
@@ -95,7 +168,8 @@ void jobs_admit_locked(struct jd_jobs *j, struct job **start)
         best->refs++; /* for the start list */
         jobs_ready_remove(j, best);
         best->admitted = true;
-        j->running++;
+        jd_bucket_take(&jobs_job_queue(j, best)->rate);
+        jobs_slot_take_locked(j, best);
         best->qnext = *start;
         *start = best;
     }

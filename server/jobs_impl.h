@@ -10,6 +10,8 @@
  *   jobs_replay.c  rebuilding and resuming jobs from their history at start
  *   jobs_submit.c  submit, batch, validate
  *   jobs_act.c     cancel, message, retry, queue pause/resume
+ *   jobs_queues.c  queue controls (max_running, rate, retention), GET /v1/queues
+ *   jobs_unique.c  unique keys: who holds one, taking and dropping, recovery
  *   jobs_watch.c   watches (change notification)
  *   jobs_read.c    JSON reads and counters
  *   render.c       JSON output
@@ -33,6 +35,8 @@
 #ifndef JD_SERVER_JOBS_IMPL_H
 #define JD_SERVER_JOBS_IMPL_H
 
+#include "common/bucket.h"
+#include "common/clock.h"
 #include "plugins/registry.h"
 #include "scheduler/sched.h"
 #include "server/jobdef.h"
@@ -63,7 +67,10 @@ struct rec {
     struct rec *next;
 };
 
-/* One registry call in flight; two references (dispatch path, done path). */
+/* One registry call in flight; two references (dispatch path, done path).
+ * A call of a command with a --command-limit that is at its cap waits
+ * (waiting, in its cmd_limit's FIFO through wnext) with what the dispatch
+ * needs kept here, and goes to the registry when a place frees. */
 struct call {
     struct jd_jobs *j;
     struct job *job;
@@ -73,6 +80,22 @@ struct call {
     char *command, *args;
     int refs;
     struct call *next;
+    struct cmd_limit *lim; /* its command's limit, or NULL */
+    bool waiting;          /* in lim's FIFO, not yet given to the registry */
+    bool counted;          /* holds one of lim's places */
+    struct call *wnext;
+    uint32_t first; /* the attempt number of its first dispatch */
+    int64_t timeout_ms;
+    struct jd_retry_policy pol;
+};
+
+/* A --command-limit: at most `limit` calls of the command in the registry
+ * at once; the rest wait in order (head..tail) without a worker. */
+struct cmd_limit {
+    char *name;
+    unsigned limit, active, waiting;
+    struct call *head, *tail;
+    struct cmd_limit *next;
 };
 
 /* A $sleep / $timer yield in flight. */
@@ -116,11 +139,29 @@ struct dlv {
     struct dlv *next;
 };
 
+/* A queue's controls (jobs_queues.c); zeros: none. */
+struct qctl {
+    unsigned max_running;
+    uint32_t rate_limit;
+    int64_t rate_per_ms;
+    char rate_per[24];    /* as given, e.g. "1s" */
+    int64_t retain_ms[3]; /* succeeded, failed, cancelled */
+    char retain[3][24];
+};
+
 struct queue {
     char *name;
     bool paused;
     struct job *head, *tail; /* ready list: priority desc, then id asc */
     struct queue *next;
+    struct jd_jobs *j;      /* for the rate timer */
+    struct qctl ctl;        /* as last committed */
+    unsigned running;       /* its admitted jobs holding a slot (what max_running caps) */
+    struct jd_bucket rate;  /* limit 0: no rate limit */
+    bool rate_timer;        /* a re-admission timer is armed, for rate_timer_at */
+    uint64_t rate_timer_id; /* (monotonic ms) */
+    int64_t rate_timer_at;
+    uint64_t rate_waits; /* times admission found its bucket empty with a job ready */
 };
 
 /* The argument of a job-level timer; lives inside struct job. */
@@ -156,6 +197,12 @@ struct job {
     struct job *hnext;
     struct job *qprev, *qnext;
     bool in_ready;
+    struct queue *qp; /* its queue, once looked up (queues live until destroy) */
+    /* Its unique key (jobs_unique.c), chained in jd_jobs.ukeys through unext. */
+    char *ukey;
+    bool ukey_queued;   /* "while": "queued": held only until it starts */
+    int64_t ukey_until; /* wall ms the hold ends ("for_ms"); 0: with the job */
+    struct job *unext;
 };
 
 /* A watch stays in its bucket (jd_jobs.watches) from jd_jobs_watch until its
@@ -196,7 +243,9 @@ struct jd_jobs {
     bool draining, stopping, drained, sched_down;
     struct idem *idems; /* idempotency keys being committed */
     struct jd_jobs_stats st;
-    struct jd_stats *series; /* throughput per second (own lock, taken under mu) */
+    struct jd_stats *series;      /* throughput per second (own lock, taken under mu) */
+    struct cmd_limit *cmd_limits; /* --command-limit, fixed after create */
+    struct job *ukeys[NBUCKETS];  /* jobs holding a unique key, by key hash */
 };
 
 struct idem {
@@ -206,12 +255,13 @@ struct idem {
 
 enum after {
     AFTER_NONE = 0,
-    AFTER_COMPLETE,   /* deliver the completion to the process */
-    AFTER_MESSAGE,    /* deliver the message (or keep it until spawn) */
-    AFTER_CANCEL,     /* deliver the cancel event, arm the grace timer */
-    AFTER_FINAL,      /* the final state is durable: drop the job */
-    AFTER_QUEUED,     /* insert or retry committed: admit */
-    AFTER_QUEUE_FLAG, /* queue pause/resume committed */
+    AFTER_COMPLETE,     /* deliver the completion to the process */
+    AFTER_MESSAGE,      /* deliver the message (or keep it until spawn) */
+    AFTER_CANCEL,       /* deliver the cancel event, arm the grace timer */
+    AFTER_FINAL,        /* the final state is durable: drop the job */
+    AFTER_QUEUED,       /* insert or retry committed: admit */
+    AFTER_QUEUE_FLAG,   /* queue pause/resume committed */
+    AFTER_QUEUE_CONFIG, /* queue controls committed: apply them, admit */
 };
 
 struct wrec {
@@ -272,6 +322,28 @@ void jobs_start_list(struct jd_jobs *j, struct job *start);
 void jobs_admit(struct jd_jobs *j);
 uint64_t jobs_arm_job_timer(struct jd_jobs *j, struct job *jb, int64_t delay_ms, int kind);
 void jobs_enqueue_locked(struct jd_jobs *j, struct job *jb);
+struct queue *jobs_job_queue(struct jd_jobs *j, struct job *jb);
+/* A job takes or gives back one of max_running's slots (and its queue's). */
+void jobs_slot_take_locked(struct jd_jobs *j, struct job *jb);
+void jobs_slot_give_locked(struct jd_jobs *j, struct job *jb);
+
+/* jobs_queues.c: queue controls (under mu unless noted). */
+static inline int64_t jobs_mono_ms(void)
+{
+    return (int64_t)(jd_now_ns() / 1000000u);
+}
+bool jobs_queue_name_ok(const char *q); /* [A-Za-z0-9._-]{1,64}; any thread */
+struct queue *jobs_queue_find(struct jd_jobs *j, const char *name); /* or NULL */
+void jobs_queue_controls_load(struct jd_jobs *j);                   /* at create, before recovery */
+void jobs_queue_controls_committed_locked(struct jd_jobs *j, const char *queue, const char *text);
+
+/* jobs_unique.c: unique keys (under mu). */
+/* The live job holding key at wall time now, or NULL. */
+struct job *jobs_unique_holder_locked(struct jd_jobs *j, const char *key, int64_t now);
+void jobs_unique_hold_locked(struct jd_jobs *j, struct job *jb, const char *key, bool queued,
+                             int64_t until);
+void jobs_unique_drop_locked(struct jd_jobs *j, struct job *jb); /* no key: nothing */
+void jobs_unique_recover(struct jd_jobs *j); /* at create, after recovery; takes mu */
 
 /* jobs_run.c: processes (without mu; hooks are set in jd_jobs_create). */
 void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb);

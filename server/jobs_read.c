@@ -151,20 +151,6 @@ int jd_jobs_handlers_json(struct jd_jobs *j, char **json)
     return 0;
 }
 
-int jd_jobs_queues_json(struct jd_jobs *j, char **json)
-{
-    struct jd_queue_counts *rows = NULL;
-    size_t n = 0;
-    int rc = jd_store_queue_counts(j->store, &rows, &n);
-    if (rc)
-        return rc;
-    cJSON *o = jd_render_queues(rows, n);
-    *json = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    jd_queue_counts_free(rows, n);
-    return 0;
-}
-
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out)
 {
     pthread_mutex_lock(&j->mu);

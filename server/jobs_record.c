@@ -106,6 +106,9 @@ struct wrec *jobs_state_rec(struct jd_jobs *j, struct job *jb, enum jd_job_state
     r->w.kind = JD_EVK_STATE;
     r->w.data = r->data;
     r->after = after;
+    /* A unique key is released in the commit that ends its hold. */
+    if (jb->ukey && (jd_job_state_terminal(s) || (s == JD_JOB_RUNNING && jb->ukey_queued)))
+        r->w.release_unique = true;
     jb->state = s;
     return r;
 }
@@ -338,6 +341,12 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
             jobs_admit_locked(j, &start);
         }
         break;
+    case AFTER_QUEUE_CONFIG:
+        if (rc == 0) {
+            jobs_queue_controls_committed_locked(j, r->queue_name, r->data);
+            jobs_admit_locked(j, &start);
+        }
+        break;
     case AFTER_NONE:
         break;
     }
@@ -373,7 +382,13 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         free(json);
     }
     if (r->action_done) {
-        if (w->op == JD_W_QUEUE) {
+        if (w->op == JD_W_QUEUE_CONFIG) {
+            char *json = NULL;
+            if (rc == 0 && jd_jobs_queue_json(j, r->queue_name, &json) != 0)
+                json = NULL;
+            r->action_done(r->user_arg, rc, json);
+            free(json);
+        } else if (w->op == JD_W_QUEUE) {
             char buf[160];
             snprintf(buf, sizeof buf, "{\"queue\":\"%s\",\"paused\":%s}", r->queue_name,
                      w->paused ? "true" : "false");

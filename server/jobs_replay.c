@@ -206,7 +206,7 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
             }
         } else if (count_crash_locked(j, jb, unclean, &wrote)) {
             jb->admitted = true;
-            j->running++;
+            jobs_slot_take_locked(j, jb);
             if (nstart == cap) {
                 cap = cap ? cap * 2 : 64;
                 starts = jd_xrealloc(starts, cap * sizeof *starts);

@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void call_pump(struct call *c);
+
 static void call_unref_locked(struct call *c, struct jd_call_handle **release)
 {
     *release = NULL;
@@ -39,6 +41,27 @@ static void call_unref_locked(struct call *c, struct jd_call_handle **release)
     free(c);
 }
 
+/* Under mu: take a waiting call out of its command's FIFO. */
+static void limit_unlink_locked(struct call *c)
+{
+    struct cmd_limit *l = c->lim;
+    struct call *prev = NULL;
+    for (struct call *w = l->head; w; prev = w, w = w->wnext) {
+        if (w != c)
+            continue;
+        if (prev)
+            prev->wnext = c->wnext;
+        else
+            l->head = c->wnext;
+        if (l->tail == c)
+            l->tail = prev;
+        break;
+    }
+    c->wnext = NULL;
+    c->waiting = false;
+    l->waiting--;
+}
+
 /* Without mu: cancel the job's calls (their done fires; nothing is recorded
  * because the job is finished) and its timers. */
 void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb)
@@ -46,6 +69,19 @@ void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb)
     size_t n = 0, cap = 0;
     struct call **v = NULL;
     pthread_mutex_lock(&j->mu);
+    for (struct call **pp = &jb->calls; *pp;) {
+        struct call *c = *pp;
+        if (!c->waiting) {
+            pp = &c->next;
+            continue;
+        }
+        /* Never given to the registry: drop it and both its references. */
+        *pp = c->next;
+        limit_unlink_locked(c);
+        struct jd_call_handle *h;
+        c->refs--; /* the dispatch path's: it ended when the call started waiting */
+        call_unref_locked(c, &h);
+    }
     for (struct call *c = jb->calls; c; c = c->next) {
         if (!c->handle)
             continue; /* still inside jd_registry_call: that path cancels it */
@@ -98,7 +134,7 @@ void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume)
     pthread_mutex_lock(&j->mu);
     if (jb->finished || j->draining) {
         if (!jb->finished && j->draining) {
-            j->running--;
+            jobs_slot_give_locked(j, jb);
             jb->admitted = false;
         }
         pthread_mutex_unlock(&j->mu);
@@ -157,13 +193,13 @@ void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume)
     if (fail) {
         if (rc == JD_ESHUTDOWN) {
             /* Draining: the job stays running in storage and resumes later. */
-            j->running--;
+            jobs_slot_give_locked(j, jb);
             free(fail);
             pthread_mutex_unlock(&j->mu);
             return;
         }
         jb->finished = true;
-        j->running--;
+        jobs_slot_give_locked(j, jb);
         struct wrec *r = jobs_state_rec(j, jb, JD_JOB_FAILED, AFTER_FINAL);
         r->error = fail;
         r->w.set |= JD_SET_ERROR | JD_SET_FINISHED;
@@ -222,11 +258,11 @@ void jobs_hook_stepped(void *ctx, jd_pid pid, void *user, enum jd_step_status st
          * queue. It takes a slot again when it runs. */
         if (status == JD_STEP_IDLE && jb->admitted && !jb->slot_free) {
             jb->slot_free = true;
-            j->running--;
+            jobs_slot_give_locked(j, jb);
             jobs_admit_locked(j, &start);
         } else if (status != JD_STEP_IDLE && jb->slot_free) {
             jb->slot_free = false;
-            j->running++;
+            jobs_slot_take_locked(j, jb);
         }
     }
     pthread_mutex_unlock(&j->mu);
@@ -244,7 +280,7 @@ void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status s
     jb->finished = true;
     if (jb->admitted) {
         if (!jb->slot_free)
-            j->running--;
+            jobs_slot_give_locked(j, jb);
         jb->admitted = false;
         jb->slot_free = false;
     }
@@ -308,6 +344,25 @@ static void call_done(void *arg, const struct jd_call_result *res)
         }
     j->inflight_calls--;
     pthread_cond_broadcast(&j->cv);
+    struct call *next = NULL;
+    if (c->counted) {
+        /* Its place goes to the call that waited longest. */
+        struct cmd_limit *l = c->lim;
+        c->counted = false;
+        l->active--;
+        if (l->head && !j->draining) {
+            next = l->head;
+            l->head = next->wnext;
+            if (!l->head)
+                l->tail = NULL;
+            next->wnext = NULL;
+            next->waiting = false;
+            l->waiting--;
+            next->counted = true;
+            l->active++;
+            j->inflight_calls++;
+        }
+    }
     if (!jb->finished && !j->stopping)
         jobs_record_completion(
             j, jb, c->tag, c->token, res->ok ? res->result_json : NULL,
@@ -317,11 +372,101 @@ static void call_done(void *arg, const struct jd_call_result *res)
     pthread_mutex_unlock(&j->mu);
     if (h)
         jd_registry_call_release(h);
+    if (next)
+        call_pump(next);
 }
 
 static bool is_timer_cmd(const char *cmd)
 {
     return strcmp(cmd, JD_CMD_SLEEP) == 0 || strcmp(cmd, JD_CMD_TIMER) == 0;
+}
+
+static struct cmd_limit *limit_find(struct jd_jobs *j, const char *cmd)
+{
+    for (struct cmd_limit *l = j->cmd_limits; l; l = l->next)
+        if (strcmp(l->name, cmd) == 0)
+            return l;
+    return NULL;
+}
+
+/* Without mu: give a call (both references held, its place taken) to the
+ * registry. */
+static void call_send(struct call *c)
+{
+    struct jd_jobs *j = c->j;
+    struct job *jb = c->job;
+    char key[48];
+    snprintf(key, sizeof key, "%" PRId64 ":%u", jb->id, c->tag);
+    struct jd_call_request req = {
+        .command = c->command,
+        .args_json = c->args,
+        .idempotency_key = key,
+        .first_attempt = c->first,
+        .timeout_ms = c->timeout_ms,
+        .retry = c->pol,
+        .on_attempt = call_on_attempt,
+        .done = call_done,
+        .arg = c,
+    };
+    struct jd_call_handle *h = NULL;
+    int r = jd_registry_call(j->reg, &req, &h);
+    pthread_mutex_lock(&j->mu);
+    if (r != 0) {
+        /* done will not fire: fail the yield through the normal path. */
+        char m[120];
+        snprintf(m, sizeof m, "dispatch failed: %s", jd_strerror(r));
+        char *e = jobs_err_json("dispatch_failed", m);
+        struct jd_call_result res = {.ok = false, .error_json = e};
+        pthread_mutex_unlock(&j->mu);
+        call_done(c, &res);
+        free(e);
+        pthread_mutex_lock(&j->mu);
+        struct jd_call_handle *dummy;
+        call_unref_locked(c, &dummy);
+        pthread_mutex_unlock(&j->mu);
+        return;
+    }
+    c->handle = h;
+    bool cancel_now = jb->finished && c->refs > 1;
+    struct jd_call_handle *rel = NULL;
+    if (!cancel_now)
+        call_unref_locked(c, &rel);
+    pthread_mutex_unlock(&j->mu);
+    if (cancel_now) {
+        jd_registry_call_cancel(j->reg, h);
+        pthread_mutex_lock(&j->mu);
+        call_unref_locked(c, &rel);
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (rel)
+        jd_registry_call_release(rel);
+}
+
+/* Calls handed a place by call_done, sent in order by the outermost pump
+ * on this thread: a command that completes inline would otherwise recurse
+ * once per waiting call. */
+static _Thread_local struct call *tl_pump_head, *tl_pump_tail;
+static _Thread_local bool tl_pumping;
+
+static void call_pump(struct call *c)
+{
+    c->wnext = NULL;
+    if (tl_pump_tail)
+        tl_pump_tail->wnext = c;
+    else
+        tl_pump_head = c;
+    tl_pump_tail = c;
+    if (tl_pumping)
+        return;
+    tl_pumping = true;
+    while ((c = tl_pump_head) != NULL) {
+        tl_pump_head = c->wnext;
+        if (!tl_pump_head)
+            tl_pump_tail = NULL;
+        c->wnext = NULL;
+        call_send(c);
+    }
+    tl_pumping = false;
 }
 
 void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield *y,
@@ -412,7 +557,6 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     c->args = jd_xstrdup(y->args ? y->args : "{}");
     c->next = jb->calls;
     jb->calls = c;
-    j->inflight_calls++;
     uint32_t first = rc ? rc->attempt + 1 : 1;
     struct jd_retry_policy pol;
     if (jb->def && jb->def->shape != JD_JOBDEF_PROCESS)
@@ -421,52 +565,30 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
         pol = jb->def->retry;
     else
         pol = (struct jd_retry_policy){.max_attempts = 1, .factor = 1.0};
-    pthread_mutex_unlock(&j->mu);
-    jobs_recs_free(rc);
-
-    char key[48];
-    snprintf(key, sizeof key, "%" PRId64 ":%u", jb->id, y->tag);
-    struct jd_call_request req = {
-        .command = c->command,
-        .args_json = c->args,
-        .idempotency_key = key,
-        .first_attempt = first,
-        .timeout_ms = y->timeout_ms,
-        .retry = pol,
-        .on_attempt = call_on_attempt,
-        .done = call_done,
-        .arg = c,
-    };
-    struct jd_call_handle *h = NULL;
-    int r = jd_registry_call(j->reg, &req, &h);
-    pthread_mutex_lock(&j->mu);
-    if (r != 0) {
-        /* done will not fire: fail the yield through the normal path. */
-        char m[120];
-        snprintf(m, sizeof m, "dispatch failed: %s", jd_strerror(r));
-        char *e = jobs_err_json("dispatch_failed", m);
-        struct jd_call_result res = {.ok = false, .error_json = e};
+    c->first = first;
+    c->pol = pol;
+    c->timeout_ms = y->timeout_ms;
+    c->lim = limit_find(j, cmd);
+    if (c->lim && c->lim->active >= c->lim->limit) {
+        /* At its command's cap: wait in order; a finishing call of the
+         * command hands its place over (call_done). No worker waits. */
+        c->waiting = true;
+        if (c->lim->tail)
+            c->lim->tail->wnext = c;
+        else
+            c->lim->head = c;
+        c->lim->tail = c;
+        c->lim->waiting++;
         pthread_mutex_unlock(&j->mu);
-        call_done(c, &res);
-        free(e);
-        pthread_mutex_lock(&j->mu);
-        struct jd_call_handle *dummy;
-        call_unref_locked(c, &dummy);
-        pthread_mutex_unlock(&j->mu);
+        jobs_recs_free(rc);
         return;
     }
-    c->handle = h;
-    bool cancel_now = jb->finished && c->refs > 1;
-    struct jd_call_handle *rel = NULL;
-    if (!cancel_now)
-        call_unref_locked(c, &rel);
-    pthread_mutex_unlock(&j->mu);
-    if (cancel_now) {
-        jd_registry_call_cancel(j->reg, h);
-        pthread_mutex_lock(&j->mu);
-        call_unref_locked(c, &rel);
-        pthread_mutex_unlock(&j->mu);
+    if (c->lim) {
+        c->lim->active++;
+        c->counted = true;
     }
-    if (rel)
-        jd_registry_call_release(rel);
+    j->inflight_calls++;
+    pthread_mutex_unlock(&j->mu);
+    jobs_recs_free(rc);
+    call_send(c);
 }

@@ -5,7 +5,9 @@
  *
  * Invariants: an Idempotency-Key being committed is in jd_jobs.idems until
  * its insert's commit callback, so a concurrent second submit gets 409
- * instead of a second job; a committed key is answered from the store.
+ * instead of a second job; a committed key is answered from the store. A
+ * unique key is checked against its live holder (jobs_unique.c) under mu,
+ * and taken in the insert's own commit.
  *
  * Threading: called from HTTP threads; takes jd_jobs.mu to insert and
  * submit the records, parses definitions without it.
@@ -71,8 +73,68 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
     }
     r->w.job = &r->row;
     r->after = AFTER_QUEUED;
+    if (d->has_unique) {
+        int64_t until = d->unique_for_ms ? now + d->unique_for_ms : 0;
+        r->w.unique_key = d->unique_key; /* lives in d, which jb keeps */
+        r->w.unique_expires_ms = until;
+        jobs_unique_hold_locked(j, jb, d->unique_key, d->unique_while_queued, until);
+    }
     j->st.submitted++;
     return r;
+}
+
+/* Without mu: answer a submit with an earlier job (res->job_id: an
+ * Idempotency-Key's, or a unique key's holder), rendered from the store. */
+static void answer_existing(struct jd_jobs *j, struct jd_submit_result *res, jd_submit_done_fn done,
+                            void *arg)
+{
+    struct jd_job row = {0};
+    char *json = NULL;
+    if ((res->rc = jd_store_job_get(j->store, res->job_id, &row)) == 0) {
+        json = jd_render_job_json(&row);
+        jd_job_clear(&row);
+    } else {
+        jd_error_set(&res->err, res->rc, NULL, "the earlier job is gone");
+    }
+    res->json = json;
+    done(arg, res);
+    free(json);
+}
+
+/* Under mu: cancel the queued holder of a unique key for a "replace"
+ * (its records go first in ws, which the caller commits together with the
+ * new insert). Returns how many records it put. Mirrors the cancel of a
+ * job that has not run (jobs_act.c). */
+static size_t replace_records(struct jd_jobs *j, struct job *h, int64_t new_id,
+                              struct jd_write **ws)
+{
+    struct wrec *ce = jobs_wrec_new(j, h, JD_W_JOB_CHANGE);
+    ce->data = jobs_with_run(cJSON_CreateObject(), h->run);
+    ce->w.kind = JD_EVK_CANCEL;
+    ce->w.data = ce->data;
+    h->cancel_requested = true;
+    jobs_ready_remove(j, h);
+    if (h->run_at_timer && jd_sched_timer_cancel(j->sched, h->run_at_timer) == 0)
+        jobs_job_unref(h);
+    h->run_at_timer = 0;
+    h->finished = true;
+    struct wrec *r = jobs_state_rec(j, h, JD_JOB_CANCELLED, AFTER_FINAL);
+    char m[96];
+    snprintf(m, sizeof m, "replaced by job %" PRId64 " with the same unique key", new_id);
+    r->error = jobs_err_json("replaced", m);
+    r->w.set |= JD_SET_ERROR | JD_SET_FINISHED;
+    r->w.error = r->error;
+    r->w.finished_ms = jd_wall_ms();
+    ws[0] = &ce->w;
+    ws[1] = &r->w;
+    return 2;
+}
+
+/* Can a "replace" take h's key: h still waits to run? */
+static bool replaceable(const struct job *h)
+{
+    return h->state == JD_JOB_QUEUED && !h->admitted && !h->spawned && !h->cancel_requested &&
+           !h->finished;
 }
 
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
@@ -95,16 +157,8 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
             if (!same)
                 return jd_error_set(err, JD_EINVAL, "",
                                     "this Idempotency-Key was used with a different body");
-            struct jd_job row = {0};
             struct jd_submit_result res = {.job_id = existing, .existing = true};
-            char *json = NULL;
-            if ((res.rc = jd_store_job_get(j->store, existing, &row)) == 0) {
-                json = jd_render_job_json(&row);
-                jd_job_clear(&row);
-            }
-            res.json = json;
-            done(arg, &res);
-            free(json);
+            answer_existing(j, &res, done, arg);
             return 0;
         }
     }
@@ -113,6 +167,24 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
         pthread_mutex_unlock(&j->mu);
         jd_jobdef_free(d);
         return jd_error_set(err, JD_ESHUTDOWN, NULL, "the server is shutting down");
+    }
+    struct job *holder =
+        d->has_unique ? jobs_unique_holder_locked(j, d->unique_key, jd_wall_ms()) : NULL;
+    if (holder && !holder->inserted) {
+        pthread_mutex_unlock(&j->mu);
+        jd_jobdef_free(d);
+        return jd_error_set(err, JD_ECONFLICT, NULL,
+                            "the job holding this unique key is still being stored; try again");
+    }
+    if (holder && (d->unique_on != JD_UNIQUE_REPLACE || !replaceable(holder))) {
+        int64_t hid = holder->id;
+        int how = d->unique_on == JD_UNIQUE_RETURN_EXISTING ? JD_SUBMIT_UNIQUE_EXISTING
+                                                            : JD_SUBMIT_UNIQUE_REJECTED;
+        pthread_mutex_unlock(&j->mu);
+        jd_jobdef_free(d);
+        struct jd_submit_result res = {.job_id = hid, .unique = how};
+        answer_existing(j, &res, done, arg);
+        return 0;
     }
     if (idempotency_key) {
         for (struct idem *i = j->idems; i; i = i->next)
@@ -127,12 +199,20 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
         i->next = j->idems;
         j->idems = i;
     }
-    struct wrec *r = insert_rec(j, d, 0, idempotency_key, fp);
+    struct jd_write *ws[3];
+    size_t nw = 0;
+    int64_t id = jd_store_next_id(j->store);
+    if (holder) /* replace: cancel it in the commit of the new insert */
+        nw = replace_records(j, holder, id, ws);
+    struct wrec *r = insert_rec(j, d, id, idempotency_key, fp);
     r->submit_done = done;
     r->user_arg = arg;
     struct job *jb = r->job;
-    rc = jd_store_submit(j->store, &r->w);
+    ws[nw++] = &r->w;
+    rc = nw == 1 ? jd_store_submit(j->store, &r->w) : jd_store_submit_many(j->store, ws, nw);
     if (rc) {
+        for (size_t k = 0; k + 1 < nw; k++) /* the store is closing: nothing was enqueued */
+            jobs_wrec_free((struct wrec *)ws[k]);
         if (idempotency_key)
             jobs_idem_forget(j, idempotency_key);
         jb->finished = true;
@@ -158,6 +238,11 @@ int jd_jobs_submit_with(struct jd_jobs *j, const char *body, size_t len,
     int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
     if (rc)
         return rc;
+    if (d->has_unique) {
+        jd_jobdef_free(d);
+        return jd_error_set(err, JD_EINVAL, "/unique",
+                            "unique is for jobs submitted one by one (POST /v1/jobs)");
+    }
     struct jd_write *ws[JD_JOBS_MAX_EXTRA + 1];
     pthread_mutex_lock(&j->mu);
     if (j->draining) {
@@ -210,6 +295,18 @@ int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_sub
     int rc = jd_jobdef_parse_batch(body, len, &j->limits, j->reg, &defs, &n, err);
     if (rc)
         return rc;
+    for (size_t k = 0; k < n; k++) {
+        if (!defs[k]->has_unique)
+            continue;
+        char ptr[48];
+        snprintf(ptr, sizeof ptr, "/jobs/%zu/unique", k);
+        jd_error_set(err, JD_EINVAL, ptr,
+                     "unique is for jobs submitted one by one (POST /v1/jobs), not in a batch");
+        for (size_t i = 0; i < n; i++)
+            jd_jobdef_free(defs[i]);
+        free(defs);
+        return JD_EINVAL;
+    }
     struct batch *b = jd_xcalloc(1, sizeof *b);
     b->n = n;
     b->remaining = (int)n;

@@ -67,6 +67,7 @@ void jobs_job_free(struct job *jb)
     }
     jd_jobdef_free(jb->def);
     free(jb->queue);
+    free(jb->ukey);
     free(jb);
 }
 
@@ -84,6 +85,7 @@ void jobs_job_remove(struct jd_jobs *j, struct job *jb)
         pp = &(*pp)->hnext;
     if (*pp) {
         *pp = jb->hnext;
+        jobs_unique_drop_locked(j, jb);
         jobs_job_unref(jb);
     }
 }

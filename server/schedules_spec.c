@@ -254,6 +254,9 @@ int schedules_spec_parse(struct jd_schedules *S, const char *id, cJSON *root, bo
     if (cJSON_GetObjectItemCaseSensitive(job, "run_at"))
         return jd_error_set(err, JD_EINVAL, "/job/run_at",
                             "a scheduled job runs at its fire time (use delay_ms to run later)");
+    if (cJSON_GetObjectItemCaseSensitive(job, "unique"))
+        return jd_error_set(err, JD_EINVAL, "/job/unique",
+                            "a scheduled job cannot be unique (use \"overlap\" instead)");
     cJSON *mj = merged_job(job, labels, id);
     sp->job_text = cJSON_PrintUnformatted(mj);
     cJSON_Delete(mj);

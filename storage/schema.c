@@ -148,6 +148,29 @@ static const char *const migrations[] = {
      * run (poison jobs: the job layer quarantines one at --max-replays).
      * Not part of the job's history: setting it appends no event. */
     "ALTER TABLE jobs ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;",
+    /* 5 (queue controls): a queue's max_running, rate and retention (the
+     * config JSON, read back at start), its retention per terminal state
+     * in columns the writer's retention pass reads (0: --retention), and
+     * an index for that pass, which then walks each (queue, state) by
+     * finish time instead of one global finish-time order. */
+    "ALTER TABLE queues ADD COLUMN config TEXT;"
+    "ALTER TABLE queues ADD COLUMN retain_succeeded_ms INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE queues ADD COLUMN retain_failed_ms INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE queues ADD COLUMN retain_cancelled_ms INTEGER NOT NULL DEFAULT 0;"
+    "CREATE INDEX jobs_queue_finished ON jobs(queue, state, finished_ms) WHERE state >= 3;",
+
+    /* 6 (unique jobs): the unique key a job holds, written in the commit
+     * of its insert and deleted in the commit that ends its window (its
+     * final state, or its start for "while": "queued"), so a crash can
+     * never leave two jobs with one key or a key held by a finished job.
+     * expires_ms (0: none) bounds the hold ("for_ms"); job_id finds the
+     * key to release. */
+    "CREATE TABLE unique_keys ("
+    "  key TEXT PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL,"
+    "  expires_ms INTEGER NOT NULL DEFAULT 0"
+    ") STRICT, WITHOUT ROWID;"
+    "CREATE INDEX unique_keys_job ON unique_keys(job_id);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -531,6 +531,8 @@ enum {
     RS_SCHED_LIST,
     RS_SCHED_EVENTS,
     RS_OLDEST_QUEUED,
+    RS_QCONFIG,
+    RS_UNIQUE_KEYS,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -565,6 +567,8 @@ static const char *const read_sql[RS_N] = {
     [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
                           " ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
+    [RS_UNIQUE_KEYS] = "SELECT key, job_id, expires_ms FROM unique_keys",
+    [RS_QCONFIG] = "SELECT name, config FROM queues WHERE config IS NOT NULL ORDER BY name",
     [RS_LIST_SCHEDULE] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_schedule"
                          " CROSS JOIN job_definitions d ON d.job_id = j.id"
                          " WHERE j.schedule_id = ?5 AND j.id < ?1 ORDER BY j.id DESC LIMIT ?2",
@@ -929,7 +933,9 @@ int jd_store_recover(struct jd_store *s,
     return rc;
 }
 
-int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
+/* The text columns of a read statement's rows, two (cols 2) or one per
+ * row, into one array (names and values interleaved for two). */
+static int read_strings(struct jd_store *s, int which, int cols, char ***names, size_t *n)
 {
     *names = NULL;
     *n = 0;
@@ -937,16 +943,18 @@ int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
     int rc = rconn_get(s, &c);
     if (rc)
         return rc;
-    sqlite3_stmt *st = c->st[RS_PAUSED];
+    sqlite3_stmt *st = c->st[which];
     size_t cap = 4, k = 0;
     char **out = jd_xcalloc(cap, sizeof *out);
     int src;
     while ((src = sqlite3_step(st)) == SQLITE_ROW) {
-        if (k == cap) {
-            cap *= 2;
-            out = jd_xrealloc(out, cap * sizeof *out);
+        for (int i = 0; i < cols; i++) {
+            if (k == cap) {
+                cap *= 2;
+                out = jd_xrealloc(out, cap * sizeof *out);
+            }
+            out[k++] = col_text(st, i);
         }
-        out[k++] = col_text(st, 0);
     }
     rc = step_rc(src);
     sqlite3_reset(st);
@@ -958,6 +966,35 @@ int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
     *names = out;
     *n = k;
     return 0;
+}
+
+int jd_store_unique_keys(struct jd_store *s,
+                         void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
+                         void *arg)
+{
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_UNIQUE_KEYS];
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW)
+        fn(arg, (const char *)sqlite3_column_text(st, 0), sqlite3_column_int64(st, 1),
+           sqlite3_column_int64(st, 2));
+    rc = step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    return rc;
+}
+
+int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
+{
+    return read_strings(s, RS_PAUSED, 1, names, n);
+}
+
+int jd_store_queue_configs(struct jd_store *s, char ***pairs, size_t *n)
+{
+    return read_strings(s, RS_QCONFIG, 2, pairs, n);
 }
 
 /* ---- schedules ---- */

@@ -94,7 +94,8 @@ void jd_job_events_free(struct jd_job_event *ev, size_t n);
 struct jd_store_config {
     const char *path;     /* database file; its directory must exist */
     bool sync_full;       /* true: synchronous=FULL (fsync per commit); false: NORMAL */
-    int64_t retention_ms; /* delete terminal jobs finished longer ago; 0: keep forever */
+    int64_t retention_ms; /* delete terminal jobs finished longer ago; 0: keep forever
+                             (a queue's own retention, JD_W_QUEUE_CONFIG, overrides it) */
     unsigned max_batch;   /* records per transaction at most; 0: 1024 */
     uint64_t max_bytes;   /* refuse to grow the database past this many bytes (commits
                              then fail with JD_EIO, as on a full disk); 0: no limit */
@@ -131,6 +132,8 @@ enum jd_write_op {
     JD_W_SCHEDULE_DELETE = 5, /* delete schedule `sched.id` and its history */
     JD_W_JOB_CRASHES = 6,     /* set job `job_id`'s crash count to `crashes`; no event is
                                  appended and the version does not change */
+    JD_W_QUEUE_CONFIG = 7,    /* queue controls: upsert queue `queue`'s `queue_config` and
+                                 `retain_ms` (its paused flag is kept) */
 };
 
 /* Fields of a schedule row a JD_W_SCHEDULE_CHANGE sets. */
@@ -181,6 +184,12 @@ struct jd_write {
     const struct jd_job *job;     /* id, queue, priority, state, definition, run_at_ms,
                                      created_ms, idempotency_key */
     const char *idem_fingerprint; /* stored with the idempotency key, or NULL */
+    /* The job's unique key (or NULL), stored in the same commit; fails the
+     * record with JD_ECONFLICT (w->job_id then names the holder) while
+     * another job holds it: one not yet terminal whose hold has not
+     * expired (unique_expires_ms, wall ms; 0: never). */
+    const char *unique_key;
+    int64_t unique_expires_ms;
 
     /* JD_W_JOB_CHANGE: fields to update (JD_SET_*), then one event appended */
     unsigned set;
@@ -189,6 +198,7 @@ struct jd_write {
     int64_t run_at_ms, started_ms, finished_ms;
     uint32_t attempts;
     uint32_t crashes; /* JD_W_JOB_CRASHES */
+    bool release_unique; /* JD_W_JOB_CHANGE: delete the job's unique key in the same commit */
     /* the event (JD_W_JOB_CHANGE; for an insert the store writes
      * {"state":"queued"} itself) */
     enum jd_event_kind kind;
@@ -198,13 +208,19 @@ struct jd_write {
     /* JD_W_QUEUE */
     const char *queue;
     bool paused;
+    /* JD_W_QUEUE_CONFIG (with queue): the controls as JSON text (NULL: none)
+     * and how long its succeeded, failed and cancelled jobs are kept
+     * (indexed by state - JD_JOB_SUCCEEDED; 0: as --retention says) */
+    const char *queue_config;
+    int64_t retain_ms[3];
 
     /* JD_W_SCHEDULE_* */
     struct jd_schedule_write sched;
 
     /* Called on the writer thread (or, after jd_store_done_thread, on the
      * completion thread) after the commit (rc 0) or failure (rc <
-     * 0): JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
+     * 0): JD_ECONFLICT for a unique key another job holds (w->job_id is then
+     * the holder), JD_EEXIST for a duplicate idempotency key (w->job_id is then set to
      * the existing job), JD_ENOENT for a change to a missing job (or a
      * schedule change or delete of a missing schedule), JD_EIO when
      * the transaction failed. Must not block; may enqueue more writes. */
@@ -291,8 +307,17 @@ int jd_store_recover(struct jd_store *s,
                                const struct jd_job_event *events, size_t n),
                      void *arg);
 
+/* Unique keys held (recovery): fn(arg, key, job_id, expires_ms) for each,
+ * borrowed for the call. 0 or a JD_E* code. */
+int jd_store_unique_keys(struct jd_store *s,
+                         void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
+                         void *arg);
+
 /* Paused queues (names). Free with jd_strings_free. */
 int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n);
+/* Queues with controls: *pairs holds name, config JSON text, name, ...
+ * (*n strings, twice the queues). Free with jd_strings_free. */
+int jd_store_queue_configs(struct jd_store *s, char ***pairs, size_t *n);
 void jd_strings_free(char **v, size_t n);
 
 /* ---- schedules ---- */

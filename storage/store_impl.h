@@ -48,6 +48,13 @@ enum {
     JD_WS_SCHED_DELETE,
     JD_WS_SCHED_DEL_EVENTS,
     JD_WS_JOB_CRASHES,
+    JD_WS_QUEUE_CONFIG,
+    JD_WS_RET_QUEUES,
+    JD_WS_RET_SELECT_QS,
+    JD_WS_UNIQUE_TAKE,
+    JD_WS_UNIQUE_HOLDER,
+    JD_WS_UNIQUE_RELEASE,
+    JD_WS_RET_DEL_UNIQUE,
     JD_WS_N
 };
 
@@ -72,6 +79,7 @@ struct jd_store {
     pthread_t writer;
     bool writer_started;
     int64_t retention_due_ms; /* wall ms of the next retention pass */
+    bool queue_retention;     /* some queue has its own retention: pass per (queue, state) */
 
     /* ---- producers -> writer ---- */
     /* Treiber stack of submitted records, newest first; the writer takes it

@@ -109,6 +109,36 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_SCHED_DELETE] = "DELETE FROM schedules WHERE id = ?1",
     [JD_WS_SCHED_DEL_EVENTS] = "DELETE FROM schedule_events WHERE schedule_id = ?1",
     [JD_WS_JOB_CRASHES] = "UPDATE jobs SET crashes = ?2 WHERE id = ?1",
+    [JD_WS_QUEUE_CONFIG] =
+        "INSERT INTO queues(name, paused, config, retain_succeeded_ms, retain_failed_ms,"
+        " retain_cancelled_ms) VALUES (?1, 0, ?2, ?3, ?4, ?5) ON CONFLICT(name) DO UPDATE SET"
+        " config = excluded.config, retain_succeeded_ms = excluded.retain_succeeded_ms,"
+        " retain_failed_ms = excluded.retain_failed_ms,"
+        " retain_cancelled_ms = excluded.retain_cancelled_ms",
+    /* Every (queue, terminal state) that has jobs, with the queue's own
+     * retention for that state (0: the global one). */
+    [JD_WS_RET_QUEUES] =
+        "SELECT queue_counts.queue, queue_counts.state, coalesce(CASE queue_counts.state"
+        " WHEN 3 THEN retain_succeeded_ms WHEN 4 THEN retain_failed_ms"
+        " ELSE retain_cancelled_ms END, 0)"
+        " FROM queue_counts LEFT JOIN queues ON queues.name = queue_counts.queue"
+        " WHERE queue_counts.state >= 3 AND queue_counts.n > 0",
+    /* "state >= 3" lets SQLite use the partial index jobs_queue_finished. */
+    /* Take the key unless a live hold has it: a row whose job is gone or
+     * terminal (never left by this writer: a backstop) or whose hold
+     * expired is taken over. No change: held. */
+    [JD_WS_UNIQUE_TAKE] =
+        "INSERT INTO unique_keys(key, job_id, expires_ms) VALUES (?1, ?2, ?3)"
+        " ON CONFLICT(key) DO UPDATE SET job_id = excluded.job_id,"
+        " expires_ms = excluded.expires_ms"
+        " WHERE (unique_keys.expires_ms > 0 AND unique_keys.expires_ms <= ?4)"
+        " OR NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = unique_keys.job_id AND"
+        " jobs.state < 3)",
+    [JD_WS_UNIQUE_HOLDER] = "SELECT job_id FROM unique_keys WHERE key = ?1",
+    [JD_WS_UNIQUE_RELEASE] = "DELETE FROM unique_keys WHERE job_id = ?1",
+    [JD_WS_RET_DEL_UNIQUE] = "DELETE FROM unique_keys WHERE job_id = ?1",
+    [JD_WS_RET_SELECT_QS] = "SELECT id, idempotency_key FROM jobs WHERE queue = ?1 AND state = ?2"
+                            " AND state >= 3 AND finished_ms < ?3 LIMIT ?4",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -223,6 +253,28 @@ static int vc_flush(struct jd_store *s, struct vcache *c, int64_t now)
     return SQLITE_DONE;
 }
 
+/* Take w's unique key for job id; JD_ECONFLICT (w->job_id: the holder)
+ * when a live hold has it. */
+static int take_unique(struct jd_store *s, struct jd_write *w, int64_t id, int64_t now)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_UNIQUE_TAKE];
+    sqlite3_bind_text(st, 1, w->unique_key, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, id);
+    sqlite3_bind_int64(st, 3, w->unique_expires_ms);
+    sqlite3_bind_int64(st, 4, now);
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    if (sqlite3_changes(s->wdb) > 0)
+        return 0;
+    st = s->wst[JD_WS_UNIQUE_HOLDER];
+    sqlite3_bind_text(st, 1, w->unique_key, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        w->job_id = sqlite3_column_int64(st, 0);
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? JD_ECONFLICT : JD_EIO;
+}
+
 static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
     const struct jd_job *j = w->job;
@@ -255,6 +307,11 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
         }
     }
 
+    if (w->unique_key) {
+        int rc = take_unique(s, w, id, now);
+        if (rc)
+            return rc;
+    }
     sqlite3_stmt *st = s->wst[JD_WS_JOB_INSERT];
     sqlite3_bind_int64(st, 1, id);
     sqlite3_bind_text(st, 2, j->queue, -1, SQLITE_STATIC);
@@ -343,6 +400,12 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
         if (version == 0)
             return JD_ENOENT;
     }
+    if (w->release_unique) {
+        sqlite3_stmt *us = s->wst[JD_WS_UNIQUE_RELEASE];
+        sqlite3_bind_int64(us, 1, w->job_id);
+        if (run(us) != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+    }
     const char *data = w->data;
     char buf[48];
     if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE)) {
@@ -387,8 +450,29 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
     return rc;
 }
 
+static int apply_queue_config(struct jd_store *s, struct jd_write *w)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_QUEUE_CONFIG];
+    sqlite3_bind_text(st, 1, w->queue, -1, SQLITE_STATIC);
+    bind_text(st, 2, w->queue_config);
+    for (int i = 0; i < 3; i++) {
+        if (w->retain_ms[i] < 0)
+            return JD_EINVAL;
+        sqlite3_bind_int64(st, 3 + i, w->retain_ms[i]);
+    }
+    if (run(st) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    /* Never switched off until the next start: a pass per (queue, state)
+     * is as right without overrides, only a little slower. */
+    if (w->retain_ms[0] > 0 || w->retain_ms[1] > 0 || w->retain_ms[2] > 0)
+        s->queue_retention = true;
+    return 0;
+}
+
 static int apply_queue(struct jd_store *s, struct jd_write *w)
 {
+    if (w->op == JD_W_QUEUE_CONFIG && w->queue)
+        return apply_queue_config(s, w);
     if (!w->queue)
         return JD_EINVAL;
     sqlite3_stmt *st = s->wst[JD_WS_QUEUE_UPSERT];
@@ -512,6 +596,7 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
     case JD_W_JOB_CHANGE:
         return apply_change(s, w, now, vc);
     case JD_W_QUEUE:
+    case JD_W_QUEUE_CONFIG:
         return apply_queue(s, w);
     case JD_W_JOB_CRASHES:
         return apply_crashes(s, w);
@@ -590,7 +675,7 @@ static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, i
         int rc = apply(s, b[i], now, vc);
         if (rc == 0)
             continue;
-        if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL)
+        if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL && rc != JD_ECONFLICT)
             return -1;
         if (run(s->wst[JD_WS_ROLLBACK]) != SQLITE_DONE)
             return -1;
@@ -622,7 +707,8 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
         int rc = 0;
         for (size_t k = 0; k < g && rc == 0; k++)
             rc = apply(s, b[i + k], now, NULL);
-        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL) {
+        if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL &&
+            rc != JD_ECONFLICT) {
             log_failure(s, "write");
             return -1;
         }
@@ -763,6 +849,51 @@ int jd_store_done_thread(struct jd_store *s)
     return 0;
 }
 
+/* Collect the rows (id, idempotency key) sel yields into ids/keys, up to
+ * JD_RETENTION_BATCH in all; SQLite rc (SQLITE_DONE when fine). */
+static int collect_expired(sqlite3_stmt *sel, int64_t *ids, char **keys, int *n)
+{
+    int rc;
+    while (*n < JD_RETENTION_BATCH && (rc = sqlite3_step(sel)) == SQLITE_ROW) {
+        ids[*n] = sqlite3_column_int64(sel, 0);
+        keys[*n] = jd_xstrdup((const char *)sqlite3_column_text(sel, 1));
+        (*n)++;
+    }
+    if (*n >= JD_RETENTION_BATCH)
+        rc = SQLITE_DONE;
+    sqlite3_reset(sel);
+    return rc == SQLITE_ROW ? SQLITE_DONE : rc;
+}
+
+/* With queue retention: every (queue, terminal state) by its own cutoff,
+ * each an index range on jobs_queue_finished. SQLite rc. */
+static int collect_per_queue(struct jd_store *s, int64_t now, int64_t *ids, char **keys, int *n)
+{
+    sqlite3_stmt *qs = s->wst[JD_WS_RET_QUEUES];
+    sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT_QS];
+    int rc;
+    while (*n < JD_RETENTION_BATCH && (rc = sqlite3_step(qs)) == SQLITE_ROW) {
+        int64_t keep = sqlite3_column_int64(qs, 2);
+        if (keep <= 0)
+            keep = s->retention_ms;
+        if (keep <= 0)
+            continue; /* kept forever */
+        sqlite3_bind_text(sel, 1, (const char *)sqlite3_column_text(qs, 0), -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int(sel, 2, sqlite3_column_int(qs, 1));
+        sqlite3_bind_int64(sel, 3, now - keep);
+        sqlite3_bind_int(sel, 4, JD_RETENTION_BATCH - *n);
+        int src = collect_expired(sel, ids, keys, n);
+        if (src != SQLITE_DONE) {
+            sqlite3_reset(qs);
+            return src;
+        }
+    }
+    if (*n >= JD_RETENTION_BATCH)
+        rc = SQLITE_DONE;
+    sqlite3_reset(qs);
+    return rc == SQLITE_ROW ? SQLITE_DONE : rc;
+}
+
 /* Delete one batch of expired terminal jobs; true if the batch was full (so
  * more may be waiting). */
 static bool retention_step(struct jd_store *s)
@@ -775,17 +906,16 @@ static bool retention_step(struct jd_store *s)
 
     if (run(s->wst[JD_WS_BEGIN]) != SQLITE_DONE)
         goto fail;
-    sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT];
-    sqlite3_bind_int64(sel, 1, now - s->retention_ms);
-    sqlite3_bind_int(sel, 2, JD_RETENTION_BATCH);
     int rc;
-    while ((rc = sqlite3_step(sel)) == SQLITE_ROW && n < JD_RETENTION_BATCH) {
-        ids[n] = sqlite3_column_int64(sel, 0);
-        keys[n] = jd_xstrdup((const char *)sqlite3_column_text(sel, 1));
-        n++;
+    if (s->queue_retention) {
+        rc = collect_per_queue(s, now, ids, keys, &n);
+    } else {
+        sqlite3_stmt *sel = s->wst[JD_WS_RET_SELECT];
+        sqlite3_bind_int64(sel, 1, now - s->retention_ms);
+        sqlite3_bind_int(sel, 2, JD_RETENTION_BATCH);
+        rc = collect_expired(sel, ids, keys, &n);
     }
-    sqlite3_reset(sel);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+    if (rc != SQLITE_DONE)
         goto fail;
     int64_t max_id = 0;
     for (int i = 0; i < n; i++) {
@@ -800,6 +930,10 @@ static bool retention_step(struct jd_store *s)
             if (run(st) != SQLITE_DONE)
                 goto fail;
         }
+        st = s->wst[JD_WS_RET_DEL_UNIQUE];
+        sqlite3_bind_int64(st, 1, ids[i]);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
         st = s->wst[JD_WS_RET_DEL_DEF];
         sqlite3_bind_int64(st, 1, ids[i]);
         if (run(st) != SQLITE_DONE)
@@ -833,14 +967,22 @@ fail:
     return ok && n == JD_RETENTION_BATCH;
 }
 
+/* Whether retention passes run at all: a global --retention or a queue's own. */
+static bool retention_on(const struct jd_store *s)
+{
+    return s->retention_ms > 0 || s->queue_retention;
+}
+
 static void maybe_retention(struct jd_store *s)
 {
-    if (s->retention_ms <= 0)
+    if (!retention_on(s))
         return;
     int64_t now = jd_wall_ms();
     if (now < s->retention_due_ms)
         return;
-    int64_t interval = s->retention_ms / 8;
+    /* A queue's retention may be as short as a second: its passes run at
+     * the longest interval (a second). */
+    int64_t interval = s->queue_retention ? JD_RETENTION_MAX_INTERVAL_MS : s->retention_ms / 8;
     if (interval < 10)
         interval = 10;
     if (interval > JD_RETENTION_MAX_INTERVAL_MS)
@@ -862,7 +1004,7 @@ static bool writer_wait(struct jd_store *s)
             stop = true;
             break;
         }
-        if (s->retention_ms > 0) {
+        if (retention_on(s)) {
             int64_t wait_ms = s->retention_due_ms - jd_wall_ms();
             if (wait_ms <= 0)
                 break;
@@ -958,6 +1100,13 @@ int jd_writer_start(struct jd_store *s, struct jd_error *err)
                                 sqlite3_errmsg(s->wdb));
     }
     s->retention_due_ms = 0;
+    sqlite3_stmt *qr = NULL;
+    if (sqlite3_prepare_v2(s->wdb,
+                           "SELECT 1 FROM queues WHERE retain_succeeded_ms > 0 OR"
+                           " retain_failed_ms > 0 OR retain_cancelled_ms > 0 LIMIT 1",
+                           -1, &qr, NULL) == SQLITE_OK)
+        s->queue_retention = sqlite3_step(qr) == SQLITE_ROW;
+    sqlite3_finalize(qr);
     int rc = pthread_create(&s->writer, NULL, writer_main, s);
     if (rc != 0)
         return jd_error_set(err, JD_EIO, NULL, "database %s: cannot start the writer: %s", s->path,

@@ -292,6 +292,37 @@ int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *a
     return action(id, done, arg, false);
 }
 
+int jd_jobs_queue_json(struct jd_jobs *j, const char *queue, char **json)
+{
+    (void)j;
+    (void)queue;
+    *json = strdup("{}");
+    return 0;
+}
+
+int jd_jobs_queue_configure(struct jd_jobs *j, const char *queue, const char *body, size_t len,
+                            jd_action_done_fn done, void *arg, struct jd_error *err)
+{
+    (void)j;
+    (void)queue;
+    (void)body;
+    (void)len;
+    (void)err;
+    struct later l = {.adone = done, .arg = arg};
+    schedule_done(l);
+    return 0;
+}
+
+int jd_jobs_limits(struct jd_jobs *j, struct jd_jobs_queue_limit **queues, size_t *nq,
+                   struct jd_jobs_command_limit **commands, size_t *nc)
+{
+    (void)j;
+    *queues = NULL;
+    *commands = NULL;
+    *nq = *nc = 0;
+    return 0;
+}
+
 int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_action_done_fn done,
                         void *arg)
 {

@@ -222,9 +222,10 @@ static void check_plan(sqlite3 *db, const char *sql)
         fail_msg("prepare %s: %s", sql, sqlite3_errmsg(db));
     /* Scans allowed: the tiny queues and queue_counts tables (one row per
      * queue, or per queue and state), and the partial index of
-     * non-terminal jobs, which recovery reads whole by design. */
+     * non-terminal jobs, which recovery reads whole by design, as it does
+     * unique_keys (whose rows are the keys live jobs hold). */
     static const char *const allowed[] = {"SCAN queue_counts", "SCAN queues",
-                                          "SCAN j USING INDEX jobs_active"};
+                                          "SCAN j USING INDEX jobs_active", "SCAN unique_keys"};
     while (sqlite3_step(st) == SQLITE_ROW) {
         const char *detail = (const char *)sqlite3_column_text(st, 3);
         if (strstr(detail, "TEMP B-TREE"))
