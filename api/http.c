@@ -220,8 +220,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_request(r, aborted);
     uint64_t us = (jd_now_ns() - r->start_ns) / 1000;
     jd_http_metrics_observe(&h->metrics, r->m.route, r->status, us);
-    if (r->is_sse)                                                            /* relaxed: a gauge */
-        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed); /* a soft cap */
+    /* However the request ended (answered, timed out, or the client hung up
+     * while it was parked or streaming), its slot and watch go back now. */
+    http_park_release(r);
     /* release: jd_http_stop's acquire load then sees this request's frees */
     atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
     http_req_unref(r);
@@ -328,6 +329,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->h = h;
         r->conn = conn;
         atomic_init(&r->refs, 1); /* MHD's, dropped in on_completed */
+        /* relaxed: only uniqueness matters */
+        r->serial = atomic_fetch_add_explicit(&h->serial_counter, 1, memory_order_relaxed) + 1;
         pthread_mutex_init(&r->mu, NULL);
         r->start_ns = jd_now_ns();
         snprintf(r->method, sizeof r->method, "%s", method);
@@ -416,14 +419,7 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
 /* Stop the long-poll timer thread (if it was started) and free the server. */
 static void free_server(struct jd_http *h)
 {
-    if (h->timer_started) {
-        pthread_mutex_lock(&h->park_mu);
-        h->timer_stop = true;
-        pthread_cond_signal(&h->park_cv);
-        pthread_mutex_unlock(&h->park_mu);
-        pthread_join(h->timer, NULL);
-    }
-    pthread_cond_destroy(&h->park_cv);
+    http_timer_stop(h);
     pthread_mutex_destroy(&h->park_mu);
     free(h->token);
     free(h);
@@ -450,16 +446,18 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     atomic_init(&h->rid_counter, 1);
     if (getrandom(&h->rid_seed, sizeof h->rid_seed, 0) != sizeof h->rid_seed)
         h->rid_seed = (uint64_t)jd_wall_ms() ^ ((uint64_t)getpid() << 32);
+    atomic_init(&h->serial_counter, 0);
     pthread_mutex_init(&h->park_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&h->park_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    h->park_ep = h->park_evfd = -1;
 
     if (resolve_addr(cfg->host ? cfg->host : "127.0.0.1", cfg->port, &ss, &slen) != 0) {
         rc = jd_error_set(err, JD_EINVAL, NULL, "cannot resolve listen host \"%s\"",
                           cfg->host ? cfg->host : "");
+        goto fail;
+    }
+    if (http_timer_init(h) != 0) {
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot create the HTTP timer's epoll set: %s",
+                          strerror(errno));
         goto fail;
     }
     if (pthread_create(&h->timer, NULL, http_timer_main, h) != 0) {
