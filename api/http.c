@@ -35,6 +35,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -228,6 +229,54 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     http_req_unref(r);
 }
 
+/* Per connection (MHD's socket context): set when a request was answered
+ * before its body was read, so the close lingers (linger.c). */
+struct conn_ctx {
+    atomic_bool linger; /* relaxed: set and read on the connection's thread */
+};
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct jd_http *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn_ctx *c = jd_xcalloc(1, sizeof *c);
+        atomic_init(&c->linger, false);
+        *socket_context = c;
+        return;
+    }
+    struct conn_ctx *c = *socket_context;
+    *socket_context = NULL;
+    if (c == NULL)
+        return;
+    bool linger = atomic_load_explicit(&c->linger, memory_order_relaxed);
+    free(c);
+    if (!linger)
+        return;
+    /* MHD closes its descriptor right after this; a duplicate keeps the
+     * socket open (no reset) while linger.c drains it. */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci != NULL ? fcntl(ci->connect_fd, F_DUPFD_CLOEXEC, 3) : -1;
+    if (fd >= 0)
+        http_linger_add(h->linger, fd);
+}
+
+/* The request was answered before its body was read: the client may still
+ * be sending it, so its connection's close lingers. */
+static void linger_if_body_pending(struct jd_req *r)
+{
+    const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *te = http_header(r, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if ((cl == NULL || strcmp(cl, "0") == 0) && te == NULL)
+        return;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn_ctx *c = ci != NULL ? ci->socket_context : NULL;
+    if (c != NULL)
+        atomic_store_explicit(&c->linger, true, memory_order_relaxed);
+}
+
 const char *http_query(struct jd_req *r, const char *key)
 {
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
@@ -340,7 +389,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = r;
         /* relaxed: only the decrement publishes anything (see on_completed) */
         atomic_fetch_add_explicit(&h->inflight, 1, memory_order_relaxed);
-        return first_call(r);
+        enum MHD_Result ret = first_call(r);
+        if (r->phase == PH_DONE)
+            linger_if_body_pending(r);
+        return ret;
     }
     switch (r->phase) {
     case PH_BODY:
@@ -420,6 +472,7 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
 static void free_server(struct jd_http *h)
 {
     http_timer_stop(h);
+    http_linger_stop(h->linger);
     pthread_mutex_destroy(&h->park_mu);
     free(h->token);
     free(h);
@@ -460,6 +513,10 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
                           strerror(errno));
         goto fail;
     }
+    if (http_linger_start(&h->linger) != 0) {
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot start the HTTP linger thread");
+        goto fail;
+    }
     if (pthread_create(&h->timer, NULL, http_timer_main, h) != 0) {
         rc = jd_error_set(err, JD_EIO, NULL, "cannot start the HTTP timer thread");
         goto fail;
@@ -483,7 +540,8 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads ? cfg->threads : 2),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections ? cfg->max_connections : 1000),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->conn_timeout_s ? cfg->conn_timeout_s : 30),
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        h, MHD_OPTION_END);
     if (h->daemon == NULL) {
         rc = jd_error_set(err, JD_EIO, NULL, "cannot listen on %s:%u (%s)",
                           cfg->host ? cfg->host : "127.0.0.1", cfg->port,

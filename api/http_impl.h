@@ -191,6 +191,14 @@ enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_err
                                    jd_async_answer_fn *answer);
 void http_wake_all_parked(struct jd_http *h);
 
+/* linger.c: lingering close (see its file comment). http_linger_add takes
+ * ownership of fd (a socket whose answer has been written) and closes it
+ * after the client stops sending, or after a bounded time and size. */
+struct jd_linger;
+int http_linger_start(struct jd_linger **out); /* 0 or JD_EIO */
+void http_linger_add(struct jd_linger *l, int fd);
+void http_linger_stop(struct jd_linger *l); /* closes what still lingers */
+
 /* A route's handler (the handler column of api/routes.h). */
 typedef enum MHD_Result jd_route_fn(struct jd_req *r);
 
