@@ -35,6 +35,7 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -220,11 +221,60 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_request(r, aborted);
     uint64_t us = (jd_now_ns() - r->start_ns) / 1000;
     jd_http_metrics_observe(&h->metrics, r->m.route, r->status, us);
-    if (r->is_sse)                                                            /* relaxed: a gauge */
-        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed); /* a soft cap */
+    /* However the request ended (answered, timed out, or the client hung up
+     * while it was parked or streaming), its slot and watch go back now. */
+    http_park_release(r);
     /* release: jd_http_stop's acquire load then sees this request's frees */
     atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
     http_req_unref(r);
+}
+
+/* Per connection (MHD's socket context): set when a request was answered
+ * before its body was read, so the close lingers (linger.c). */
+struct conn_ctx {
+    atomic_bool linger; /* relaxed: set and read on the connection's thread */
+};
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct jd_http *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct conn_ctx *c = jd_xcalloc(1, sizeof *c);
+        atomic_init(&c->linger, false);
+        *socket_context = c;
+        return;
+    }
+    struct conn_ctx *c = *socket_context;
+    *socket_context = NULL;
+    if (c == NULL)
+        return;
+    bool linger = atomic_load_explicit(&c->linger, memory_order_relaxed);
+    free(c);
+    if (!linger)
+        return;
+    /* MHD closes its descriptor right after this; a duplicate keeps the
+     * socket open (no reset) while linger.c drains it. */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci != NULL ? fcntl(ci->connect_fd, F_DUPFD_CLOEXEC, 3) : -1;
+    if (fd >= 0)
+        http_linger_add(h->linger, fd);
+}
+
+/* The request was answered before its body was read: the client may still
+ * be sending it, so its connection's close lingers. */
+static void linger_if_body_pending(struct jd_req *r)
+{
+    const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *te = http_header(r, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if ((cl == NULL || strcmp(cl, "0") == 0) && te == NULL)
+        return;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn_ctx *c = ci != NULL ? ci->socket_context : NULL;
+    if (c != NULL)
+        atomic_store_explicit(&c->linger, true, memory_order_relaxed);
 }
 
 const char *http_query(struct jd_req *r, const char *key)
@@ -328,6 +378,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->h = h;
         r->conn = conn;
         atomic_init(&r->refs, 1); /* MHD's, dropped in on_completed */
+        /* relaxed: only uniqueness matters */
+        r->serial = atomic_fetch_add_explicit(&h->serial_counter, 1, memory_order_relaxed) + 1;
         pthread_mutex_init(&r->mu, NULL);
         r->start_ns = jd_now_ns();
         snprintf(r->method, sizeof r->method, "%s", method);
@@ -337,7 +389,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = r;
         /* relaxed: only the decrement publishes anything (see on_completed) */
         atomic_fetch_add_explicit(&h->inflight, 1, memory_order_relaxed);
-        return first_call(r);
+        enum MHD_Result ret = first_call(r);
+        if (r->phase == PH_DONE)
+            linger_if_body_pending(r);
+        return ret;
     }
     switch (r->phase) {
     case PH_BODY:
@@ -416,14 +471,8 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
 /* Stop the long-poll timer thread (if it was started) and free the server. */
 static void free_server(struct jd_http *h)
 {
-    if (h->timer_started) {
-        pthread_mutex_lock(&h->park_mu);
-        h->timer_stop = true;
-        pthread_cond_signal(&h->park_cv);
-        pthread_mutex_unlock(&h->park_mu);
-        pthread_join(h->timer, NULL);
-    }
-    pthread_cond_destroy(&h->park_cv);
+    http_timer_stop(h);
+    http_linger_stop(h->linger);
     pthread_mutex_destroy(&h->park_mu);
     free(h->token);
     free(h);
@@ -450,16 +499,22 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     atomic_init(&h->rid_counter, 1);
     if (getrandom(&h->rid_seed, sizeof h->rid_seed, 0) != sizeof h->rid_seed)
         h->rid_seed = (uint64_t)jd_wall_ms() ^ ((uint64_t)getpid() << 32);
+    atomic_init(&h->serial_counter, 0);
     pthread_mutex_init(&h->park_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&h->park_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    h->park_ep = h->park_evfd = -1;
 
     if (resolve_addr(cfg->host ? cfg->host : "127.0.0.1", cfg->port, &ss, &slen) != 0) {
         rc = jd_error_set(err, JD_EINVAL, NULL, "cannot resolve listen host \"%s\"",
                           cfg->host ? cfg->host : "");
+        goto fail;
+    }
+    if (http_timer_init(h) != 0) {
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot create the HTTP timer's epoll set: %s",
+                          strerror(errno));
+        goto fail;
+    }
+    if (http_linger_start(&h->linger) != 0) {
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot start the HTTP linger thread");
         goto fail;
     }
     if (pthread_create(&h->timer, NULL, http_timer_main, h) != 0) {
@@ -485,7 +540,8 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads ? cfg->threads : 2),
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections ? cfg->max_connections : 1000),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->conn_timeout_s ? cfg->conn_timeout_s : 30),
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        h, MHD_OPTION_END);
     if (h->daemon == NULL) {
         rc = jd_error_set(err, JD_EIO, NULL, "cannot listen on %s:%u (%s)",
                           cfg->host ? cfg->host : "127.0.0.1", cfg->port,

@@ -61,13 +61,18 @@ struct jd_http {
     atomic_uint inflight;     /* requests between first call and completion */
     atomic_uint parked_count; /* long-polls parked + SSE streams alive */
     atomic_uint_fast64_t rid_counter;
+    atomic_uint_fast64_t serial_counter; /* request serials: 1, 2, ... */
     uint64_t rid_seed;
 
     pthread_mutex_t park_mu;
-    pthread_cond_t park_cv;
     struct jd_req *parked_head; /* doubly linked, holds a reference on each */
     bool timer_stop;
     uint64_t timer_wait_until; /* park_mu: the timer sleeps until this, or 0 if awake */
+    /* The timer thread sleeps in epoll_wait on park_ep: the sockets of
+     * parked (suspended) connections, keyed by request serial, report a
+     * client hang-up; park_evfd (key 0) wakes it for an earlier deadline. */
+    int park_ep, park_evfd;
+    struct jd_linger *linger; /* lingering closes (linger.c) */
     pthread_t timer;
     bool timer_started;
 
@@ -75,13 +80,15 @@ struct jd_http {
 };
 
 enum phase { PH_NEW, PH_BODY, PH_ASYNC, PH_PARKED, PH_DONE };
-enum wake { WAKE_NONE, WAKE_CHANGED, WAKE_TIMEOUT, WAKE_SHUTDOWN };
+/* WAKE_GONE: the client hung up while the request was parked. */
+enum wake { WAKE_NONE, WAKE_CHANGED, WAKE_TIMEOUT, WAKE_SHUTDOWN, WAKE_GONE };
 
 struct jd_req {
     struct jd_http *h;
     struct MHD_Connection *conn;
     atomic_int refs; /* acq_rel on drop: the freeing thread sees every write */
     pthread_mutex_t mu;
+    uint64_t serial; /* unique per server run; never 0 (the key of a hang-up watch) */
 
     struct jd_route_match m;
     int match_rc;
@@ -99,8 +106,9 @@ struct jd_req {
     bool too_big;
 
     /* waiting (under mu) */
-    bool armed;     /* a callback or deadline may fire */
-    bool suspended; /* MHD_suspend_connection called, resume not yet */
+    bool armed;       /* a callback or deadline may fire */
+    bool suspended;   /* MHD_suspend_connection called, resume not yet */
+    bool hup_watched; /* the socket is in h->park_ep (only while parked and suspended) */
     bool fired;
     enum wake wake;
     int cb_rc;
@@ -115,9 +123,10 @@ struct jd_req {
     struct jd_req *pprev, *pnext;
     bool on_list;
     uint64_t deadline_ns;
-    /* watch (owner: the thread currently handling the request) */
+    /* watch and slot (owner: the thread currently handling the request) */
     uint64_t watch_id;
     bool watching;
+    bool holds_slot; /* counts in parked_count and the parked gauge */
 
     /* long-poll / SSE */
     int64_t job_id;
@@ -125,7 +134,7 @@ struct jd_req {
     bool terminal_only;
     bool is_sse;
     int64_t sse_seq;
-    char *sse_buf;
+    char *sse_buf; /* one page of events: about SSE_PAGE_BYTES (park.c) */
     size_t sse_len, sse_off, sse_cap;
     bool sse_end;
     bool sse_heartbeat;
@@ -158,11 +167,19 @@ int http_parse_i64(const char *s, int64_t *out);
 void http_arm(struct jd_req *r);
 void http_wake(struct jd_req *r, enum wake why);
 void http_park_list_add(struct jd_req *r, uint64_t deadline_ns);
+/* Suspend a parked request (r->mu held) and watch its socket for a hang-up. */
+void http_park_suspend_locked(struct jd_req *r);
+int http_timer_init(struct jd_http *h);  /* the epoll set and eventfd; 0 or JD_EIO */
+void http_timer_stop(struct jd_http *h); /* stop and join the timer, close its fds */
 void *http_timer_main(void *arg);
 void http_on_submit_done(void *arg, const struct jd_submit_result *res);
 void http_on_action_done(void *arg, int rc, const char *json);
 void http_on_watch(void *arg, int rc, int64_t version);
-bool http_parked_slot_take(struct jd_http *h);
+/* Take a parked slot for r (false: --max-parked reached, counted). */
+bool http_parked_slot_take(struct jd_req *r);
+/* The request ends, however it ends (on_completed): leave the parked list,
+ * withdraw the watch, give back the slot, and let no callback resume it. */
+void http_park_release(struct jd_req *r);
 enum MHD_Result http_finish_parked(struct jd_req *r);
 ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max);
 void http_sse_free(void *cls);
@@ -174,6 +191,14 @@ enum MHD_Result http_finish_async(struct jd_req *r);
 enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err,
                                    jd_async_answer_fn *answer);
 void http_wake_all_parked(struct jd_http *h);
+
+/* linger.c: lingering close (see its file comment). http_linger_add takes
+ * ownership of fd (a socket whose answer has been written) and closes it
+ * after the client stops sending, or after a bounded time and size. */
+struct jd_linger;
+int http_linger_start(struct jd_linger **out); /* 0 or JD_EIO */
+void http_linger_add(struct jd_linger *l, int fd);
+void http_linger_stop(struct jd_linger *l); /* closes what still lingers */
 
 /* A route's handler (the handler column of api/routes.h). */
 typedef enum MHD_Result jd_route_fn(struct jd_req *r);

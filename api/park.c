@@ -23,7 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Prepare for a callback; call before handing r to the job layer. */
 void http_arm(struct jd_req *r)
@@ -33,6 +36,19 @@ void http_arm(struct jd_req *r)
     r->fired = false;
     r->wake = WAKE_NONE;
     pthread_mutex_unlock(&r->mu);
+}
+
+/* Stop watching r's socket (r->mu held). Before a resume, so the socket is
+ * out of the set before MHD can close it and a new connection reuse it. */
+static void hup_unwatch_locked(struct jd_req *r)
+{
+    if (!r->hup_watched)
+        return;
+    r->hup_watched = false;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci != NULL)
+        epoll_ctl(r->h->park_ep, EPOLL_CTL_DEL, ci->connect_fd, NULL);
 }
 
 /* Fire once per arming; resumes the connection if the handler suspended. */
@@ -45,10 +61,26 @@ void http_wake(struct jd_req *r, enum wake why)
         r->wake = why;
         resume = r->suspended;
         r->suspended = false;
+        hup_unwatch_locked(r);
     }
     pthread_mutex_unlock(&r->mu);
     if (resume)
         MHD_resume_connection(r->conn);
+}
+
+void http_park_suspend_locked(struct jd_req *r)
+{
+    r->suspended = true;
+    MHD_suspend_connection(r->conn);
+    /* A suspended connection is not polled by MHD, so a client that hangs
+     * up would go unnoticed until the wait ends; the timer thread watches
+     * the socket instead. EPOLLRDHUP: the peer closed (or half-closed) its
+     * side; pipelined bytes alone do not wake it. */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u64 = r->serial};
+    if (ci != NULL && epoll_ctl(r->h->park_ep, EPOLL_CTL_ADD, ci->connect_fd, &ev) == 0)
+        r->hup_watched = true;
 }
 
 /* After handing r over: true if the callback already fired (answer now);
@@ -65,6 +97,13 @@ static bool fired_or_suspend(struct jd_req *r)
     return f;
 }
 
+static void timer_kick(struct jd_http *h)
+{
+    uint64_t one = 1;
+    ssize_t n = write(h->park_evfd, &one, sizeof one);
+    (void)n; /* EAGAIN: the counter is already non-zero, the timer wakes anyway */
+}
+
 void http_park_list_add(struct jd_req *r, uint64_t deadline_ns)
 {
     struct jd_http *h = r->h;
@@ -79,9 +118,10 @@ void http_park_list_add(struct jd_req *r, uint64_t deadline_ns)
     r->on_list = true;
     /* Wake the timer only if it would sleep past this deadline; an awake
      * timer rescans the whole list before it sleeps again. */
-    if (h->timer_wait_until != 0 && deadline_ns < h->timer_wait_until)
-        pthread_cond_signal(&h->park_cv);
+    bool kick = h->timer_wait_until != 0 && deadline_ns < h->timer_wait_until;
     pthread_mutex_unlock(&h->park_mu);
+    if (kick)
+        timer_kick(h);
 }
 
 static void unlink_locked(struct jd_http *h, struct jd_req *r)
@@ -119,9 +159,69 @@ static void watch_cancel(struct jd_req *r)
         http_req_unref(r);
 }
 
+int http_timer_init(struct jd_http *h)
+{
+    h->park_ep = epoll_create1(EPOLL_CLOEXEC);
+    h->park_evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
+    if (h->park_ep < 0 || h->park_evfd < 0 ||
+        epoll_ctl(h->park_ep, EPOLL_CTL_ADD, h->park_evfd, &ev) != 0)
+        return JD_EIO;
+    return 0;
+}
+
+void http_timer_stop(struct jd_http *h)
+{
+    if (h->timer_started) {
+        pthread_mutex_lock(&h->park_mu);
+        h->timer_stop = true;
+        pthread_mutex_unlock(&h->park_mu);
+        timer_kick(h);
+        pthread_join(h->timer, NULL);
+        h->timer_started = false;
+    }
+    if (h->park_evfd >= 0)
+        close(h->park_evfd);
+    if (h->park_ep >= 0)
+        close(h->park_ep);
+    h->park_evfd = h->park_ep = -1;
+}
+
+/* Unlink the parked requests whose serial is among the n hang-up events
+ * (park_mu held); the list's references move to the returned chain. */
+static struct jd_req *take_gone_locked(struct jd_http *h, const struct epoll_event *ev, int n)
+{
+    struct jd_req *gone = NULL;
+    for (struct jd_req *r = h->parked_head, *nx; r != NULL; r = nx) {
+        nx = r->pnext;
+        for (int i = 0; i < n; i++) {
+            if (ev[i].data.u64 == r->serial) {
+                unlink_locked(h, r);
+                r->pnext = gone;
+                gone = r;
+                break;
+            }
+        }
+    }
+    return gone;
+}
+
+/* Wake a chain taken off the list with why, dropping the list's references. */
+static void wake_chain(struct jd_req *list, enum wake why)
+{
+    while (list != NULL) {
+        struct jd_req *r = list;
+        list = r->pnext;
+        r->pnext = NULL;
+        http_wake(r, why);
+        http_req_unref(r);
+    }
+}
+
 void *http_timer_main(void *arg)
 {
     struct jd_http *h = arg;
+    struct epoll_event ev[64];
     pthread_mutex_lock(&h->park_mu);
     while (!h->timer_stop) {
         uint64_t now = jd_now_ns();
@@ -139,28 +239,32 @@ void *http_timer_main(void *arg)
         }
         if (expired != NULL) {
             pthread_mutex_unlock(&h->park_mu);
-            while (expired != NULL) {
-                struct jd_req *r = expired;
-                expired = r->pnext;
-                r->pnext = NULL;
-                http_wake(r, WAKE_TIMEOUT);
-                http_req_unref(r);
-            }
+            wake_chain(expired, WAKE_TIMEOUT);
             pthread_mutex_lock(&h->park_mu);
             continue;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t wait = next - now;
-        ts.tv_sec += (time_t)(wait / 1000000000ull);
-        ts.tv_nsec += (long)(wait % 1000000000ull);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
         h->timer_wait_until = next;
-        pthread_cond_timedwait(&h->park_cv, &h->park_mu, &ts);
+        pthread_mutex_unlock(&h->park_mu);
+        int ms = (int)((next - now + 999999ull) / 1000000ull); /* round up: no early spin */
+        int n = epoll_wait(h->park_ep, ev, (int)(sizeof ev / sizeof ev[0]), ms);
+        pthread_mutex_lock(&h->park_mu);
         h->timer_wait_until = 0;
+        int hups = 0;
+        for (int i = 0; i < n; i++) {
+            if (ev[i].data.u64 == 0) {
+                uint64_t v;
+                ssize_t got = read(h->park_evfd, &v, sizeof v);
+                (void)got; /* only the wake-up mattered */
+            } else {
+                ev[hups++] = ev[i];
+            }
+        }
+        if (hups > 0) {
+            struct jd_req *gone = take_gone_locked(h, ev, hups);
+            pthread_mutex_unlock(&h->park_mu);
+            wake_chain(gone, WAKE_GONE);
+            pthread_mutex_lock(&h->park_mu);
+        }
     }
     pthread_mutex_unlock(&h->park_mu);
     return NULL;
@@ -199,8 +303,9 @@ void http_on_watch(void *arg, int rc, int64_t version)
     http_req_unref(r);
 }
 
-bool http_parked_slot_take(struct jd_http *h)
+bool http_parked_slot_take(struct jd_req *r)
 {
+    struct jd_http *h = r->h;
     /* relaxed: a soft cap; a few over under a race is harmless */
     unsigned n = atomic_fetch_add_explicit(&h->parked_count, 1, memory_order_relaxed);
     if (n >= h->max_parked) {
@@ -208,18 +313,52 @@ bool http_parked_slot_take(struct jd_http *h)
         atomic_fetch_add_explicit(&h->metrics.parked_rejected, 1, memory_order_relaxed);
         return false;
     }
+    atomic_fetch_add_explicit(&h->metrics.parked, 1, memory_order_relaxed); /* a gauge */
+    r->holds_slot = true;
     return true;
+}
+
+static void parked_slot_give(struct jd_req *r)
+{
+    if (!r->holds_slot)
+        return;
+    r->holds_slot = false;
+    /* relaxed: a soft cap and a gauge */
+    atomic_fetch_sub_explicit(&r->h->parked_count, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->h->metrics.parked, 1, memory_order_relaxed);
+}
+
+void http_park_release(struct jd_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->armed = false; /* a late watch or timer wake must not resume a closed connection */
+    hup_unwatch_locked(r);
+    pthread_mutex_unlock(&r->mu);
+    park_list_remove(r);
+    watch_cancel(r);
+    parked_slot_give(r);
 }
 
 enum MHD_Result http_finish_parked(struct jd_req *r)
 {
-    park_list_remove(r);
-    watch_cancel(r);
-    /* relaxed: a soft cap and a gauge */
-    atomic_fetch_sub_explicit(&r->h->parked_count, 1, memory_order_relaxed);
-    atomic_fetch_sub_explicit(&r->h->metrics.parked, 1, memory_order_relaxed);
+    pthread_mutex_lock(&r->mu);
+    bool gone = r->wake == WAKE_GONE;
+    pthread_mutex_unlock(&r->mu);
+    http_park_release(r);
+    r->phase = PH_DONE;
+    if (gone) { /* nobody to answer: close now (on_completed logs it as aborted) */
+        r->status = 499;
+        return MHD_NO;
+    }
     return http_answer_job(r);
 }
+
+/* SSE reads history one page at a time, as the client drains the previous
+ * one: a stream's memory is a page (plus one event past the byte mark),
+ * whatever the job's history, and a slow reader costs no more than a fast
+ * one. 256 events of a typical ~150 bytes is ~40 KB: a few TCP windows. */
+#define SSE_PAGE_EVENTS 256
+#define SSE_PAGE_BYTES ((size_t)64 << 10)
 
 static void sse_put(struct jd_req *r, const char *s, size_t n)
 {
@@ -231,7 +370,8 @@ static void sse_put(struct jd_req *r, const char *s, size_t n)
     r->sse_len += n;
 }
 
-static void sse_event(void *arg, int64_t seq, const char *kind, const char *event_json)
+/* Append one event; false once the page is full (stop reading). */
+static bool sse_event(void *arg, int64_t seq, const char *kind, const char *event_json)
 {
     struct jd_req *r = arg;
     char head[96];
@@ -239,32 +379,44 @@ static void sse_event(void *arg, int64_t seq, const char *kind, const char *even
     sse_put(r, head, (size_t)n);
     /* event_json is one line (compact JSON); guard anyway so a newline can
      * never end the data field early */
-    for (const char *p = event_json; *p; p++) {
-        if (*p == '\n' || *p == '\r')
+    const char *p = event_json;
+    while (*p) {
+        size_t run = strcspn(p, "\r\n");
+        sse_put(r, p, run);
+        p += run;
+        if (*p) {
             sse_put(r, " ", 1);
-        else
-            sse_put(r, p, 1);
+            p++;
+        }
     }
     sse_put(r, "\n\n", 2);
     if (seq > r->sse_seq)
         r->sse_seq = seq;
+    return r->sse_len < SSE_PAGE_BYTES;
 }
 
-/* Fill the buffer with what is new; sets sse_end when the job is terminal
+/* Fill the buffer with the next page; sets sse_end when the job is terminal
  * and everything up to its final version has been written. */
 static void sse_refill(struct jd_req *r)
 {
     struct jd_jobs *j = http_jobs_of(r->h);
     r->sse_len = r->sse_off = 0;
+    if (r->sse_cap > 2 * SSE_PAGE_BYTES) { /* one huge event grew it: give it back */
+        free(r->sse_buf);
+        r->sse_buf = NULL;
+        r->sse_cap = 0;
+    }
     if (r->sse_heartbeat) {
         sse_put(r, ": heartbeat\n\n", 13);
         r->sse_heartbeat = false;
     }
-    int rc = jd_jobs_events_each(j, r->job_id, r->sse_seq, sse_event, r);
+    int rc = jd_jobs_events_each(j, r->job_id, r->sse_seq, SSE_PAGE_EVENTS, sse_event, r);
     if (rc < 0) {
         r->sse_end = true;
         return;
     }
+    if (rc == SSE_PAGE_EVENTS || r->sse_len >= SSE_PAGE_BYTES)
+        return; /* a full page: more may follow, look at the job once caught up */
     char *json = NULL;
     int64_t version = 0;
     bool terminal = false;
@@ -283,7 +435,7 @@ ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct jd_req *r = cls;
     struct jd_http *h = r->h;
-    if (r->phase == PH_PARKED) { /* resumed: by a change, a heartbeat or drain */
+    if (r->phase == PH_PARKED) { /* resumed: by a change, a heartbeat, drain or hang-up */
         pthread_mutex_lock(&r->mu);
         enum wake why = r->wake;
         r->armed = false;
@@ -291,6 +443,8 @@ ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         park_list_remove(r);
         watch_cancel(r);
         r->phase = PH_DONE;
+        if (why == WAKE_GONE) /* on_completed gives back the slot */
+            return MHD_CONTENT_READER_END_WITH_ERROR;
         if (why == WAKE_TIMEOUT)
             r->sse_heartbeat = true;
     }
@@ -330,8 +484,7 @@ ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         bool fired = r->fired;
         if (!fired) {
             http_park_list_add(r, jd_now_ns() + (uint64_t)h->heartbeat_ms * 1000000ull);
-            r->suspended = true;
-            MHD_suspend_connection(r->conn);
+            http_park_suspend_locked(r);
         }
         pthread_mutex_unlock(&r->mu);
         if (!fired) {
@@ -404,14 +557,10 @@ void http_wake_all_parked(struct jd_http *h)
     pthread_mutex_lock(&h->park_mu);
     struct jd_req *list = h->parked_head;
     h->parked_head = NULL;
-    for (struct jd_req *r = list; r != NULL; r = r->pnext)
+    for (struct jd_req *r = list; r != NULL; r = r->pnext) {
         r->on_list = false;
-    pthread_mutex_unlock(&h->park_mu);
-    while (list != NULL) { /* the list's references are ours now */
-        struct jd_req *r = list;
-        list = r->pnext;
-        r->pnext = r->pprev = NULL;
-        http_wake(r, WAKE_SHUTDOWN);
-        http_req_unref(r);
+        r->pprev = NULL;
     }
+    pthread_mutex_unlock(&h->park_mu);
+    wake_chain(list, WAKE_SHUTDOWN); /* the list's references are ours now */
 }

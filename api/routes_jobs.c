@@ -66,7 +66,7 @@ enum MHD_Result route_job_get(struct jd_req *r)
      * the parked list; one of the two sees the other. */
     if (wait_ms == 0 || atomic_load(&h->draining))
         return http_answer_job(r);
-    if (!http_parked_slot_take(h))
+    if (!http_parked_slot_take(r))
         return http_respond_problem(r, 429, "too many waiting connections", NULL);
 
     http_arm(r);
@@ -76,7 +76,7 @@ enum MHD_Result route_job_get(struct jd_req *r)
                            &wid);
     if (rc != 0) {
         http_req_unref(r);
-        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
+        http_park_release(r);
         if (rc == JD_ESHUTDOWN)
             return http_answer_job(r);
         return http_respond_error(r, rc, NULL);
@@ -84,13 +84,11 @@ enum MHD_Result route_job_get(struct jd_req *r)
     r->watch_id = wid;
     r->watching = true;
     r->phase = PH_PARKED;
-    atomic_fetch_add_explicit(&h->metrics.parked, 1, memory_order_relaxed); /* a gauge */
     pthread_mutex_lock(&r->mu);
     bool fired = r->fired;
     if (!fired) {
         http_park_list_add(r, jd_now_ns() + (uint64_t)wait_ms * 1000000ull);
-        r->suspended = true;
-        MHD_suspend_connection(r->conn);
+        http_park_suspend_locked(r);
     }
     pthread_mutex_unlock(&r->mu);
     if (fired) /* the job changed before we could suspend: answer now */
@@ -170,7 +168,7 @@ enum MHD_Result route_job_events(struct jd_req *r)
     if (rc != 0)
         return http_respond_error(r, rc, NULL);
     free(json);
-    if (!http_parked_slot_take(h))
+    if (!http_parked_slot_take(r))
         return http_respond_problem(r, 429, "too many streaming connections", NULL);
     r->is_sse = true;
     r->sse_seq = after;
@@ -181,7 +179,7 @@ enum MHD_Result route_job_events(struct jd_req *r)
     if (resp == NULL) {
         http_req_unref(r);
         r->is_sse = false;
-        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
+        http_park_release(r);
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");

@@ -193,10 +193,12 @@ int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, cha
  * it belongs to. limit 0: 1000. */
 int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
                         char **json);
-/* One event per element for SSE: fn(arg, seq, kind, event_json) for seq >
- * after_seq, ascending; returns the number delivered or a JD_E* code. */
-int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
-                        void (*fn)(void *arg, int64_t seq, const char *kind,
+/* One page of events for SSE: fn(arg, seq, kind, event_json) for seq >
+ * after_seq, ascending, at most limit (1..10000) of them, stopping early
+ * after an event for which fn returns false. Returns the number delivered
+ * or a JD_E* code; fewer than limit without a stop means caught up. */
+int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                        bool (*fn)(void *arg, int64_t seq, const char *kind,
                                    const char *event_json),
                         void *arg);
 

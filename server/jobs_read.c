@@ -87,8 +87,10 @@ int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, cha
     return 0;
 }
 
-int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
-                        char **json)
+/* A job's events after after_seq, at most limit (0: 1000; max 10000);
+ * JD_ENOENT if there is no such job. Caller frees with jd_job_events_free. */
+static int events_page(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                       struct jd_job_event **ev, size_t *n)
 {
     struct jd_job row = {0};
     if (jd_store_job_get(j->store, id, &row) != 0)
@@ -96,9 +98,15 @@ int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsign
     jd_job_clear(&row);
     if (limit == 0 || limit > 10000)
         limit = limit ? 10000 : 1000;
+    return jd_store_events(j->store, id, after_seq, limit, ev, n);
+}
+
+int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                        char **json)
+{
     struct jd_job_event *ev = NULL;
     size_t n = 0;
-    int rc = jd_store_events(j->store, id, after_seq, limit, &ev, &n);
+    int rc = events_page(j, id, after_seq, limit, &ev, &n);
     if (rc)
         return rc;
     cJSON *o = cJSON_CreateObject();
@@ -111,35 +119,27 @@ int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsign
     return 0;
 }
 
-int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
-                        void (*fn)(void *arg, int64_t seq, const char *kind,
+int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                        bool (*fn)(void *arg, int64_t seq, const char *kind,
                                    const char *event_json),
                         void *arg)
 {
-    struct jd_job row = {0};
-    if (jd_store_job_get(j->store, id, &row) != 0)
-        return JD_ENOENT;
-    jd_job_clear(&row);
+    struct jd_job_event *ev = NULL;
+    size_t n = 0;
+    int rc = events_page(j, id, after_seq, limit, &ev, &n);
+    if (rc)
+        return rc;
     int count = 0;
-    for (;;) {
-        struct jd_job_event *ev = NULL;
-        size_t n = 0;
-        int rc = jd_store_events(j->store, id, after_seq, 1000, &ev, &n);
-        if (rc)
-            return rc;
-        for (size_t i = 0; i < n; i++) {
-            cJSON *o = jd_render_event(&ev[i]);
-            char *t = cJSON_PrintUnformatted(o);
-            fn(arg, ev[i].seq, jd_event_kind_name(ev[i].kind), t);
-            free(t);
-            cJSON_Delete(o);
-            after_seq = ev[i].seq;
-            count++;
-        }
-        jd_job_events_free(ev, n);
-        if (n < 1000)
-            break;
+    bool more = true;
+    for (size_t i = 0; i < n && more; i++) {
+        cJSON *o = jd_render_event(&ev[i]);
+        char *t = cJSON_PrintUnformatted(o);
+        more = fn(arg, ev[i].seq, jd_event_kind_name(ev[i].kind), t);
+        free(t);
+        cJSON_Delete(o);
+        count++;
     }
+    jd_job_events_free(ev, n);
     return count;
 }
 

@@ -230,8 +230,8 @@ int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsign
     return 0;
 }
 
-int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
-                        void (*fn)(void *, int64_t, const char *, const char *), void *arg)
+int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,
+                        bool (*fn)(void *, int64_t, const char *, const char *), void *arg)
 {
     pthread_mutex_lock(&fake.mu);
     if (!exists(id)) {
@@ -241,10 +241,11 @@ int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq,
     int64_t v = fake.version[id];
     pthread_mutex_unlock(&fake.mu);
     int n = 0;
-    for (int64_t s = after_seq + 1; s <= v; s++, n++) {
+    bool more = true;
+    for (int64_t s = after_seq + 1; s <= v && more && (unsigned)n < limit; s++, n++) {
         char ev[64];
         snprintf(ev, sizeof ev, "{\"seq\":%" PRId64 "}", s);
-        fn(arg, s, "state", ev);
+        more = fn(arg, s, "state", ev);
     }
     return n;
 }
