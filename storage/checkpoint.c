@@ -98,6 +98,7 @@ int jd_checkpointer_start(struct jd_store *s, struct jd_error *err)
     if (rc != 0)
         return jd_error_set(err, JD_EIO, NULL, "database %s: cannot start the checkpointer: %s",
                             s->path, strerror(rc));
+    pthread_setname_np(s->ckpt, "jd-checkpoint");
     s->ckpt_started = true;
     sqlite3_wal_hook(s->wdb, wal_hook, s);
     return 0;
