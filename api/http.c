@@ -521,6 +521,7 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
         rc = jd_error_set(err, JD_EIO, NULL, "cannot start the HTTP timer thread");
         goto fail;
     }
+    pthread_setname_np(h->timer, "jd-park-timer");
     h->timer_started = true;
     MHD_set_panic_func(mhd_panic, NULL);
     /* poll, not epoll: libmicrohttpd 0.9.75's epoll loop takes events in

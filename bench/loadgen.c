@@ -63,6 +63,7 @@ struct opts {
     double timeout_s;
     const char *label;
     const char *handler;
+    const char *timeline; /* file for the latency histogram over time, or NULL */
 };
 
 struct conn {
@@ -94,6 +95,7 @@ struct thread {
     size_t pending_cap, pending_head;
     /* results */
     uint32_t *lat_us;
+    uint32_t *done_ms; /* --timeline: each latency's completion time, ms from start */
     size_t nlat, cap_lat;
     long completed, failed, errors, submitted;
     bool out_of_jobs;
@@ -113,6 +115,7 @@ static struct opts opt = {
     .handler = "echo",
 };
 
+static int64_t start_ns;      /* written before the threads start */
 static atomic_long next_job;  /* relaxed: only hands out job numbers */
 static atomic_long done_jobs; /* relaxed: progress and the end condition */
 
@@ -142,9 +145,11 @@ static void record(struct thread *th, int64_t t_start, bool ok)
     if (th->nlat == th->cap_lat) {
         th->cap_lat = th->cap_lat ? th->cap_lat * 2 : 4096;
         th->lat_us = realloc(th->lat_us, th->cap_lat * sizeof *th->lat_us);
-        if (!th->lat_us)
+        th->done_ms = realloc(th->done_ms, th->cap_lat * sizeof *th->done_ms);
+        if (!th->lat_us || !th->done_ms)
             die("realloc");
     }
+    th->done_ms[th->nlat] = (uint32_t)((now_ns() - start_ns) / 1000000);
     th->lat_us[th->nlat++] = d < 0 ? 0 : (d > UINT32_MAX ? UINT32_MAX : (uint32_t)d);
     if (ok)
         th->completed++;
@@ -662,6 +667,12 @@ static int cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static double pct(const uint32_t *v, size_t n, double p)
 {
     if (n == 0)
@@ -670,30 +681,74 @@ static double pct(const uint32_t *v, size_t n, double p)
     return v[i] / 1000.0;
 }
 
+/* --timeline: one line per 100 ms slice of the run in which jobs completed:
+ * the slice's start (s), jobs completed in it, and their latency p50, p99
+ * and max (ms). A stall shows as a slice with few completions followed by
+ * one whose max is as long as the stall. */
+static void write_timeline(const struct thread *ths, size_t n)
+{
+    FILE *f = fopen(opt.timeline, "w");
+    if (!f)
+        die(opt.timeline);
+    uint64_t *v = malloc((n ? n : 1) * sizeof *v); /* slice << 32 | latency us */
+    if (!v)
+        die("malloc");
+    size_t k = 0;
+    for (int t = 0; t < opt.threads; t++)
+        for (size_t i = 0; i < ths[t].nlat; i++)
+            v[k++] = (uint64_t)(ths[t].done_ms[i] / 100) << 32 | ths[t].lat_us[i];
+    qsort(v, n, sizeof *v, cmp_u64);
+    uint32_t *lat = malloc((n ? n : 1) * sizeof *lat);
+    if (!lat)
+        die("malloc");
+    fprintf(f, "# t_s jobs p50_ms p99_ms max_ms\n");
+    for (size_t i = 0; i < n;) {
+        size_t j = i, m = 0;
+        while (j < n && v[j] >> 32 == v[i] >> 32)
+            lat[m++] = (uint32_t)v[j++];
+        fprintf(f, "%.1f %zu %.2f %.2f %.2f\n", (double)(v[i] >> 32) / 10, m, pct(lat, m, 0.50),
+                pct(lat, m, 0.99), pct(lat, m, 1.0));
+        i = j;
+    }
+    free(lat);
+    free(v);
+    fclose(f);
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: loadgen [--target jackdaw|beanstalkd] [--addr HOST:PORT] [--jobs N]\n"
                     "               [--conns C] [--threads T] [--workers W] [--rate JOBS_PER_S]\n"
                     "               [--timeout SECS] [--label NAME] [--handler NAME]\n"
+                    "               [--timeline FILE]\n"
                     "  jackdaw: C connections, each POST a job then long-poll it to the end\n"
                     "  beanstalkd: C producer connections (at most C jobs in flight) and W\n"
-                    "  worker connections (default C) doing reserve + delete\n");
+                    "  worker connections (default C) doing reserve + delete\n"
+                    "  --timeline: per 100 ms of the run, jobs completed and their latency\n"
+                    "  p50/p99/max, to find stalls\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"target", required_argument, 0, 't'},  {"addr", required_argument, 0, 'a'},
-        {"jobs", required_argument, 0, 'n'},    {"conns", required_argument, 0, 'c'},
-        {"threads", required_argument, 0, 'T'}, {"workers", required_argument, 0, 'w'},
-        {"rate", required_argument, 0, 'r'},    {"timeout", required_argument, 0, 'x'},
-        {"label", required_argument, 0, 'l'},   {"handler", required_argument, 0, 'H'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"target", required_argument, 0, 't'},
+        {"addr", required_argument, 0, 'a'},
+        {"jobs", required_argument, 0, 'n'},
+        {"conns", required_argument, 0, 'c'},
+        {"threads", required_argument, 0, 'T'},
+        {"workers", required_argument, 0, 'w'},
+        {"rate", required_argument, 0, 'r'},
+        {"timeout", required_argument, 0, 'x'},
+        {"label", required_argument, 0, 'l'},
+        {"handler", required_argument, 0, 'H'},
+        {"timeline", required_argument, 0, 'L'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     static char host[64];
     int ch;
-    while ((ch = getopt_long(argc, argv, "t:a:n:c:T:w:r:x:l:H:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "t:a:n:c:T:w:r:x:l:H:L:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 't':
             if (!strcmp(optarg, "jackdaw"))
@@ -736,6 +791,9 @@ int main(int argc, char **argv)
             break;
         case 'H':
             opt.handler = optarg;
+            break;
+        case 'L':
+            opt.timeline = optarg;
             break;
         default:
             usage();
@@ -780,6 +838,7 @@ int main(int argc, char **argv)
         }
     }
     int64_t t0 = now_ns();
+    start_ns = t0;
     for (int t = 0; t < opt.threads; t++)
         if (pthread_create(&ths[t].tid, NULL, thread_main, &ths[t]) != 0)
             die("pthread_create");
@@ -798,11 +857,14 @@ int main(int argc, char **argv)
     uint32_t *all = malloc((n ? n : 1) * sizeof *all);
     if (!all)
         die("malloc");
+    if (opt.timeline)
+        write_timeline(ths, n);
     size_t k = 0;
     for (int t = 0; t < opt.threads; t++) {
         memcpy(all + k, ths[t].lat_us, ths[t].nlat * sizeof *all);
         k += ths[t].nlat;
         free(ths[t].lat_us);
+        free(ths[t].done_ms);
         free(ths[t].conns);
         free(ths[t].pending_t);
     }

@@ -143,8 +143,12 @@ int jd_sched_create(const struct jd_sched_config *cfg, struct jd_sched **out)
         rc = JD_EIO;
         goto fail;
     }
-    if (pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0)
+    for (unsigned i = 0; i < nw; i++)
+        pthread_setname_np(s->workers[i].thread, "jd-worker");
+    if (pthread_create(&s->monitor, NULL, sched_monitor_main, s) == 0) {
+        pthread_setname_np(s->monitor, "jd-monitor");
         s->monitor_started = true;
+    }
     *out = s;
     return 0;
 fail:

@@ -165,6 +165,7 @@ int jd_timers_create(struct jd_timers **out)
         jd_timers_destroy(t);
         return JD_EIO;
     }
+    pthread_setname_np(t->thread, "jd-timer");
     t->started = true;
     *out = t;
     return 0;

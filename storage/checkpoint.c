@@ -16,6 +16,8 @@
  * what is left is short, and once nothing is left the next commit starts the
  * WAL file over from its beginning.
  *
+ * A checkpoint counts (jd_store_stats) only when it copied frames.
+ *
  * Threading: the hook runs on the writer thread; the checkpointer thread
  * owns cdb; ckpt_wanted/ckpt_stop are guarded by ckpt_mu.
  */
@@ -35,7 +37,8 @@ static int wal_hook(void *arg, sqlite3 *db, const char *schema, int frames)
     if (frames >= JD_CKPT_HARD_FRAMES) {
         int log = 0, done = 0;
         if (sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done) ==
-            SQLITE_OK)
+                SQLITE_OK &&
+            done > 0)
             atomic_fetch_add_explicit(&s->st_checkpoints, 1,
                                       memory_order_relaxed); /* a statistic */
         return SQLITE_OK;
@@ -63,9 +66,10 @@ static void *checkpointer_main(void *arg)
         pthread_mutex_unlock(&s->ckpt_mu);
         int log = 0, done = 0;
         int rc = sqlite3_wal_checkpoint_v2(s->cdb, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-        if (rc == SQLITE_OK) /* relaxed: a statistic */
-            atomic_fetch_add_explicit(&s->st_checkpoints, 1, memory_order_relaxed);
-        else if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED)
+        if (rc == SQLITE_OK) {
+            if (done > 0) /* relaxed: a statistic */
+                atomic_fetch_add_explicit(&s->st_checkpoints, 1, memory_order_relaxed);
+        } else if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED)
             jd_log(JD_LOG_WARN, "storage checkpoint failed", "db", s->path, "error",
                    sqlite3_errmsg(s->cdb), NULL);
         pthread_mutex_lock(&s->ckpt_mu);
@@ -79,6 +83,11 @@ static void *checkpointer_main(void *arg)
 int jd_checkpointer_start(struct jd_store *s, struct jd_error *err)
 {
     int rc = sqlite3_open_v2(s->path, &s->cdb, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL);
+    /* A connection learns that the file is in WAL mode only when it first
+     * reads it; until then sqlite3_wal_checkpoint_v2 on it returns SQLITE_OK
+     * having done nothing (log and done -1). */
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(s->cdb, "PRAGMA schema_version", NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(s->wdb, "PRAGMA wal_autocheckpoint = 0", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
@@ -89,6 +98,7 @@ int jd_checkpointer_start(struct jd_store *s, struct jd_error *err)
     if (rc != 0)
         return jd_error_set(err, JD_EIO, NULL, "database %s: cannot start the checkpointer: %s",
                             s->path, strerror(rc));
+    pthread_setname_np(s->ckpt, "jd-checkpoint");
     s->ckpt_started = true;
     sqlite3_wal_hook(s->wdb, wal_hook, s);
     return 0;

@@ -367,7 +367,7 @@ struct jd_store_stats {
     uint64_t batch_hist[8];      /* batch sizes: <=1,<=4,<=16,<=64,<=256,<=1024,<=4096,more */
     uint64_t commit_us_hist[10]; /* commit latency: <=100us,250,500,1ms,2.5,5,10,25,100ms,more */
     uint64_t commit_us_sum;
-    uint64_t checkpoints; /* WAL checkpoints completed (background or writer) */
+    uint64_t checkpoints; /* WAL checkpoints that copied frames (background or writer) */
 };
 void jd_store_stats(struct jd_store *s, struct jd_store_stats *out);
 

@@ -844,6 +844,7 @@ int jd_store_done_thread(struct jd_store *s)
         pthread_mutex_destroy(&s->dq_mu);
         return JD_EIO;
     }
+    pthread_setname_np(s->done_thr, "jd-done");
     /* release: the writer sees the initialised queue once it sees true. */
     atomic_store_explicit(&s->done_async, true, memory_order_release);
     return 0;
@@ -1111,6 +1112,7 @@ int jd_writer_start(struct jd_store *s, struct jd_error *err)
     if (rc != 0)
         return jd_error_set(err, JD_EIO, NULL, "database %s: cannot start the writer: %s", s->path,
                             strerror(rc));
+    pthread_setname_np(s->writer, "jd-writer");
     s->writer_started = true;
     return 0;
 }
