@@ -121,6 +121,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->series = jd_stats_create();
+    jobs_bulk_init(j);
     /* Commit callbacks (rendering answers, waking connections, starting and
      * freeing jobs) on the store's completion thread, off the serial writer.
      * On failure they stay on the writer, which is correct, only slower. */
@@ -178,6 +179,7 @@ fail:
     if (j->sched)
         jd_sched_destroy(j->sched);
     jd_stats_destroy(j->series);
+    jobs_bulk_fini(j);
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);
@@ -247,6 +249,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     if (!j)
         return;
     jd_jobs_drain(j, 0);
+    jobs_bulk_fini(j);
     jd_registry_destroy(j->reg);
     jd_sched_destroy(j->sched);
     jd_store_sync(j->store);
