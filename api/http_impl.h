@@ -215,6 +215,13 @@ enum MHD_Result route_job_batch(struct jd_req *r);
 enum MHD_Result route_job_cancel(struct jd_req *r);
 enum MHD_Result route_job_message(struct jd_req *r);
 enum MHD_Result route_job_retry(struct jd_req *r);
+/* routes_find.c (issue 19) */
+enum MHD_Result route_job_delete(struct jd_req *r);
+enum MHD_Result route_jobs_bulk(struct jd_req *r);
+enum MHD_Result route_operation_get(struct jd_req *r);
+/* The repeated ?label= arguments of the request, at most max (borrowed);
+ * their count, or max + 1 when there are more. */
+size_t http_query_labels(struct jd_req *r, const char **out, size_t max);
 
 /* routes_queues.c: */
 enum MHD_Result route_queues(struct jd_req *r);

@@ -43,6 +43,14 @@
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON)                                            \
     X(JD_ROUTE_JOB_RETRY,    JD_M_POST, "/v1/jobs/{id}/retry",       route_job_retry,              \
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_JOB_DELETE,   JD_M_DELETE, "/v1/jobs/{id}",           route_job_delete,             \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_JOBS_CANCEL,  JD_M_POST, "/v1/jobs/cancel",           route_jobs_bulk,              \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON)                                            \
+    X(JD_ROUTE_JOBS_RETRY,   JD_M_POST, "/v1/jobs/retry",            route_jobs_bulk,              \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON)                                            \
+    X(JD_ROUTE_OPERATION_GET, JD_M_GET, "/v1/operations/{id}",       route_operation_get,          \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_HANDLERS,     JD_M_GET,  "/v1/handlers",              route_handlers,               \
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_QUEUES,       JD_M_GET,  "/v1/queues",                route_queues,                 \

@@ -105,6 +105,12 @@ enum MHD_Result route_job_list(struct jd_req *r)
     q.queue = http_query(r, "queue");
     q.schedule = http_query(r, "schedule");
     q.cursor = http_query(r, "cursor");
+    q.handler = http_query(r, "handler");
+    q.created_after = http_query(r, "created_after");
+    q.created_before = http_query(r, "created_before");
+    q.n_labels = http_query_labels(r, q.labels, JD_JOBS_LABEL_FILTERS);
+    if (q.n_labels > JD_JOBS_LABEL_FILTERS)
+        return http_respond_problem(r, 400, "at most 8 label filters", NULL);
     const char *lim = http_query(r, "limit");
     if (lim != NULL) {
         int64_t v;

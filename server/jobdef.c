@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "storage/store.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -600,6 +601,10 @@ static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base
                                     MAX_NAME);
             if (!cJSON_IsString(l))
                 return jd_error_set(err, JD_EINVAL, lp, "label values must be strings");
+            /* Labels are indexed (GET /v1/jobs?label=): keep the index small. */
+            if (strlen(l->valuestring) > JD_LABEL_VALUE_MAX)
+                return jd_error_set(err, JD_EINVAL, lp, "label values are at most %d characters",
+                                    JD_LABEL_VALUE_MAX);
         }
         d->labels = c;
     }

@@ -225,6 +225,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
         free(j);
         return rc;
     }
+    jobs_bulk_init(j);
     /* Commit callbacks (rendering answers, waking connections, starting and
      * freeing jobs) on the store's completion thread, off the serial writer.
      * On failure they stay on the writer, which is correct, only slower. */
@@ -286,6 +287,7 @@ fail:
     command_limits_free(j);
     queues_free(j);
     jd_stats_destroy(j->series);
+    jobs_bulk_fini(j);
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);
@@ -355,6 +357,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     if (!j)
         return;
     jd_jobs_drain(j, 0);
+    jobs_bulk_fini(j);
     jd_registry_destroy(j->reg);
     jd_sched_destroy(j->sched);
     jd_store_sync(j->store);

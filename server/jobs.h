@@ -174,12 +174,19 @@ int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_
 
 int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *version, bool *terminal);
 
+#define JD_JOBS_LABEL_FILTERS 8 /* as JD_FIND_MAX_LABELS: each is an index probe per row */
+
 struct jd_jobs_list_query {
     const char *state;    /* or NULL; unknown state: JD_EINVAL */
     const char *queue;    /* or NULL */
     const char *schedule; /* only jobs this schedule made; or NULL */
     unsigned limit;       /* 0: 50; max 1000 */
     const char *cursor;   /* opaque, from a previous page's next_cursor; or NULL */
+    /* Finding (issue 19); every one optional and combined with the above. */
+    const char *handler;                       /* the job's top-level "handler" */
+    const char *labels[JD_JOBS_LABEL_FILTERS]; /* "key:value" each; all must match */
+    size_t n_labels;
+    const char *created_after, *created_before; /* RFC 3339: created >= after, < before */
 };
 /* {"jobs":[...],"next_cursor":"..."|null} */
 int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, char **json,
@@ -250,6 +257,39 @@ int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
 /* Re-queue a failed or cancelled job as a new attempt (history kept):
  * JD_ENOENT, JD_ECONFLICT (not failed/cancelled). */
 int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg);
+/* Delete a finished job and its history (DELETE /v1/jobs/{id}): JD_ENOENT;
+ * JD_ECONFLICT while it is not finished (checked at once and again in the
+ * commit, so a retry racing the delete wins or loses whole). done after the
+ * commit (json NULL). */
+int jd_jobs_delete(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg);
+
+/* ---- bulk actions (POST /v1/jobs/cancel, /v1/jobs/retry) ---- */
+
+enum jd_bulk_kind { JD_BULK_CANCEL = 0, JD_BULK_RETRY = 1 };
+#define JD_BULK_OPS_KEEP 64 /* operations remembered; the oldest finished one goes first */
+#define JD_BULK_CHUNK 500   /* jobs acted on between waits for their commits */
+
+/*
+ * Start a bulk action on the jobs that exist now and match the filter in
+ * body (the GET /v1/jobs filters as JSON members: state, queue, schedule,
+ * handler, label (a "key:value" string or an array of them),
+ * created_after, created_before; at least one). Validation failures return
+ * at once (JD_EPARSE, JD_EINVAL with a pointer). When nothing matches:
+ * 0, *started false and *json the finished result. Otherwise 0, *started
+ * true and *json the new operation ({"id":..,"state":"running",...}),
+ * which a background thread carries out in chunks of JD_BULK_CHUNK jobs
+ * (each job's action its own commit, as one-by-one requests would be; the
+ * layer's lock is taken per job, never across a chunk). JD_EFULL when
+ * JD_BULK_OPS_KEEP operations are still running. Jobs created after the
+ * start are never touched. *json freed with free().
+ */
+int jd_jobs_bulk_start(struct jd_jobs *j, enum jd_bulk_kind kind, const char *body, size_t len,
+                       char **json, bool *started, struct jd_error *err);
+/* {"id":..,"kind":"cancel","state":"running"|"succeeded"|"interrupted",
+ *  "matched":n,"applied":n,"skipped":n,"failed":n,"created_at":..,
+ *  "finished_at":..|null}. JD_ENOENT for an unknown (or forgotten) id. */
+int jd_jobs_operation_json(struct jd_jobs *j, const char *id, char **json);
+
 /* Pause/resume a queue (running jobs go on; queued ones wait). */
 int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_action_done_fn done,
                         void *arg);

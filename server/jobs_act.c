@@ -173,6 +173,10 @@ int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *a
         pthread_mutex_unlock(&j->mu);
         return JD_ECONFLICT;
     }
+    if (jobs_deleting_locked(j, id)) { /* DELETE /v1/jobs/{id} is committing */
+        pthread_mutex_unlock(&j->mu);
+        return JD_ENOENT;
+    }
     struct jd_job row = {0};
     int rc = jd_store_job_get(j->store, id, &row);
     if (rc) {

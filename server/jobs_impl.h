@@ -246,6 +246,7 @@ struct jd_jobs {
     struct jd_stats *series;      /* throughput per second (own lock, taken under mu) */
     struct cmd_limit *cmd_limits; /* --command-limit, fixed after create */
     struct job *ukeys[NBUCKETS];  /* jobs holding a unique key, by key hash */
+    struct jobs_bulk *bulk;       /* bulk actions (jobs_find.c; own lock, never under mu) */
 };
 
 struct idem {
@@ -381,6 +382,17 @@ void jobs_crashes_reset(struct jd_jobs *j, struct job *jb);
 void jobs_watches_collect(struct jd_jobs *j, int64_t job_id, int64_t version, bool terminal,
                           struct fire **list);
 void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc);
+
+/* jobs_find.c: filters (GET /v1/jobs, bulk actions) and the bulk thread. */
+#define JOBS_LABEL_BUF (64 + 1 + JD_LABEL_VALUE_MAX + 1)
+/* q -> f (strings borrowed from q and lab, which holds the split labels).
+ * JD_EINVAL with err (and a pointer as in a bulk body) for a bad filter. */
+int jobs_filter_parse(const struct jd_jobs_list_query *q, struct jd_job_find *f,
+                      char lab[][JOBS_LABEL_BUF], struct jd_error *err);
+void jobs_bulk_init(struct jd_jobs *j);
+void jobs_bulk_fini(struct jd_jobs *j); /* after drain: joins the thread */
+/* Under mu: a delete of job id is being committed (a retry must wait). */
+bool jobs_deleting_locked(struct jd_jobs *j, int64_t id);
 
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */

@@ -47,45 +47,7 @@ int jd_jobs_parse_id(const char *s, int64_t *id)
     return 0;
 }
 
-int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, char **json,
-                      struct jd_error *err)
-{
-    jd_error_clear(err);
-    struct jd_job_filter f = {
-        .state = -1, .queue = q->queue, .schedule = q->schedule, .limit = q->limit ? q->limit : 50};
-    if (q->schedule && q->queue)
-        return jd_error_set(err, JD_EINVAL, NULL, "give schedule or queue, not both");
-    if (f.limit > 1000)
-        f.limit = 1000;
-    if (q->state && (f.state = jd_job_state_parse(q->state)) < 0)
-        return jd_error_set(err, JD_EINVAL, NULL,
-                            "unknown state \"%s\" (queued, running, waiting, succeeded, failed, "
-                            "cancelled)",
-                            q->state);
-    if (q->cursor && q->cursor[0] && jd_jobs_parse_id(q->cursor, &f.before_id) != 0)
-        return jd_error_set(err, JD_EINVAL, NULL, "bad cursor");
-    struct jd_job *rows = NULL;
-    size_t n = 0;
-    int64_t next = 0;
-    int rc = jd_store_job_list(j->store, &f, &rows, &n, &next);
-    if (rc)
-        return jd_error_set(err, rc, NULL, "listing jobs failed: %s", jd_strerror(rc));
-    cJSON *o = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(o, "jobs");
-    for (size_t i = 0; i < n; i++)
-        cJSON_AddItemToArray(arr, jd_render_job(&rows[i]));
-    if (next > 0) {
-        char c[24];
-        snprintf(c, sizeof c, "%" PRId64, next);
-        cJSON_AddStringToObject(o, "next_cursor", c);
-    } else {
-        cJSON_AddNullToObject(o, "next_cursor");
-    }
-    *json = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    jd_jobs_free(rows, n);
-    return 0;
-}
+/* jd_jobs_list_json: in jobs_find.c, with the filters it shares with the bulk actions. */
 
 /* A job's events after after_seq, at most limit (0: 1000; max 10000);
  * JD_ENOENT if there is no such job. Caller frees with jd_job_events_free. */

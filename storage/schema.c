@@ -171,6 +171,50 @@ static const char *const migrations[] = {
     "  expires_ms INTEGER NOT NULL DEFAULT 0"
     ") STRICT, WITHOUT ROWID;"
     "CREATE INDEX unique_keys_job ON unique_keys(job_id);",
+    /* 7 (finding jobs, issue 19): labels, handler and creation time indexed.
+     *
+     * job_labels holds one row per label of a job, keyed (key, value, job_id)
+     * so "jobs with this label, newest first" is one index range. Rows are
+     * written and deleted by triggers on job_definitions, from the labels of
+     * the definition itself (JSON functions), so the label rows and the job
+     * are one commit by construction and retention or delete removes both;
+     * the WHEN clauses keep jobs without labels from paying for a JSON
+     * parse. jobs.handler is the top-level "handler" of a single-call job
+     * (NULL for workflows and process jobs, so the partial index costs them
+     * nothing). Existing jobs are backfilled here. */
+    "CREATE TABLE job_labels ("
+    "  key TEXT NOT NULL,"
+    "  value TEXT NOT NULL,"
+    "  job_id INTEGER NOT NULL,"
+    "  PRIMARY KEY (key, value, job_id)"
+    ") STRICT, WITHOUT ROWID;"
+    "ALTER TABLE jobs ADD COLUMN handler TEXT;"
+    "CREATE INDEX jobs_handler ON jobs(handler) WHERE handler IS NOT NULL;"
+    "CREATE INDEX jobs_created ON jobs(created_ms);"
+    "CREATE TRIGGER job_labels_insert AFTER INSERT ON job_definitions"
+    "  WHEN instr(new.definition, '\"labels\":') > 0 BEGIN"
+    "  INSERT OR IGNORE INTO job_labels(key, value, job_id)"
+    "    SELECT key, value, new.job_id FROM json_each(new.definition, '$.labels')"
+    "    WHERE type = 'text';"
+    "END;"
+    "CREATE TRIGGER job_handler_insert AFTER INSERT ON job_definitions"
+    "  WHEN instr(new.definition, '\"handler\":') > 0 BEGIN"
+    "  UPDATE jobs SET handler = json_extract(new.definition, '$.handler')"
+    "    WHERE id = new.job_id AND json_type(new.definition, '$.handler') = 'text';"
+    "END;"
+    "CREATE TRIGGER job_labels_delete BEFORE DELETE ON job_definitions"
+    "  WHEN instr(old.definition, '\"labels\":') > 0 BEGIN"
+    "  DELETE FROM job_labels WHERE (key, value, job_id) IN"
+    "    (SELECT key, value, old.job_id FROM json_each(old.definition, '$.labels')"
+    "     WHERE type = 'text');"
+    "END;"
+    "INSERT OR IGNORE INTO job_labels(key, value, job_id)"
+    "  SELECT l.key, l.value, d.job_id FROM job_definitions d, json_each(d.definition, '$.labels') "
+    "l"
+    "  WHERE instr(d.definition, '\"labels\":') > 0 AND l.type = 'text';"
+    "UPDATE jobs SET handler = (SELECT json_extract(d.definition, '$.handler')"
+    "  FROM job_definitions d WHERE d.job_id = jobs.id AND json_type(d.definition, '$.handler')"
+    "  = 'text');",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -624,6 +624,46 @@ static void rconn_put(struct jd_store *s, struct jd_rconn *c)
     pthread_mutex_unlock(&s->pool_mu);
 }
 
+/* For storage/find.c (store_impl.h). */
+int jd_rconn_get(struct jd_store *s, struct jd_rconn **out)
+{
+    return rconn_get(s, out);
+}
+
+void jd_rconn_put(struct jd_store *s, struct jd_rconn *c)
+{
+    rconn_put(s, c);
+}
+
+sqlite3 *jd_rconn_db(struct jd_rconn *c)
+{
+    return c->db;
+}
+
+static void row_to_job(sqlite3_stmt *st, struct jd_job *j);
+static int step_rc(int rc);
+
+int jd_rconn_job_get(struct jd_rconn *c, int64_t id, struct jd_job *out)
+{
+    memset(out, 0, sizeof *out);
+    sqlite3_stmt *st = c->st[RS_JOB_GET];
+    sqlite3_bind_int64(st, 1, id);
+    int src = sqlite3_step(st);
+    if (src == SQLITE_ROW)
+        row_to_job(st, out);
+    int rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
+    sqlite3_reset(st);
+    return rc;
+}
+
+int jd_rconn_tx(struct jd_rconn *c, bool begin)
+{
+    sqlite3_stmt *st = c->st[begin ? RS_BEGIN : RS_COMMIT];
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE ? 0 : JD_EIO;
+}
+
 static char *col_text(sqlite3_stmt *st, int i)
 {
     const unsigned char *t = sqlite3_column_text(st, i);

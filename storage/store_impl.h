@@ -55,6 +55,8 @@ enum {
     JD_WS_UNIQUE_HOLDER,
     JD_WS_UNIQUE_RELEASE,
     JD_WS_RET_DEL_UNIQUE,
+    JD_WS_JOB_DELETE, /* issue 19: DELETE /v1/jobs/{id} */
+    JD_WS_JOB_STATE,
     JD_WS_N
 };
 
@@ -144,6 +146,28 @@ void jd_writer_stop(struct jd_store *s);
 int jd_checkpointer_start(struct jd_store *s, struct jd_error *err);
 /* checkpoint.c: stop the thread and close its connection (idempotent). */
 void jd_checkpointer_stop(struct jd_store *s);
+
+/* store.c, for find.c: a pooled read connection (get, then put back). */
+int jd_rconn_get(struct jd_store *s, struct jd_rconn **out);
+void jd_rconn_put(struct jd_store *s, struct jd_rconn *c);
+sqlite3 *jd_rconn_db(struct jd_rconn *c);
+/* One job by id on c: 0, JD_ENOENT, or an error. out freed with jd_job_clear. */
+int jd_rconn_job_get(struct jd_rconn *c, int64_t id, struct jd_job *out);
+/* BEGIN (true) or COMMIT (false) a read transaction on c: one snapshot. */
+int jd_rconn_tx(struct jd_rconn *c, bool begin);
+
+/* find.c: the SQL of one jd_store_job_find page and its parameters, in
+ * order (tests run EXPLAIN QUERY PLAN on every shape). */
+#define JD_FIND_MAX_BINDS (2 * JD_FIND_MAX_LABELS + 16)
+struct jd_find_sql {
+    char *sql; /* caller frees */
+    int n;
+    struct {
+        const char *text; /* borrowed; NULL: an integer */
+        int64_t i;
+    } b[JD_FIND_MAX_BINDS];
+};
+int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out);
 
 /* Map a SQLite result code to a JD_E* code. */
 int jd_store_sqlite_rc(int rc);

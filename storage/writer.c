@@ -139,6 +139,9 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_RET_DEL_UNIQUE] = "DELETE FROM unique_keys WHERE job_id = ?1",
     [JD_WS_RET_SELECT_QS] = "SELECT id, idempotency_key FROM jobs WHERE queue = ?1 AND state = ?2"
                             " AND state >= 3 AND finished_ms < ?3 LIMIT ?4",
+    /* Only a terminal job: a retry racing the delete wins or loses whole. */
+    [JD_WS_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1 AND state >= 3 RETURNING idempotency_key",
+    [JD_WS_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -586,6 +589,56 @@ static int apply_crashes(struct jd_store *s, struct jd_write *w)
     return sqlite3_changes(s->wdb) > 0 ? 0 : JD_ENOENT;
 }
 
+/* Delete a terminal job as retention does (its labels go with its
+ * definition, by trigger); the id stays used (max_deleted_id). */
+static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcache *vc)
+{
+    if (w->job_id <= 0)
+        return JD_EINVAL;
+    sqlite3_stmt *st = s->wst[JD_WS_JOB_DELETE];
+    sqlite3_bind_int64(st, 1, w->job_id);
+    int rc = sqlite3_step(st);
+    char *key = NULL;
+    if (rc == SQLITE_ROW && sqlite3_column_text(st, 0))
+        key = jd_xstrdup((const char *)sqlite3_column_text(st, 0));
+    bool deleted = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW)
+        rc = sqlite3_step(st); /* finish the statement, so the delete is done */
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+        free(key);
+        return record_error(sqlite3_extended_errcode(s->wdb));
+    }
+    if (!deleted) {
+        st = s->wst[JD_WS_JOB_STATE];
+        sqlite3_bind_int64(st, 1, w->job_id);
+        rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return rc == SQLITE_ROW ? JD_ECONFLICT : rc == SQLITE_DONE ? JD_ENOENT : JD_EIO;
+    }
+    if (vc) /* a change earlier in this batch must not write the row back */
+        vc_slot(vc, w->job_id)->dirty = false;
+    static const int dels[] = {JD_WS_RET_DEL_EVENTS, JD_WS_RET_DEL_DEF, JD_WS_RET_MAX_ID};
+    for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
+        st = s->wst[dels[i]];
+        sqlite3_bind_int64(st, 1, w->job_id);
+        if (run(st) != SQLITE_DONE) {
+            free(key);
+            return record_error(sqlite3_extended_errcode(s->wdb));
+        }
+    }
+    if (key) {
+        st = s->wst[JD_WS_RET_DEL_IDEM];
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 2, w->job_id);
+        rc = run(st);
+        free(key);
+        if (rc != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+    }
+    return 0;
+}
+
 /* vc: the batch's version cache, or NULL on the savepoint path. */
 static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
@@ -600,6 +653,8 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
         return apply_queue(s, w);
     case JD_W_JOB_CRASHES:
         return apply_crashes(s, w);
+    case JD_W_JOB_DELETE:
+        return apply_job_delete(s, w, vc);
     case JD_W_SCHEDULE_PUT:
     case JD_W_SCHEDULE_CHANGE:
     case JD_W_SCHEDULE_DELETE:

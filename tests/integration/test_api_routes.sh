@@ -202,7 +202,7 @@ req POST /v1/jobs -d '{"handler":"echo"}'
 check "curl -d without a Content-Type: 415 saying which header to add" \
     eval 'is_problem 415 && body_has "Content-Type: application/json"'
 
-req DELETE "/v1/jobs/$TASK"
+req DELETE "/v1/jobs/$TASK/events"
 check "wrong method: 405 with Allow" eval 'is_problem 405 && header_has "Allow: GET, HEAD"'
 req PUT /v1/jobs/batch
 check "wrong method on batch: 405 Allow POST" eval 'is_problem 405 && header_has "Allow: POST"'
@@ -237,9 +237,13 @@ nroutes=$(wc -l <"$WORK/routes")
 bad=""
 req PUT /v1/schedules/specsched -H 'Content-Type: application/json' \
     --data-binary '{"cron":"@yearly","job":{"handler":"echo"}}'
+# a bulk operation to look at (retrying succeeded jobs skips them all)
+req POST /v1/jobs/retry -H 'Content-Type: application/json' --data-binary '{"state":"succeeded"}'
+OPID=$(sed -n 's/.*"id":"\([0-9]*\)".*/\1/p' <<<"$BODY")
 while read -r m p; do
     case $p in
     /v1/schedules/*) p=${p//\{id\}/specsched} ;;
+    /v1/operations/*) p=${p//\{id\}/$OPID} ;;
     *) p=${p//\{id\}/$TASK} ;;
     esac
     p=${p//\{queue\}/specq}

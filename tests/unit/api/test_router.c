@@ -82,7 +82,7 @@ static void test_unknown_paths_404(void **state)
 static void test_wrong_method_405_with_allow(void **state)
 {
     struct jd_route_match m;
-    assert_int_equal(jd_router_match("DELETE", "/v1/jobs/1", &m), JD_ECONFLICT);
+    assert_int_equal(jd_router_match("DELETE", "/v1/jobs/1/events", &m), JD_ECONFLICT);
     assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD");
     assert_int_equal(jd_router_match("GET", "/v1/jobs/1/cancel", &m), JD_ECONFLICT);
     assert_string_equal(jd_router_allow_text(m.allow), "POST");
@@ -158,9 +158,9 @@ static void test_put_and_delete(void **state)
     assert_string_equal(jd_router_allow_text(m.allow), "POST");
     assert_int_equal(jd_router_match_in(feature_rows, NFEATURE, "PATCH", "/v1/things/a1", &m),
                      JD_ECONFLICT);
-    /* the server's table has no PUT or DELETE route yet: 405, as before */
+    /* a job has GET and (for a finished one) DELETE, no PUT */
     assert_int_equal(jd_router_match("PUT", "/v1/jobs/1", &m), JD_ECONFLICT);
-    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD");
+    assert_string_equal(jd_router_allow_text(m.allow), "GET, HEAD, DELETE");
     assert_string_equal(jd_router_allow_text(JD_M_GET | JD_M_HEAD | JD_M_POST | JD_M_DELETE),
                         "GET, HEAD, POST, DELETE");
     assert_string_equal(jd_router_allow_text(JD_M_PUT | JD_M_DELETE), "PUT, DELETE");

@@ -99,7 +99,8 @@ static const char *const schema_v1 =
     "INSERT INTO jobs(id, queue, state, created_ms, updated_ms, version) VALUES"
     " (10, 'a', 0, 1, 1, 1), (11, 'a', 1, 1, 1, 3), (12, 'b', 3, 1, 1, 2),"
     " (13, 'a', 0, 1, 1, 1);"
-    "INSERT INTO job_definitions VALUES (10, '{}'), (11, '{}'), (12, '{}'), (13, '{}');"
+    "INSERT INTO job_definitions VALUES (10, '{}'), (11, '{}'),"
+    " (12, '{\"handler\":\"exec\",\"labels\":{\"team\":\"billing\"}}'), (13, '{}');"
     "INSERT INTO events(job_id, seq, time_ms, kind, tag, data) VALUES"
     " (10, 1, 1, 0, 0, '{\"state\":\"queued\"}'),"
     " (11, 1, 1, 0, 0, '{\"state\":\"queued\"}'), (11, 2, 1, 0, 0, '{\"state\":\"running\"}'),"
@@ -149,6 +150,15 @@ static void test_old_version_file_is_migrated_with_its_data(void **state)
     assert_int_equal(jd_store_job_list(s, &f, &jobs, &n, &cursor), 0);
     assert_int_equal(n, 3);
     assert_int_equal(jobs[0].id, 13);
+    jd_jobs_free(jobs, n);
+    /* labels and handlers of old jobs were backfilled (schema 4) */
+    struct jd_job_find ff = {.state = -1, .limit = 10, .handler = "exec", .n_labels = 1};
+    ff.label_key[0] = "team";
+    ff.label_value[0] = "billing";
+    struct jd_job_find_cursor next;
+    assert_int_equal(jd_store_job_find(s, &ff, true, &jobs, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(jobs[0].id, 12);
     jd_jobs_free(jobs, n);
     int active = 0;
     assert_int_equal(jd_store_recover(s, count_active, &active), 0);

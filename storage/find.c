@@ -1,0 +1,308 @@
+/*
+ * Finding jobs by a combination of filters (jd_store_job_find).
+ *
+ * One filter drives the read: its index yields candidate jobs in the
+ * listing's order, starting after the cursor, and at most JD_FIND_SCAN of
+ * them per page. Every other filter becomes one boolean column computed per
+ * candidate ("m"), through the jobs row (found by primary key) or the
+ * job_labels primary key, so no filter ever scans a table and a page costs
+ * at most JD_FIND_SCAN index steps plus that many row probes. The caller
+ * keeps the matching ids and reads those jobs in the same read transaction.
+ *
+ * Order: newest first by id, except when a creation-time bound drives the
+ * read; then by (created_ms, id) descending, which is what jobs_created
+ * yields without a sort (ids and creation times agree almost always; the
+ * cursor carries both so paging is exact either way).
+ *
+ * Threading: any thread (a pooled read connection per call).
+ */
+#include "storage/store_impl.h"
+
+#include "common/alloc.h"
+#include "common/error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum driver { DRV_LABEL, DRV_SCHEDULE, DRV_QUEUE, DRV_HANDLER, DRV_CREATED, DRV_STATE, DRV_ALL };
+
+static enum driver pick_driver(const struct jd_job_find *f)
+{
+    if (f->n_labels > 0)
+        return DRV_LABEL;
+    if (f->schedule)
+        return DRV_SCHEDULE;
+    if (f->queue)
+        return DRV_QUEUE;
+    if (f->handler)
+        return DRV_HANDLER;
+    if (f->created_after_ms > 0 || f->created_before_ms > 0)
+        return DRV_CREATED;
+    if (f->state >= 0)
+        return DRV_STATE;
+    return DRV_ALL;
+}
+
+bool jd_store_find_by_created(const struct jd_job_find *f)
+{
+    return pick_driver(f) == DRV_CREATED;
+}
+
+struct sqlbuf {
+    char s[4096]; /* the longest shape (8 labels, every filter) is under 2 KB */
+    size_t len;
+};
+
+static void put(struct sqlbuf *b, const char *t)
+{
+    size_t n = strlen(t);
+    if (b->len + n >= sizeof b->s)
+        abort(); /* a programming error: the shapes are bounded (JD_FIND_MAX_LABELS) */
+    memcpy(b->s + b->len, t, n + 1);
+    b->len += n;
+}
+
+static void bind_text(struct jd_find_sql *q, const char *t)
+{
+    q->b[q->n].text = t;
+    q->b[q->n].i = 0;
+    q->n++;
+}
+
+static void bind_int(struct jd_find_sql *q, int64_t i)
+{
+    q->b[q->n].text = NULL;
+    q->b[q->n].i = i;
+    q->n++;
+}
+
+static bool valid(const struct jd_job_find *f)
+{
+    if (f->limit < 1 || f->limit > 1000 || f->state < -1 || f->state >= JD_JOB_NSTATES ||
+        f->n_labels > JD_FIND_MAX_LABELS || f->after_id < 0 || f->max_id < 0 ||
+        f->created_after_ms < 0 || f->created_before_ms < 0)
+        return false;
+    for (size_t i = 0; i < f->n_labels; i++)
+        if (!f->label_key[i] || !f->label_value[i])
+            return false;
+    return true;
+}
+
+int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!valid(f))
+        return JD_EINVAL;
+    enum driver d = pick_driver(f);
+    /* The residual filters first: their parameters come first in the text. */
+    struct sqlbuf m = {.len = 0};
+    put(&m, "1");
+    if (f->state >= 0 && d != DRV_STATE && !(d == DRV_QUEUE)) {
+        put(&m, " AND j.state = ?");
+        bind_int(out, f->state);
+    }
+    if (f->queue && d != DRV_QUEUE) {
+        put(&m, " AND j.queue = ?");
+        bind_text(out, f->queue);
+    }
+    if (f->schedule && d != DRV_SCHEDULE) {
+        put(&m, " AND j.schedule_id = ?");
+        bind_text(out, f->schedule);
+    }
+    if (f->handler && d != DRV_HANDLER) {
+        put(&m, " AND j.handler = ?");
+        bind_text(out, f->handler);
+    }
+    if (d != DRV_CREATED) {
+        if (f->created_after_ms > 0) {
+            put(&m, " AND j.created_ms >= ?");
+            bind_int(out, f->created_after_ms);
+        }
+        if (f->created_before_ms > 0) {
+            put(&m, " AND j.created_ms < ?");
+            bind_int(out, f->created_before_ms);
+        }
+    } else if (f->max_id > 0) {
+        put(&m, " AND j.id <= ?");
+        bind_int(out, f->max_id);
+    }
+    for (size_t i = d == DRV_LABEL ? 1 : 0; i < f->n_labels; i++) {
+        put(&m, " AND EXISTS (SELECT 1 FROM job_labels x WHERE x.key = ? AND x.value = ?"
+                " AND x.job_id = j.id)");
+        bind_text(out, f->label_key[i]);
+        bind_text(out, f->label_value[i]);
+    }
+
+    struct sqlbuf q = {.len = 0};
+    put(&q, "SELECT j.id, j.created_ms, j.state, j.queue, ");
+    put(&q, m.s);
+    int64_t before = f->after_id > 0 ? f->after_id : INT64_MAX;
+    /* The driver: an index range in the listing's order. */
+    switch (d) {
+    case DRV_LABEL:
+        put(&q, " FROM job_labels l CROSS JOIN jobs j ON j.id = l.job_id"
+                " WHERE l.key = ? AND l.value = ? AND l.job_id < ?");
+        bind_text(out, f->label_key[0]);
+        bind_text(out, f->label_value[0]);
+        bind_int(out, before);
+        if (f->max_id > 0) {
+            put(&q, " AND l.job_id <= ?");
+            bind_int(out, f->max_id);
+        }
+        put(&q, " ORDER BY l.job_id DESC");
+        break;
+    case DRV_SCHEDULE:
+        put(&q, " FROM jobs j INDEXED BY jobs_schedule WHERE j.schedule_id = ? AND j.id < ?");
+        bind_text(out, f->schedule);
+        bind_int(out, before);
+        break;
+    case DRV_QUEUE:
+        if (f->state >= 0) {
+            put(&q, " FROM jobs j INDEXED BY jobs_queue_state"
+                    " WHERE j.queue = ? AND j.state = ? AND j.id < ?");
+            bind_text(out, f->queue);
+            bind_int(out, f->state);
+        } else {
+            put(&q, " FROM jobs j INDEXED BY jobs_queue WHERE j.queue = ? AND j.id < ?");
+            bind_text(out, f->queue);
+        }
+        bind_int(out, before);
+        break;
+    case DRV_HANDLER:
+        put(&q, " FROM jobs j INDEXED BY jobs_handler WHERE j.handler = ? AND j.id < ?");
+        bind_text(out, f->handler);
+        bind_int(out, before);
+        break;
+    case DRV_CREATED: {
+        put(&q,
+            " FROM jobs j INDEXED BY jobs_created WHERE j.created_ms >= ? AND j.created_ms < ?");
+        bind_int(out, f->created_after_ms);
+        int64_t hi = f->created_before_ms > 0 ? f->created_before_ms : INT64_MAX;
+        bind_int(out, hi);
+        if (f->after_id > 0) {
+            put(&q, " AND (j.created_ms, j.id) < (?, ?)");
+            bind_int(out, f->after_created_ms);
+            bind_int(out, f->after_id);
+        }
+        put(&q, " ORDER BY j.created_ms DESC, j.id DESC");
+        break;
+    }
+    case DRV_STATE:
+        put(&q, " FROM jobs j INDEXED BY jobs_state WHERE j.state = ? AND j.id < ?");
+        bind_int(out, f->state);
+        bind_int(out, before);
+        break;
+    case DRV_ALL:
+        put(&q, " FROM jobs j WHERE j.id < ?");
+        bind_int(out, before);
+        break;
+    }
+    if (d != DRV_LABEL && d != DRV_CREATED) {
+        if (f->max_id > 0) {
+            put(&q, " AND j.id <= ?");
+            bind_int(out, f->max_id);
+        }
+        put(&q, " ORDER BY j.id DESC");
+    }
+    put(&q, " LIMIT ?");
+    bind_int(out, JD_FIND_SCAN);
+    out->sql = jd_xstrdup(q.s);
+    return 0;
+}
+
+int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_only,
+                      struct jd_job **rows, size_t *n, struct jd_job_find_cursor *next)
+{
+    *rows = NULL;
+    *n = 0;
+    *next = (struct jd_job_find_cursor){0};
+    struct jd_find_sql q;
+    int rc = jd_find_sql_build(f, &q);
+    if (rc)
+        return rc;
+    struct jd_rconn *c = NULL;
+    sqlite3_stmt *st = NULL;
+    struct jd_job *out = jd_xcalloc(f->limit + 1, sizeof *out);
+    size_t k = 0;
+    bool in_tx = false;
+    if ((rc = jd_rconn_get(s, &c)) != 0)
+        goto done;
+    sqlite3 *db = jd_rconn_db(c);
+    if ((rc = jd_rconn_tx(c, true)) != 0)
+        goto done;
+    in_tx = true;
+    if (sqlite3_prepare_v2(db, q.sql, -1, &st, NULL) != SQLITE_OK) {
+        rc = JD_EIO;
+        goto done;
+    }
+    for (int i = 0; i < q.n; i++) {
+        if (q.b[i].text)
+            sqlite3_bind_text(st, i + 1, q.b[i].text, -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_int64(st, i + 1, q.b[i].i);
+    }
+    /* Keep up to limit + 1 matches: the extra one says a next page exists. */
+    struct jd_job_find_cursor last = {0};
+    size_t scanned = 0;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        scanned++;
+        last.id = sqlite3_column_int64(st, 0);
+        last.created_ms = sqlite3_column_int64(st, 1);
+        if (!sqlite3_column_int(st, 4))
+            continue;
+        out[k].id = last.id;
+        out[k].created_ms = last.created_ms;
+        out[k].state = (enum jd_job_state)sqlite3_column_int(st, 2);
+        const unsigned char *qn = sqlite3_column_text(st, 3);
+        out[k].queue = jd_xstrdup(qn ? (const char *)qn : "");
+        if (++k > f->limit)
+            break;
+    }
+    if (src != SQLITE_ROW && src != SQLITE_DONE) {
+        rc = jd_store_sqlite_rc(src) ? jd_store_sqlite_rc(src) : JD_EIO;
+        goto done;
+    }
+    if (k > f->limit) {
+        jd_job_clear(&out[--k]);
+        *next = (struct jd_job_find_cursor){out[k - 1].id, out[k - 1].created_ms};
+    } else if (scanned >= JD_FIND_SCAN) {
+        *next = last; /* the budget ran out: go on from where it stopped */
+    }
+    if (!ids_only) {
+        /* Read the whole rows in the same snapshot; a row the snapshot lacks
+         * cannot happen (same transaction), but is skipped if it does. */
+        size_t w = 0;
+        for (size_t i = 0; i < k; i++) {
+            struct jd_job row;
+            int grc = jd_rconn_job_get(c, out[i].id, &row);
+            jd_job_clear(&out[i]);
+            if (grc == 0)
+                out[w++] = row;
+            else if (grc != JD_ENOENT) {
+                rc = grc;
+                for (size_t x = i + 1; x < k; x++)
+                    jd_job_clear(&out[x]);
+                k = w;
+                goto done;
+            }
+        }
+        k = w;
+    }
+done:
+    sqlite3_finalize(st);
+    if (in_tx)
+        jd_rconn_tx(c, false);
+    if (c)
+        jd_rconn_put(s, c);
+    free(q.sql);
+    if (rc) {
+        jd_jobs_free(out, k);
+        *next = (struct jd_job_find_cursor){0};
+        return rc;
+    }
+    *rows = out;
+    *n = k;
+    return 0;
+}
