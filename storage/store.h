@@ -199,7 +199,7 @@ struct jd_write {
     const char *output, *error; /* JSON text or NULL */
     int64_t run_at_ms, started_ms, finished_ms;
     uint32_t attempts;
-    uint32_t crashes; /* JD_W_JOB_CRASHES */
+    uint32_t crashes;    /* JD_W_JOB_CRASHES */
     bool release_unique; /* JD_W_JOB_CHANGE: delete the job's unique key in the same commit */
     /* the event (JD_W_JOB_CHANGE; for an insert the store writes
      * {"state":"queued"} itself) */
