@@ -243,4 +243,14 @@ check "and so does the earlier default-queue job" gone "$default_ok"
 req GET "/v1/jobs/$keep_ok"
 check "its succeeded job (kept a day) stays" status_is 200
 
+# ---- a bad --command-limit stops the start with a clear message ----
+stop_server
+for spec in "http=0" "http=5,http=6" "=3" "http=5x" "http=99999999999"; do
+    timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" --plugin-dir "$BUILD/plugins" \
+        --command-limit "$spec" >/dev/null 2>"$WORK/bad.log"
+    rc=$?
+    check "--command-limit $spec: refused at start (exit $rc)" \
+        eval '[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q -- "--command-limit" "$WORK/bad.log"'
+done
+
 finish
