@@ -173,6 +173,24 @@ check "never more than 2 sleep calls at once" eval '[ "$(calls_overlap)" = 2 ]'
 req GET /metrics
 check "no call left waiting" body_has 'jackdaw_command_waiting{command="sleep"} 0'
 
+# A job cancelled while its call waits ends without the call ever running.
+batch 3 '{"handler":"sleep","args":{"ms":2500},"queue":"cmdc"}'
+sleep 0.5
+waiting_id=
+req GET "/v1/jobs?queue=cmdc&limit=10"
+for id in $(python3 -c 'import json,sys; print(" ".join(j["id"] for j in json.loads(sys.argv[1])["jobs"]))' "$BODY"); do
+    req GET "/v1/jobs/$id/events"
+    body_has '"kind":"dispatch"' || waiting_id=$id
+done
+check "with 2 places one of 3 sleep calls waits" eval '[ -n "$waiting_id" ]'
+req POST "/v1/jobs/$waiting_id/cancel"
+wait_job "$waiting_id" 10s
+check "cancelling it ends the job cancelled" body_has '"state":"cancelled"'
+req GET "/v1/jobs/$waiting_id/events"
+check "its call was never dispatched" eval '! body_has "\"kind\":\"dispatch\""'
+req GET /metrics
+check "and it left the line" body_has 'jackdaw_command_waiting{command="sleep"} 0'
+
 # ---- rate ----
 put_queue rl '{"rate":{"limit":2,"per":"2s"}}'
 check "PUT rate: 200 with it" eval 'status_is 200 && body_has "\"rate\":{\"limit\":2,\"per\":\"2s\"}"'
