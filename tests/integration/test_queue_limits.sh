@@ -173,6 +173,24 @@ check "never more than 2 sleep calls at once" eval '[ "$(calls_overlap)" = 2 ]'
 req GET /metrics
 check "no call left waiting" body_has 'jackdaw_command_waiting{command="sleep"} 0'
 
+# A job cancelled while its call waits ends without the call ever running.
+batch 3 '{"handler":"sleep","args":{"ms":2500},"queue":"cmdc"}'
+sleep 0.5
+waiting_id=
+req GET "/v1/jobs?queue=cmdc&limit=10"
+for id in $(python3 -c 'import json,sys; print(" ".join(j["id"] for j in json.loads(sys.argv[1])["jobs"]))' "$BODY"); do
+    req GET "/v1/jobs/$id/events"
+    body_has '"kind":"dispatch"' || waiting_id=$id
+done
+check "with 2 places one of 3 sleep calls waits" eval '[ -n "$waiting_id" ]'
+req POST "/v1/jobs/$waiting_id/cancel"
+wait_job "$waiting_id" 10s
+check "cancelling it ends the job cancelled" body_has '"state":"cancelled"'
+req GET "/v1/jobs/$waiting_id/events"
+check "its call was never dispatched" eval '! body_has "\"kind\":\"dispatch\""'
+req GET /metrics
+check "and it left the line" body_has 'jackdaw_command_waiting{command="sleep"} 0'
+
 # ---- rate ----
 put_queue rl '{"rate":{"limit":2,"per":"2s"}}'
 check "PUT rate: 200 with it" eval 'status_is 200 && body_has "\"rate\":{\"limit\":2,\"per\":\"2s\"}"'
@@ -242,5 +260,15 @@ check "with --retention 1s the queue's failed job goes" gone "$keep_failed"
 check "and so does the earlier default-queue job" gone "$default_ok"
 req GET "/v1/jobs/$keep_ok"
 check "its succeeded job (kept a day) stays" status_is 200
+
+# ---- a bad --command-limit stops the start with a clear message ----
+stop_server
+for spec in "http=0" "http=5,http=6" "=3" "http=5x" "http=99999999999"; do
+    timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" --plugin-dir "$BUILD/plugins" \
+        --command-limit "$spec" >/dev/null 2>"$WORK/bad.log"
+    rc=$?
+    check "--command-limit $spec: refused at start (exit $rc)" \
+        eval '[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q -- "--command-limit" "$WORK/bad.log"'
+done
 
 finish

@@ -158,6 +158,19 @@ static const struct bad bads[] = {
      "/input", "n must be >= 0"},
     {"{\"process\":\"t.counter\",\"method\":\"count_to\",\"args\":{}}", JD_EINVAL, "/args",
      "use \"input\""},
+    /* unique */
+    {"{\"handler\":\"t.echo\",\"unique\":[]}", JD_EINVAL, "/unique", "must be an object"},
+    {"{\"handler\":\"t.echo\",\"unique\":{}}", JD_EINVAL, "/unique/key", "missing key"},
+    {"{\"handler\":\"t.echo\",\"unique\":{\"key\":\"\"}}", JD_EINVAL, "/unique/key",
+     "1 to 256 bytes"},
+    {"{\"handler\":\"t.echo\",\"unique\":{\"key\":\"k\",\"while\":\"done\"}}", JD_EINVAL,
+     "/unique/while", "\"active\" or \"queued\""},
+    {"{\"handler\":\"t.echo\",\"unique\":{\"key\":\"k\",\"for_ms\":0}}", JD_EINVAL,
+     "/unique/for_ms", "between 1 and"},
+    {"{\"handler\":\"t.echo\",\"unique\":{\"key\":\"k\",\"on_conflict\":1}}", JD_EINVAL,
+     "/unique/on_conflict", "must be"},
+    {"{\"handler\":\"t.echo\",\"unique\":{\"key\":\"k\",\"key\":\"j\"}}", JD_EINVAL, "/unique/key",
+     "duplicate member"},
     /* syntax and limits */
     {"{\"handler\":", JD_EPARSE, "", "malformed JSON"},
     {"{\"handler\":\"t.echo\"} x", JD_EPARSE, "", "unexpected data after the JSON value"},
@@ -268,6 +281,21 @@ static void test_good_task(void **state)
     jd_jobdef_free(d);
     d = good("{\"handler\":\"t.echo\",\"delay_ms\":250}");
     assert_int_equal(d->delay_ms, 250);
+    assert_false(d->has_unique);
+    jd_jobdef_free(d);
+
+    d = good("{\"handler\":\"t.echo\",\"unique\":{\"key\":\"user-42\"}}");
+    assert_true(d->has_unique);
+    assert_string_equal(d->unique_key, "user-42");
+    assert_false(d->unique_while_queued);
+    assert_int_equal(d->unique_for_ms, 0);
+    assert_int_equal(d->unique_on, JD_UNIQUE_RETURN_EXISTING);
+    jd_jobdef_free(d);
+    d = good("{\"handler\":\"t.echo\",\"unique\":{\"key\":\"k\",\"while\":\"queued\","
+             "\"for_ms\":5000,\"on_conflict\":\"replace\"}}");
+    assert_true(d->unique_while_queued);
+    assert_int_equal(d->unique_for_ms, 5000);
+    assert_int_equal(d->unique_on, JD_UNIQUE_REPLACE);
     jd_jobdef_free(d);
 }
 
