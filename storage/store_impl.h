@@ -48,6 +48,7 @@ enum {
     JD_WS_SCHED_DELETE,
     JD_WS_SCHED_DEL_EVENTS,
     JD_WS_JOB_CRASHES,
+    JD_WS_COUNT_ADD,
     JD_WS_N
 };
 
