@@ -57,6 +57,7 @@ enum {
     JD_WS_RET_DEL_UNIQUE,
     JD_WS_JOB_DELETE, /* issue 19: DELETE /v1/jobs/{id} */
     JD_WS_JOB_STATE,
+    JD_WS_COUNT_ADD,
     JD_WS_N
 };
 

@@ -70,7 +70,7 @@ static const char *const writer_sql[JD_WS_N] = {
      * fields use update_stmt(), one statement per JD_SET_* combination, so
      * an append never rewrites the state indexes or fires the count trigger. */
     [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = ?3, updated_ms = ?2 WHERE id = ?1",
-    [JD_WS_VERSION_GET] = "SELECT version FROM jobs WHERE id = ?1",
+    [JD_WS_VERSION_GET] = "SELECT version, state, queue FROM jobs WHERE id = ?1",
     [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                            " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     [JD_WS_QUEUE_UPSERT] = "INSERT INTO queues(name, paused) VALUES (?1, ?2)"
@@ -142,6 +142,10 @@ static const char *const writer_sql[JD_WS_N] = {
     /* Only a terminal job: a retry racing the delete wins or loses whole. */
     [JD_WS_JOB_DELETE] = "DELETE FROM jobs WHERE id = ?1 AND state >= 3 RETURNING idempotency_key",
     [JD_WS_JOB_STATE] = "SELECT state FROM jobs WHERE id = ?1",
+    /* queue_counts: the writer adds what a transaction changed, once per
+     * (queue, state) (see struct qcounts) */
+    [JD_WS_COUNT_ADD] = "INSERT INTO queue_counts(queue, state, n) VALUES (?1, ?2, ?3)"
+                        " ON CONFLICT(queue, state) DO UPDATE SET n = n + excluded.n",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -209,12 +213,15 @@ static int append_event(struct jd_store *s, int64_t job_id, int64_t seq, int64_t
 struct vslot {
     int64_t job_id; /* 0: empty */
     int64_t version;
-    bool dirty; /* the jobs row still has an older version/updated_ms */
+    const char *queue; /* the job's queue, owned by the batch's qcounts */
+    int state;         /* the job's state as this transaction left it */
+    bool dirty;        /* the jobs row still has an older version/updated_ms */
 };
 
 struct vcache {
     struct vslot *t;
-    size_t cap; /* a power of two, at least twice the batch */
+    size_t cap;         /* a power of two, at least twice the batch */
+    struct qcounts *qc; /* the writer's queue counts (both paths) */
 };
 
 static void vc_reset(struct vcache *c, size_t n)
@@ -236,6 +243,98 @@ static struct vslot *vc_slot(struct vcache *c, int64_t job_id)
     while (c->t[i].job_id != 0 && c->t[i].job_id != job_id)
         i = (i + 1) & (c->cap - 1);
     return &c->t[i];
+}
+
+/* Jobs per queue and state (queue_counts), kept here rather than by row
+ * triggers: a trigger ran two statements per state change and one per
+ * insert, about 12 us a job; this adds each (queue, state) pair's net change
+ * once per transaction. Open addressing on the queue name; the names are
+ * copies owned here, so a vslot may point at one for the whole batch. On
+ * the savepoint path the changes are written (qc_flush) before each
+ * RELEASE, or dropped (qc_clear) with a ROLLBACK TO. Deletes (retention)
+ * are still counted by the jobs_count_delete trigger. Any other statement
+ * that inserts jobs or changes jobs.state must count through here too. */
+struct qcount {
+    char *queue; /* NULL: empty */
+    uint64_t hash;
+    int64_t d[JD_JOB_NSTATES];
+};
+
+struct qcounts {
+    struct qcount *t;
+    size_t cap, n; /* cap: a power of two, n < cap / 2 */
+};
+
+static uint64_t qc_hash(const char *q)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *q; q++)
+        h = (h ^ (unsigned char)*q) * 1099511628211ull;
+    return h;
+}
+
+static struct qcount *qc_find(struct qcounts *c, const char *queue, uint64_t h)
+{
+    size_t i = (size_t)h & (c->cap - 1);
+    while (c->t[i].queue && (c->t[i].hash != h || strcmp(c->t[i].queue, queue) != 0))
+        i = (i + 1) & (c->cap - 1);
+    return &c->t[i];
+}
+
+/* The entry for queue, made if new. */
+static struct qcount *qc_entry(struct qcounts *c, const char *queue)
+{
+    if (2 * (c->n + 1) > c->cap) {
+        struct qcounts g = {.cap = c->cap ? c->cap * 2 : 16};
+        g.t = jd_xcalloc(g.cap, sizeof *g.t);
+        for (size_t i = 0; i < c->cap; i++)
+            if (c->t[i].queue)
+                *qc_find(&g, c->t[i].queue, c->t[i].hash) = c->t[i];
+        g.n = c->n;
+        free(c->t);
+        *c = g;
+    }
+    uint64_t h = qc_hash(queue);
+    struct qcount *e = qc_find(c, queue, h);
+    if (!e->queue) {
+        e->queue = jd_xstrdup(queue);
+        e->hash = h;
+        c->n++;
+    }
+    return e;
+}
+
+/* Forget every change (the transaction, or a savepoint, rolled back). */
+static void qc_clear(struct qcounts *c)
+{
+    if (c->n == 0)
+        return;
+    for (size_t i = 0; i < c->cap; i++) {
+        free(c->t[i].queue);
+        c->t[i] = (struct qcount){0};
+    }
+    c->n = 0;
+}
+
+/* Write the net changes into queue_counts and clear; SQLite rc. */
+static int qc_flush(struct jd_store *s, struct qcounts *c)
+{
+    sqlite3_stmt *st = s->wst[JD_WS_COUNT_ADD];
+    int rc = SQLITE_DONE;
+    for (size_t i = 0; i < c->cap && rc == SQLITE_DONE; i++) {
+        if (!c->t[i].queue)
+            continue;
+        for (int k = 0; k < JD_JOB_NSTATES && rc == SQLITE_DONE; k++) {
+            if (c->t[i].d[k] == 0)
+                continue;
+            sqlite3_bind_text(st, 1, c->t[i].queue, -1, SQLITE_STATIC);
+            sqlite3_bind_int(st, 2, k);
+            sqlite3_bind_int64(st, 3, c->t[i].d[k]);
+            rc = run(st);
+        }
+    }
+    qc_clear(c);
+    return rc;
 }
 
 /* Write the deferred version/updated_ms of every dirty job; SQLite rc. */
@@ -278,7 +377,8 @@ static int take_unique(struct jd_store *s, struct jd_write *w, int64_t id, int64
     return rc == SQLITE_ROW ? JD_ECONFLICT : JD_EIO;
 }
 
-static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
+static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc,
+                        struct qcounts *qc)
 {
     const struct jd_job *j = w->job;
     if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
@@ -338,8 +438,11 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
     int rc = append_event(s, id, 1, now, JD_EVK_STATE, 0, data);
     if (rc == 0) {
         w->version = 1;
+        struct qcount *q = qc_entry(qc, j->queue);
+        q->d[j->state]++;
         if (vc)
-            *vc_slot(vc, id) = (struct vslot){.job_id = id, .version = 1};
+            *vc_slot(vc, id) = (struct vslot){
+                .job_id = id, .version = 1, .queue = q->queue, .state = (int)j->state};
     }
     return rc;
 }
@@ -375,7 +478,8 @@ static sqlite3_stmt *update_stmt(struct jd_store *s, unsigned set)
     return s->upd[set];
 }
 
-static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
+static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc,
+                        struct qcounts *qc)
 {
     unsigned set = w->set;
     if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL || set >= JD_UPDATE_MASKS ||
@@ -389,19 +493,31 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
      * missing job is found before any write. */
     struct vslot *slot = vc ? vc_slot(vc, w->job_id) : NULL;
     int64_t version;
+    const char *queue = NULL;
+    int old_state = 0;
     int rc;
     if (slot && slot->job_id == w->job_id) {
         version = slot->version + 1;
+        queue = slot->queue;
+        old_state = slot->state;
     } else {
         sqlite3_stmt *vs = s->wst[JD_WS_VERSION_GET];
         sqlite3_bind_int64(vs, 1, w->job_id);
         rc = sqlite3_step(vs);
-        version = rc == SQLITE_ROW ? sqlite3_column_int64(vs, 0) + 1 : 0;
+        version = 0;
+        if (rc == SQLITE_ROW) {
+            version = sqlite3_column_int64(vs, 0) + 1;
+            old_state = sqlite3_column_int(vs, 1);
+            const unsigned char *q = sqlite3_column_text(vs, 2);
+            queue = qc_entry(qc, q ? (const char *)q : "")->queue;
+        }
         sqlite3_reset(vs);
         if (rc != SQLITE_ROW && rc != SQLITE_DONE)
             return record_error(sqlite3_extended_errcode(s->wdb));
         if (version == 0)
             return JD_ENOENT;
+        if (old_state < 0 || old_state >= JD_JOB_NSTATES)
+            return JD_EIO; /* the CHECK constraint makes this a corrupt row */
     }
     if (w->release_unique) {
         sqlite3_stmt *us = s->wst[JD_WS_UNIQUE_RELEASE];
@@ -421,7 +537,11 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
         rc = append_event(s, w->job_id, version, now, w->kind, w->tag, data);
         if (rc == 0) {
             w->version = version;
-            *slot = (struct vslot){.job_id = w->job_id, .version = version, .dirty = true};
+            *slot = (struct vslot){.job_id = w->job_id,
+                                   .version = version,
+                                   .queue = queue,
+                                   .state = old_state,
+                                   .dirty = true};
         }
         return rc;
     }
@@ -447,8 +567,15 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
     rc = append_event(s, w->job_id, version, now, w->kind, w->tag, data);
     if (rc == 0) {
         w->version = version;
+        int new_state = (set & JD_SET_STATE) ? (int)w->state : old_state;
+        if (new_state != old_state) {
+            struct qcount *q = qc_entry(qc, queue);
+            q->d[old_state]--;
+            q->d[new_state]++;
+        }
         if (slot)
-            *slot = (struct vslot){.job_id = w->job_id, .version = version};
+            *slot = (struct vslot){
+                .job_id = w->job_id, .version = version, .queue = queue, .state = new_state};
     }
     return rc;
 }
@@ -591,10 +718,15 @@ static int apply_crashes(struct jd_store *s, struct jd_write *w)
 
 /* Delete a terminal job as retention does (its labels go with its
  * definition, by trigger); the id stays used (max_deleted_id). */
-static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcache *vc)
+static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcache *vc,
+                            struct qcounts *qc)
 {
     if (w->job_id <= 0)
         return JD_EINVAL;
+    /* The delete trigger counts the delete: what this transaction counted
+     * so far (the job's own insert, say) must be in queue_counts first. */
+    if (qc_flush(s, qc) != SQLITE_DONE)
+        return record_error(sqlite3_extended_errcode(s->wdb));
     sqlite3_stmt *st = s->wst[JD_WS_JOB_DELETE];
     sqlite3_bind_int64(st, 1, w->job_id);
     int rc = sqlite3_step(st);
@@ -639,22 +771,24 @@ static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcach
     return 0;
 }
 
-/* vc: the batch's version cache, or NULL on the savepoint path. */
-static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
+/* vc: the batch's version cache, or NULL on the savepoint path; qc: the
+ * queue counts this transaction (or savepoint) changed. */
+static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc,
+                 struct qcounts *qc)
 {
     w->version = 0;
     switch (w->op) {
     case JD_W_JOB_INSERT:
-        return apply_insert(s, w, now, vc);
+        return apply_insert(s, w, now, vc, qc);
     case JD_W_JOB_CHANGE:
-        return apply_change(s, w, now, vc);
+        return apply_change(s, w, now, vc, qc);
     case JD_W_QUEUE:
     case JD_W_QUEUE_CONFIG:
         return apply_queue(s, w);
     case JD_W_JOB_CRASHES:
         return apply_crashes(s, w);
     case JD_W_JOB_DELETE:
-        return apply_job_delete(s, w, vc);
+        return apply_job_delete(s, w, vc, qc);
     case JD_W_SCHEDULE_PUT:
     case JD_W_SCHEDULE_CHANGE:
     case JD_W_SCHEDULE_DELETE:
@@ -721,15 +855,17 @@ static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, i
                             size_t n, int64_t now, struct vcache *vc)
 {
     vc_reset(vc, n);
+    qc_clear(vc->qc);
     for (size_t i = 0; i < n; i++)
         ids[i] = b[i]->job_id;
     for (size_t i = 0; i < n; i++) {
         rcs[i] = 0;
         if (b[i]->op == JD_W_SYNC_)
             continue;
-        int rc = apply(s, b[i], now, vc);
+        int rc = apply(s, b[i], now, vc, vc->qc);
         if (rc == 0)
             continue;
+        qc_clear(vc->qc);
         if (rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL && rc != JD_ECONFLICT)
             return -1;
         if (run(s->wst[JD_WS_ROLLBACK]) != SQLITE_DONE)
@@ -740,14 +876,16 @@ static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, i
         }
         return 1;
     }
-    return vc_flush(s, vc, now) == SQLITE_DONE ? 0 : -1;
+    if (vc_flush(s, vc, now) != SQLITE_DONE)
+        return -1;
+    return qc_flush(s, vc->qc) == SQLITE_DONE ? 0 : -1;
 }
 
 /* The slow path, after a record failed: every record, or group, in its own
  * SAVEPOINT so that it fails alone. 0, or -1 on a failure that is not a
  * record's fault. */
 static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
-                            int64_t now)
+                            int64_t now, struct qcounts *qc)
 {
     for (size_t i = 0; i < n;) {
         size_t g = b[i]->group_ ? b[i]->group_ : 1;
@@ -760,8 +898,12 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
             return -1;
         }
         int rc = 0;
+        qc_clear(qc);
         for (size_t k = 0; k < g && rc == 0; k++)
-            rc = apply(s, b[i + k], now, NULL);
+            rc = apply(s, b[i + k], now, NULL, qc);
+        if (rc == 0 && qc_flush(s, qc) != SQLITE_DONE)
+            rc = JD_EIO;
+        qc_clear(qc);
         if (rc != 0 && rc != JD_EEXIST && rc != JD_ENOENT && rc != JD_EINVAL &&
             rc != JD_ECONFLICT) {
             log_failure(s, "write");
@@ -808,7 +950,7 @@ static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int6
             log_failure(s, "begin");
             goto done;
         }
-        if (apply_savepoints(s, b, rcs, n, now) != 0)
+        if (apply_savepoints(s, b, rcs, n, now, vc->qc) != 0)
             goto done;
     }
     for (size_t i = 0; i < n; i++)
@@ -1091,7 +1233,8 @@ static void *writer_main(void *arg)
     struct jd_write **b = NULL;
     int *rcs = NULL;
     int64_t *ids = NULL;
-    struct vcache vc = {0};
+    struct qcounts qc = {0};
+    struct vcache vc = {.qc = &qc};
 
     for (;;) {
         /* acquire: see the records' contents written before their push. */
@@ -1142,6 +1285,8 @@ static void *writer_main(void *arg)
     free(rcs);
     free(ids);
     free(vc.t);
+    qc_clear(&qc);
+    free(qc.t);
     return NULL;
 }
 

@@ -70,6 +70,17 @@ cpu_ticks() {
     sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $12 + $13}' || echo 0
 }
 
+# thread_cpu_json PID: {"name": microseconds, ...}, the CPU each of the
+# process's named threads used so far, summed by name (Jackdaw names its
+# threads: jd-writer, jd-done, MHD-worker, ...), for the per-layer split.
+thread_cpu_json() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        printf '%s %s\n' "$(tr ' ' _ <"$t/comm")" "$(sed 's/.*) //' "$t/stat" | awk '{print $12 + $13}')"
+    done 2>/dev/null | awk -v hz="$CLK_TCK" 'NF == 2 {a[$1] += $2}
+        END {s = ""; for (k in a) s = s sprintf("%s\"%s\":%d", s == "" ? "" : ",", k, a[k] * 1000000 / hz); print "{" s "}"}'
+}
+
 wait_port() { # port: wait until something accepts on it
     for _ in $(seq 1 200); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
@@ -125,7 +136,7 @@ start_bullmq() {
 
 # run_one SYSTEM DURABILITY CONC RATE: one measured run; appends a JSON line.
 run_one() {
-    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss cpu0 cpu1
+    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss cpu0 cpu1 threads
     echo "[$dur c=$conc rate=$rate] $sys" >&2
     dir=$(mktemp -d "$WORK/$sys.XXXX")
     "start_$sys" "$dur" "$dir" || {
@@ -142,6 +153,7 @@ run_one() {
     esac
     cpu1=$(cpu_ticks "$SERVER_PID")
     rss=$(peak_rss_kb "$SERVER_PID")
+    threads=$(thread_cpu_json "$SERVER_PID")
     stop_server
     if [ -z "$line" ]; then
         echo "bench-e2e: $sys $dur c=$conc produced no result; server log:" >&2
@@ -150,7 +162,7 @@ run_one() {
     fi
     # Server CPU for the whole run (the server process only: for BullMQ that
     # is redis-server, its node workers are the client's).
-    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"server_rss_kb\":$rss,\"server_cpu_us\":$(((cpu1 - cpu0) * 1000000 / CLK_TCK)),${line#\{}"
+    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"server_rss_kb\":$rss,\"server_cpu_us\":$(((cpu1 - cpu0) * 1000000 / CLK_TCK)),\"server_threads_cpu_us\":$threads,${line#\{}"
     echo "$line" >>"$RESULTS"
     echo "  $line" >&2
     rm -rf "$dir"

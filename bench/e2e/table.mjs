@@ -89,6 +89,25 @@ for (const dur of durs) {
     }
   }
 }
+// Jackdaw's CPU per job split by thread name (its layers), closed loop.
+const threadRows = closed.filter((r) => r.system === 'jackdaw' && r.server_threads_cpu_us);
+if (threadRows.length) {
+  const names = [...new Set(threadRows.flatMap((r) => Object.keys(r.server_threads_cpu_us)))].sort();
+  out.push('');
+  out.push('Jackdaw server CPU µs/job by thread (medians over reps):');
+  out.push('');
+  out.push(`| durability | in flight | ${names.join(' | ')} |`);
+  out.push(`|---|---|${names.map(() => '---').join('|')}|`);
+  for (const dur of durs) {
+    const g = groupBy(threadRows.filter((r) => r.durability === dur), (r) => r.conns);
+    for (const [conc, rs] of [...g].sort((a, b) => a[0] - b[0])) {
+      const cells = names.map((n) =>
+        median(rs.map((r) => (r.completed ? (r.server_threads_cpu_us[n] || 0) / r.completed : 0))).toFixed(1),
+      );
+      out.push(`| ${dur} | ${conc} | ${cells.join(' | ')} |`);
+    }
+  }
+}
 out.push('');
 out.push('Open loop at half of each system\'s own peak (latency from the due time):');
 out.push('');

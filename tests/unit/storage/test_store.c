@@ -678,6 +678,92 @@ static void test_list_is_newest_first_with_keyset_pages_and_filters(void **state
     assert_int_equal(jd_store_job_list(f->s, &flt, &rows, &n, &cursor), JD_EINVAL);
 }
 
+/* queue_counts is kept by the writer, per transaction: a job inserted and
+ * moved twice in one batch (and some then deleted in it), jobs in several queues, history appends,
+ * and a batch redone with savepoints (one record fails alone) all leave the counts equal to the
+ * jobs' states. */
+static void counts_expect(struct jd_store *s, const int64_t want[3][JD_JOB_NSTATES])
+{
+    struct jd_queue_counts *rows;
+    size_t n;
+    assert_int_equal(jd_store_queue_counts(s, &rows, &n), 0);
+    for (int q = 0; q < 3; q++) {
+        char name[8];
+        snprintf(name, sizeof name, "cq%d", q);
+        const struct jd_queue_counts *row = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(rows[i].queue, name) == 0)
+                row = &rows[i];
+        assert_non_null(row);
+        for (int k = 0; k < JD_JOB_NSTATES; k++)
+            assert_int_equal(row->counts[k], want[q][k]);
+    }
+    jd_queue_counts_free(rows, n);
+}
+
+static void test_queue_counts_follow_every_path_of_a_batch(void **state)
+{
+    struct fx *f = *state;
+    enum { N = 30 };
+    static struct jd_job jobs[N];
+    static struct jd_write ins[N], run[N], app[N], fin[N], del[N];
+    static const char *const queues[3] = {"cq0", "cq1", "cq2"};
+    int64_t want[3][JD_JOB_NSTATES] = {{0}};
+    struct tres r;
+
+    for (int round = 0; round < 2; round++) {
+        struct gate g;
+        struct jd_write gw;
+        gate_hold(f->s, &g, &gw);
+        for (int i = 0; i < N; i++) {
+            int q = i % 3;
+            jobs[i] = make_job(jd_store_next_id(f->s), queues[q], NULL);
+            ins[i] = (struct jd_write){.op = JD_W_JOB_INSERT, .job = &jobs[i]};
+            assert_int_equal(jd_store_submit(f->s, &ins[i]), 0);
+            enum jd_job_state end = JD_JOB_QUEUED;
+            if (i % 2 == 0) { /* inserted, started and ended in one batch */
+                run[i] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                           .job_id = jobs[i].id,
+                                           .set = JD_SET_STATE,
+                                           .state = JD_JOB_RUNNING,
+                                           .kind = JD_EVK_STATE};
+                app[i] = (struct jd_write){
+                    .op = JD_W_JOB_CHANGE, .job_id = jobs[i].id, .kind = JD_EVK_DISPATCH};
+                fin[i] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                           .job_id = jobs[i].id,
+                                           .set = JD_SET_STATE,
+                                           .state = i % 4 ? JD_JOB_FAILED : JD_JOB_SUCCEEDED,
+                                           .kind = JD_EVK_STATE};
+                assert_int_equal(jd_store_submit(f->s, &run[i]), 0);
+                assert_int_equal(jd_store_submit(f->s, &app[i]), 0);
+                assert_int_equal(jd_store_submit(f->s, &fin[i]), 0);
+                end = fin[i].state;
+                if (i % 6 == 0) { /* and deleted in the same batch (DELETE /v1/jobs/{id}) */
+                    del[i] = (struct jd_write){.op = JD_W_JOB_DELETE, .job_id = jobs[i].id};
+                    assert_int_equal(jd_store_submit(f->s, &del[i]), 0);
+                    continue;
+                }
+            }
+            want[q][end]++;
+        }
+        struct jd_write missing = {.op = JD_W_JOB_CHANGE,
+                                   .job_id = 987654321,
+                                   .set = JD_SET_STATE,
+                                   .state = JD_JOB_RUNNING,
+                                   .kind = JD_EVK_STATE};
+        if (round == 1) /* fails alone: the batch is redone with savepoints */
+            assert_int_equal(jd_store_submit(f->s, &missing), 0);
+        gate_release(&g);
+        assert_int_equal(jd_store_sync(f->s), 0);
+        counts_expect(f->s, (const int64_t(*)[JD_JOB_NSTATES])want);
+    }
+    /* a job changed in a later transaction: the writer reads its state */
+    assert_int_equal(change_state_wait(f->s, jobs[1].id, JD_JOB_RUNNING, &r), 0);
+    want[1][JD_JOB_QUEUED]--;
+    want[1][JD_JOB_RUNNING]++;
+    counts_expect(f->s, (const int64_t(*)[JD_JOB_NSTATES])want);
+}
+
 static void test_queue_counts_include_paused_and_empty_queues(void **state)
 {
     struct fx *f = *state;
@@ -814,7 +900,7 @@ static void test_ids_survive_reopen_and_are_never_reused(void **state)
     f->s = NULL;
     assert_int_equal(fx_open(f, false, 0), 0);
     assert_true(jd_store_next_id(f->s) > last);
-    assert_int_equal(jd_store_schema_version(), 7);
+    assert_int_equal(jd_store_schema_version(), 8);
 }
 
 static void test_stats_count_commits_records_and_latency(void **state)
@@ -1009,6 +1095,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_list_is_newest_first_with_keyset_pages_and_filters,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_counts_follow_every_path_of_a_batch, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_queue_counts_include_paused_and_empty_queues, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_recover_returns_non_terminal_jobs_with_their_history,
