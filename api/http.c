@@ -151,6 +151,22 @@ enum MHD_Result http_respond_error(struct jd_req *r, int rc, const struct jd_err
     return http_respond_problem(r, status, detail, err ? err->pointer : NULL);
 }
 
+/* A PUT's answer after its commit: 201 + Location <collection>/<param>
+ * when it created the thing (cb_existing carries "created"), else 200. */
+enum MHD_Result http_respond_put(struct jd_req *r, const char *json, const char *collection)
+{
+    pthread_mutex_lock(&r->mu);
+    bool created = r->cb_existing;
+    pthread_mutex_unlock(&r->mu);
+    if (!created)
+        return http_respond_json(r, 200, json ? json : "{}", NULL, NULL);
+    char *loc = jd_xasprintf("%s/%s", collection, r->m.param);
+    enum MHD_Result ret =
+        http_respond_json(r, 201, json ? json : "{}", MHD_HTTP_HEADER_LOCATION, loc);
+    free(loc);
+    return ret;
+}
+
 /* The answer of a read: 200 with json (takes ownership), or rc's problem. */
 enum MHD_Result http_respond_json_rc(struct jd_req *r, int rc, char *json)
 {

@@ -144,6 +144,7 @@ enum MHD_Result http_respond_problem(struct jd_req *r, int status, const char *d
                                      const char *pointer);
 enum MHD_Result http_respond_error(struct jd_req *r, int rc, const struct jd_error *err);
 enum MHD_Result http_respond_json_rc(struct jd_req *r, int rc, char *json);
+enum MHD_Result http_respond_put(struct jd_req *r, const char *json, const char *collection);
 enum MHD_Result http_respond_bad_job_id(struct jd_req *r);
 const char *http_query(struct jd_req *r, const char *key);
 const char *http_header(struct jd_req *r, const char *key);
@@ -193,6 +194,15 @@ enum MHD_Result route_job_retry(struct jd_req *r);
 /* routes_queues.c: */
 enum MHD_Result route_queues(struct jd_req *r);
 enum MHD_Result route_queue_pause(struct jd_req *r);
+
+/* routes_tasks.c: */
+enum MHD_Result route_command_list(struct jd_req *r);
+enum MHD_Result route_command_put(struct jd_req *r);
+enum MHD_Result route_command_get(struct jd_req *r);
+enum MHD_Result route_command_delete(struct jd_req *r);
+enum MHD_Result route_task_claim(struct jd_req *r);
+enum MHD_Result route_task_complete(struct jd_req *r);
+enum MHD_Result route_task_fail(struct jd_req *r);
 
 /* routes_schedules.c: */
 enum MHD_Result route_schedule_list(struct jd_req *r);

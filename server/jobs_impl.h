@@ -12,6 +12,7 @@
  *   jobs_act.c     cancel, message, retry, queue pause/resume
  *   jobs_watch.c   watches (change notification)
  *   jobs_read.c    JSON reads and counters
+ *   jobs_tasks.c   remote commands and their tasks (tasks.h; own lock, after mu)
  *   render.c       JSON output
  *
  * Locking: one mutex, jd_jobs.mu, guards the table, the queues and ready
@@ -193,6 +194,7 @@ struct jd_jobs {
     struct idem *idems; /* idempotency keys being committed */
     struct jd_jobs_stats st;
     struct jd_stats *series; /* throughput per second (own lock, taken under mu) */
+    struct jd_tasks *tasks;  /* remote commands (jobs_tasks.c; own lock, taken after mu) */
 };
 
 struct idem {
@@ -304,6 +306,19 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc);
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */
 int jobs_recover(struct jd_jobs *j, struct jd_error *err);
+
+/* jobs_tasks.c: remote commands. create loads them and installs the
+ * registry's fallback (before replay); drain answers parked claims. */
+int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err);
+void jobs_tasks_drain(struct jd_jobs *j);
+/* Tasks waiting for a worker (any thread; takes the tasks lock). */
+unsigned jobs_tasks_waiting(struct jd_jobs *j);
+void jobs_tasks_destroy(struct jd_jobs *j);
+/* The registered per-attempt timeout of a remote command; 0 for none (or
+ * not remote). */
+int64_t jobs_tasks_timeout_ms(struct jd_jobs *j, const char *name);
+/* Is name a registered remote command? */
+bool jobs_tasks_is_remote(struct jd_jobs *j, const char *name);
 
 /* render.c: JSON output. */
 /* Render one stored job as a cJSON object (caller deletes). */

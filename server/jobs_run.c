@@ -409,6 +409,13 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     jb->calls = c;
     j->inflight_calls++;
     uint32_t first = rc ? rc->attempt + 1 : 1;
+    /* A remote call whose recorded attempt no worker ever claimed did not
+     * run: after a restart it waits again as the same attempt. */
+    bool remote_wait = false;
+    if (rc && rc->attempt > 0 && jobs_tasks_is_remote(j, cmd) &&
+        jd_store_task_claimed(j->store, jb->id, y->tag, rc->attempt, &remote_wait) == 0 &&
+        !remote_wait)
+        first = rc->attempt;
     struct jd_retry_policy pol;
     if (jb->def && jb->def->shape != JD_JOBDEF_PROCESS)
         pol = jd_jobdef_retry_for_tag(jb->def, y->tag);
@@ -421,12 +428,15 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
 
     char key[48];
     snprintf(key, sizeof key, "%" PRId64 ":%u", jb->id, y->tag);
+    int64_t timeout_ms = y->timeout_ms;
+    if (timeout_ms == 0) /* a remote command's own default (plugins carry theirs) */
+        timeout_ms = jobs_tasks_timeout_ms(j, c->command);
     struct jd_call_request req = {
         .command = c->command,
         .args_json = c->args,
         .idempotency_key = key,
         .first_attempt = first,
-        .timeout_ms = y->timeout_ms,
+        .timeout_ms = timeout_ms,
         .retry = pol,
         .on_attempt = call_on_attempt,
         .done = call_done,

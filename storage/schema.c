@@ -143,6 +143,32 @@ static const char *const migrations[] = {
     "  data TEXT"
     ") STRICT;"
     "CREATE UNIQUE INDEX schedule_events_seq ON schedule_events(schedule_id, seq);",
+
+    /* 4: remote commands (served by workers over HTTP) and their claimed
+     * tasks. A task row is written when a worker claims it and updated
+     * when it ends, so that after a restart its id still answers (409:
+     * completed, or lease lost) rather than 404; a task that was only
+     * waiting has no row (the job's dispatch event is its record).
+     * Rows go with their job (retention). */
+    "CREATE TABLE remote_commands ("
+    "  name TEXT PRIMARY KEY,"
+    "  timeout_ms INTEGER NOT NULL DEFAULT 0,"
+    "  description TEXT,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL"
+    ") STRICT;"
+    "CREATE TABLE tasks ("
+    "  id TEXT PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL,"
+    "  tag INTEGER NOT NULL,"
+    "  attempt INTEGER NOT NULL,"
+    "  command TEXT NOT NULL,"
+    "  state INTEGER NOT NULL,"
+    "  worker TEXT,"
+    "  lease_expires_ms INTEGER NOT NULL DEFAULT 0,"
+    "  updated_ms INTEGER NOT NULL"
+    ") STRICT;"
+    "CREATE INDEX tasks_job ON tasks(job_id);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
