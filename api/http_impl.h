@@ -48,6 +48,7 @@ struct jd_http {
     MHD_socket quiesced_fd;
     uint16_t port;
     char *token;
+    char *worker_token; /* or NULL */
     size_t max_body;
     unsigned max_parked;
     int64_t max_wait_ms, heartbeat_ms;
@@ -203,6 +204,8 @@ enum MHD_Result route_command_delete(struct jd_req *r);
 enum MHD_Result route_task_claim(struct jd_req *r);
 enum MHD_Result route_task_complete(struct jd_req *r);
 enum MHD_Result route_task_fail(struct jd_req *r);
+enum MHD_Result route_task_heartbeat(struct jd_req *r);
+enum MHD_Result route_workers(struct jd_req *r);
 
 /* routes_schedules.c: */
 enum MHD_Result route_schedule_list(struct jd_req *r);

@@ -12,6 +12,8 @@
 
 #include "api/router.h"
 
+#include "server/tasks.h"
+
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,6 +53,8 @@ struct jd_metrics_sources {
     const struct jd_schedules_stats *schedules;
     const struct jd_queue_counts *queues; /* durable counts per queue and state */
     size_t nqueues;
+    const struct jd_task_stats *tasks; /* per remote command (server/tasks.h) */
+    size_t ntasks;
     int ready; /* 1 ready, 0 starting or draining */
 };
 

@@ -13,6 +13,7 @@
 
 #include "api/problem.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "server/tasks.h"
 
 #include <stdio.h>
@@ -124,8 +125,8 @@ enum MHD_Result route_task_claim(struct jd_req *r)
     return http_async_started(r, rc, &err, answer_ok);
 }
 
-/* POST /v1/tasks/{id}/complete and /fail */
-static enum MHD_Result task_end(struct jd_req *r, bool ok)
+/* POST /v1/tasks/{id}/complete (which 0), /fail (1), /heartbeat (2) */
+static enum MHD_Result task_end(struct jd_req *r, int which)
 {
     struct jd_error err = {0};
     const char *reason = NULL;
@@ -133,10 +134,15 @@ static enum MHD_Result task_end(struct jd_req *r, bool ok)
     http_req_ref(r);
     struct jd_jobs *j = http_jobs_of(r->h);
     const char *b = r->body ? r->body : "";
-    int rc =
-        ok ? jd_jobs_task_complete(j, r->m.param, b, r->len, http_on_action_done, r, &reason, &err)
-           : jd_jobs_task_fail(j, r->m.param, b, r->len, http_on_action_done, r, &reason, &err);
-    if (rc != 0 && rc == JD_ECONFLICT) {
+    const char *id = r->m.param;
+    int rc;
+    if (which == 0)
+        rc = jd_jobs_task_complete(j, id, b, r->len, http_on_action_done, r, &reason, &err);
+    else if (which == 1)
+        rc = jd_jobs_task_fail(j, id, b, r->len, http_on_action_done, r, &reason, &err);
+    else
+        rc = jd_jobs_task_heartbeat(j, id, b, r->len, http_on_action_done, r, &reason, &err);
+    if (rc == JD_ECONFLICT) {
         http_req_unref(r); /* the callback's reference: it will never run */
         pthread_mutex_lock(&r->mu);
         r->armed = false;
@@ -148,10 +154,31 @@ static enum MHD_Result task_end(struct jd_req *r, bool ok)
 
 enum MHD_Result route_task_complete(struct jd_req *r)
 {
-    return task_end(r, true);
+    return task_end(r, 0);
 }
 
 enum MHD_Result route_task_fail(struct jd_req *r)
 {
-    return task_end(r, false);
+    return task_end(r, 1);
+}
+
+enum MHD_Result route_task_heartbeat(struct jd_req *r)
+{
+    return task_end(r, 2);
+}
+
+#define WORKERS_DEFAULT_MS (5 * 60 * 1000) /* "seen lately" */
+#define WORKERS_MAX_MS (24 * 3600 * 1000)
+
+/* GET /v1/workers?within=5m */
+enum MHD_Result route_workers(struct jd_req *r)
+{
+    const char *w = http_query(r, "within");
+    int64_t ms = WORKERS_DEFAULT_MS;
+    if (w != NULL && (jd_duration_parse(w, &ms) != 0 || ms <= 0 || ms > WORKERS_MAX_MS))
+        return http_respond_problem(r, 400, "within must be a duration from 1ms to 24h, e.g. 5m",
+                                    NULL);
+    char *json = NULL;
+    int rc = jd_jobs_workers_json(http_jobs_of(r->h), ms, &json);
+    return http_respond_json_rc(r, rc, json);
 }

@@ -317,6 +317,8 @@ void jobs_tasks_destroy(struct jd_jobs *j);
 /* The registered per-attempt timeout of a remote command; 0 for none (or
  * not remote). */
 int64_t jobs_tasks_timeout_ms(struct jd_jobs *j, const char *name);
+/* The job's latest worker progress (JSON text, caller frees), or NULL. */
+char *jobs_tasks_progress(struct jd_jobs *j, int64_t job_id);
 /* Is name a registered remote command? */
 bool jobs_tasks_is_remote(struct jd_jobs *j, const char *name);
 

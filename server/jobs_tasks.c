@@ -58,7 +58,18 @@
 
 #define WORKER_MAX 200 /* a worker's self-chosen name, e.g. "host-1/4711" */
 
-#define LAT_BUCKETS 12 /* claim-to-complete: 10,50,100,500ms,1,5,10,30,60,300,3600s,+inf */
+#define TOMBSTONES                                                                                 \
+    4096 /* recently ended task ids kept with why, for the 409 before the row commits */
+
+#define MAX_WORKERS                                                                                \
+    1024 /* workers tracked for GET /v1/workers; the least recently seen idle one goes */
+
+#define PROGRESS_MAX 16384 /* a heartbeat's progress, as compact JSON */
+
+#define PROGRESS_EVERY_MS 1000 /* at most one progress event per task per second in the history */
+
+#define LAT_BUCKETS                                                                                \
+    JD_TASK_LAT_BUCKETS /* claim-to-complete: 10,50,100,500ms,1,5,10,30,60,300,3600s,+inf */
 
 enum tstate { TS_WAITING, TS_CLAIMING, TS_CLAIMED };
 
@@ -85,7 +96,8 @@ struct task {
     enum tstate st;
     bool live; /* in the hashes */
     int refs;  /* the hashes; a claim being committed */
-    int64_t created_ms, claimed_ms, lease_expires_ms;
+    int64_t created_ms, claimed_ms, lease_expires_ms, lease_ms;
+    int64_t progress_ms; /* the last progress event recorded */
     bool timer_armed;
     uint64_t timer_id;
     struct ltimer *timer_arg;
@@ -119,8 +131,36 @@ struct ctimer {
     uint64_t id;
 };
 
+struct tomb {
+    char id[TASK_ID_LEN + 1];
+    const char *reason;
+};
+
+struct wkr {
+    char *name;
+    int64_t last_seen_ms;
+    unsigned in_flight;
+    struct rcmd **cmds; /* the commands of its last claim */
+    size_t ncmds;
+    struct wkr *next;
+};
+
+/* The latest progress of a job's remote step (one per job: the latest
+ * heartbeat that carried one), shown on the job until that task ends. */
+struct prog {
+    int64_t job_id;
+    char task[TASK_ID_LEN + 1];
+    char *json;
+    struct prog *next;
+};
+
 struct jd_tasks {
     pthread_mutex_t mu; /* tmu */
+    struct tomb tombs[TOMBSTONES];
+    unsigned tomb_next;
+    struct wkr *workers;
+    size_t nworkers;
+    struct prog *progs[TASK_BUCKETS];
     struct rcmd *cmds;
     size_t ncmds; /* registered */
     struct task *byid[TASK_BUCKETS];
@@ -227,6 +267,106 @@ static struct task *task_by_call(struct jd_tasks *t, const struct jd_call *call)
     return NULL;
 }
 
+/* Under tmu: workers. */
+static struct wkr *worker_find(struct jd_tasks *t, const char *name)
+{
+    for (struct wkr *w = t->workers; w; w = w->next)
+        if (strcmp(w->name, name) == 0)
+            return w;
+    return NULL;
+}
+
+/* Under tmu: note that worker `name` was seen (cmds: its claim's, or NULL
+ * to keep what it had). Past MAX_WORKERS the least recently seen idle one
+ * is forgotten; when every one is busy the newcomer is not tracked. */
+static struct wkr *worker_seen(struct jd_tasks *t, const char *name, struct rcmd *const *cmds,
+                               size_t ncmds)
+{
+    struct wkr *w = worker_find(t, name);
+    if (!w) {
+        if (t->nworkers >= MAX_WORKERS) {
+            struct wkr **victim = NULL;
+            for (struct wkr **pp = &t->workers; *pp; pp = &(*pp)->next)
+                if ((*pp)->in_flight == 0 &&
+                    (!victim || (*pp)->last_seen_ms < (*victim)->last_seen_ms))
+                    victim = pp;
+            if (!victim)
+                return NULL;
+            struct wkr *v = *victim;
+            *victim = v->next;
+            free(v->name);
+            free(v->cmds);
+            free(v);
+            t->nworkers--;
+        }
+        w = jd_xcalloc(1, sizeof *w);
+        w->name = jd_xstrdup(name);
+        w->next = t->workers;
+        t->workers = w;
+        t->nworkers++;
+    }
+    w->last_seen_ms = jd_wall_ms();
+    if (cmds) {
+        free(w->cmds);
+        w->cmds = jd_xcalloc(ncmds ? ncmds : 1, sizeof *w->cmds);
+        memcpy(w->cmds, cmds, ncmds * sizeof *cmds);
+        w->ncmds = ncmds;
+    }
+    return w;
+}
+
+static unsigned hash_job(int64_t id)
+{
+    return (unsigned)((uint64_t)id * 0x9e3779b97f4a7c15ull >> 54) % TASK_BUCKETS;
+}
+
+/* Under tmu: the job's progress entry, if k (or nobody) set it. */
+static void progress_clear(struct jd_tasks *t, const struct task *k)
+{
+    for (struct prog **pp = &t->progs[hash_job(k->job_id)]; *pp; pp = &(*pp)->next)
+        if ((*pp)->job_id == k->job_id) {
+            if (strcmp((*pp)->task, k->id) == 0) {
+                struct prog *g = *pp;
+                *pp = g->next;
+                free(g->json);
+                free(g);
+            }
+            return;
+        }
+}
+
+static void progress_set(struct jd_tasks *t, const struct task *k, const char *json)
+{
+    struct prog *g = NULL;
+    for (struct prog *x = t->progs[hash_job(k->job_id)]; x && !g; x = x->next)
+        if (x->job_id == k->job_id)
+            g = x;
+    if (!g) {
+        g = jd_xcalloc(1, sizeof *g);
+        g->job_id = k->job_id;
+        unsigned h = hash_job(k->job_id);
+        g->next = t->progs[h];
+        t->progs[h] = g;
+    }
+    memcpy(g->task, k->id, sizeof g->task);
+    free(g->json);
+    g->json = jd_xstrdup(json);
+}
+
+char *jobs_tasks_progress(struct jd_jobs *j, int64_t job_id)
+{
+    struct jd_tasks *t = j->tasks;
+    char *out = NULL;
+    if (!t)
+        return NULL;
+    pthread_mutex_lock(&t->mu);
+    for (struct prog *x = t->progs[hash_job(job_id)]; x && !out; x = x->next)
+        if (x->job_id == job_id)
+            out = jd_xstrdup(x->json);
+    pthread_mutex_unlock(&t->mu);
+    return out;
+}
+
 static void task_free(struct task *k)
 {
     free(k->args);
@@ -282,9 +422,21 @@ static void waiting_push(struct task *k, bool front)
 /* Under tmu: take k out of the hashes (and its command's lists); the
  * caller now ends its call. Drops the hashes' reference (k stays valid
  * while the caller holds another, or until tmu is released). */
-static void task_take_out(struct jd_jobs *j, struct task *k)
+static struct wkr *worker_find(struct jd_tasks *t, const char *name);
+static void progress_clear(struct jd_tasks *t, const struct task *k);
+
+static void task_take_out(struct jd_jobs *j, struct task *k, const char *reason)
 {
     struct jd_tasks *t = j->tasks;
+    if (k->st != TS_WAITING) {
+        struct tomb *tb = &t->tombs[t->tomb_next++ % TOMBSTONES];
+        memcpy(tb->id, k->id, sizeof tb->id);
+        tb->reason = reason;
+        struct wkr *w = worker_find(t, k->worker ? k->worker : "");
+        if (w && w->in_flight)
+            w->in_flight--;
+        progress_clear(t, k);
+    }
     for (struct task **pp = &t->byid[hash_str(k->id)]; *pp; pp = &(*pp)->hnext)
         if (*pp == k) {
             *pp = k->hnext;
@@ -752,7 +904,7 @@ static void remote_handle(const struct jd_call_info *info)
         pthread_mutex_lock(&t->mu);
         bool mine = k->live;
         if (mine)
-            task_take_out(j, k); /* k stays valid: no one else can free it now */
+            task_take_out(j, k, "cancelled"); /* k stays valid: no one else can free it now */
         pthread_mutex_unlock(&t->mu);
         if (mine) {
             host->fail(info->call, "cancelled", "cancelled", 0, NULL);
@@ -787,7 +939,7 @@ static void remote_cancel(struct jd_call *call)
     struct trec *row = NULL;
     if (k) {
         bool claimed = k->st != TS_WAITING;
-        task_take_out(j, k);
+        task_take_out(j, k, job_cancelled ? "cancelled" : "lease_lost");
         if (claimed)
             row = task_row(j, k, job_cancelled ? JD_TASK_CANCELLED : JD_TASK_EXPIRED);
         task_unref(k);
@@ -840,7 +992,7 @@ static void lease_fire(void *arg)
         pthread_mutex_unlock(&t->mu);
         return;
     }
-    task_take_out(j, k);
+    task_take_out(j, k, "lease_lost");
     k->cmd->lease_expiries++;
     struct trec *row = task_row(j, k, JD_TASK_EXPIRED);
     struct jd_call *call = k->call;
@@ -890,6 +1042,7 @@ static struct claim_op *claim_take_locked(struct jd_jobs *j, struct rcmd *const 
         best->worker = jd_xstrdup(worker);
         best->claimed_ms = now;
         best->lease_expires_ms = now + lease_ms;
+        best->lease_ms = lease_ms;
         best->refs++; /* the claim's */
         op->tasks[op->n++] = best;
     }
@@ -970,6 +1123,9 @@ static void claim_committed(struct jd_jobs *j, struct claim_op *op, int rc)
             } else {
                 k->st = TS_CLAIMED;
                 lease_arm(j, k);
+                struct wkr *w = worker_seen(t, k->worker ? k->worker : "", NULL, 0);
+                if (w)
+                    w->in_flight++;
                 if (shown++)
                     jd_sb_puts(&b, ",");
                 render_task(&b, k);
@@ -1137,6 +1293,7 @@ int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_actio
         free(cmds);
         return rc;
     }
+    worker_seen(t, worker, cmds, ncmds);
     struct claim_op *op = claim_take_locked(j, cmds, ncmds, worker, (unsigned)max, lease_ms);
     if (op || wait_ms == 0) {
         pthread_mutex_unlock(&t->mu);
@@ -1188,6 +1345,22 @@ static int gone_reason(struct jd_jobs *j, const char *id, const char **reason, s
 {
     int st = 0;
     int64_t job_id = 0;
+    struct jd_tasks *t = j->tasks;
+    const char *why = NULL;
+    pthread_mutex_lock(&t->mu);
+    for (unsigned i = 0; i < TOMBSTONES && !why; i++)
+        if (t->tombs[i].reason && strcmp(t->tombs[i].id, id) == 0)
+            why = t->tombs[i].reason;
+    pthread_mutex_unlock(&t->mu);
+    if (why) {
+        *reason = why;
+        return jd_error_set(err, JD_ECONFLICT, NULL,
+                            strcmp(why, "completed") == 0 ? "the task was already completed"
+                            : strcmp(why, "cancelled") == 0
+                                ? "the task's job was cancelled"
+                                : "the task's lease was lost; its call is offered again as a "
+                                  "new task");
+    }
     if (strlen(id) != TASK_ID_LEN || jd_store_task_state(j->store, id, &st, &job_id) != 0)
         return jd_error_set(err, JD_ENOENT, NULL, "no such task");
     switch (st) {
@@ -1214,7 +1387,7 @@ static struct task *take_claimed(struct jd_jobs *j, const char *id, const char *
     pthread_mutex_lock(&t->mu);
     struct task *k = task_find(t, id);
     if (k && k->st == TS_CLAIMED) {
-        task_take_out(j, k);
+        task_take_out(j, k, "completed");
         int64_t d = jd_wall_ms() - k->claimed_ms;
         static const int64_t bounds[LAT_BUCKETS - 1] = {10,    50,    100,   500,    1000,   5000,
                                                         10000, 30000, 60000, 300000, 3600000};
@@ -1223,6 +1396,7 @@ static struct task *take_claimed(struct jd_jobs *j, const char *id, const char *
             b++;
         k->cmd->lat_hist[b]++;
         k->cmd->lat_ms_sum += (uint64_t)(d > 0 ? d : 0);
+        worker_seen(t, k->worker ? k->worker : "", NULL, 0);
         pthread_mutex_unlock(&t->mu);
         *rc = 0;
         return k;
@@ -1342,6 +1516,165 @@ int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_
     return finish_claimed(j, k, hrc, false, done, arg, reason, err);
 }
 
+int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                           jd_action_done_fn done, void *arg, const char **reason,
+                           struct jd_error *err)
+{
+    struct jd_tasks *t = j->tasks;
+    cJSON *o = parse_object(body ? body : "", len, true, err);
+    if (!o)
+        return err->code;
+    int64_t lease_ms = 0;
+    int rc =
+        int_field(o, "lease_ms", JD_TASK_MIN_LEASE_MS, JD_TASK_MAX_LEASE_MS, 0, &lease_ms, err);
+    const cJSON *pg = cJSON_GetObjectItemCaseSensitive(o, "progress");
+    char *progress = rc == 0 && pg && !cJSON_IsNull(pg) ? cJSON_PrintUnformatted(pg) : NULL;
+    if (rc == 0 && progress && strlen(progress) > PROGRESS_MAX)
+        rc = jd_error_set(err, JD_ETOOBIG, "/progress", "progress is larger than %d bytes",
+                          PROGRESS_MAX);
+    if (rc) {
+        free(progress);
+        cJSON_Delete(o);
+        return rc;
+    }
+    /* The job first (mu before tmu): a cancelled job's worker hears so
+     * here, before its task is withdrawn, and can stop early. */
+    pthread_mutex_lock(&t->mu);
+    struct task *k = task_find(t, id);
+    int64_t job_id = k ? k->job_id : 0;
+    bool claimed = k && k->st == TS_CLAIMED;
+    pthread_mutex_unlock(&t->mu);
+    if (!claimed) {
+        free(progress);
+        cJSON_Delete(o);
+        return k ? jd_error_set(err, JD_ENOENT, NULL, "no such task")
+                 : gone_reason(j, id, reason, err);
+    }
+    pthread_mutex_lock(&j->mu);
+    struct job *jb = jobs_job_find(j, job_id);
+    if (!jb || jb->cancel_requested || jb->finished || j->stopping) {
+        pthread_mutex_unlock(&j->mu);
+        free(progress);
+        cJSON_Delete(o);
+        *reason = "cancelled";
+        return jd_error_set(err, JD_ECONFLICT, NULL, "the task's job was cancelled");
+    }
+    pthread_mutex_lock(&t->mu);
+    k = task_find(t, id);
+    if (!k || k->st != TS_CLAIMED) {
+        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_unlock(&j->mu);
+        free(progress);
+        cJSON_Delete(o);
+        return gone_reason(j, id, reason, err);
+    }
+    int64_t now = jd_wall_ms();
+    if (lease_ms)
+        k->lease_ms = lease_ms;
+    k->lease_expires_ms = now + k->lease_ms;
+    worker_seen(t, k->worker ? k->worker : "", NULL, 0);
+    if (progress) {
+        progress_set(t, k, progress);
+        if (now - k->progress_ms >= PROGRESS_EVERY_MS) {
+            /* In the history too, at most once a second per task. */
+            k->progress_ms = now;
+            cJSON *d = cJSON_CreateObject();
+            cJSON_AddItemToObject(d, "progress", cJSON_Duplicate(pg, true));
+            cJSON_AddStringToObject(d, "task", k->id);
+            cJSON_AddStringToObject(d, "worker", k->worker ? k->worker : "");
+            struct wrec *r = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+            r->data = jobs_with_run(d, jb->run);
+            r->w.kind = JD_EVK_PROGRESS;
+            r->w.tag = k->tag;
+            r->w.data = r->data;
+            jobs_record(r);
+        }
+    }
+    struct trec *row = task_row(j, k, JD_TASK_CLAIMED);
+    char when[32];
+    jd_render_time(k->lease_expires_ms, when);
+    row->answer = jd_xasprintf("{\"lease_expires_at\":\"%s\"}", when);
+    row->done = done;
+    row->arg = arg;
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&j->mu);
+    free(progress);
+    cJSON_Delete(o);
+    trec_submit(row);
+    return 0;
+}
+
+int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json)
+{
+    struct jd_tasks *t = j->tasks;
+    int64_t since = jd_wall_ms() - within_ms;
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{\"workers\":[");
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (struct wkr *w = t->workers; w; w = w->next) {
+        if (w->last_seen_ms < since)
+            continue;
+        char when[32];
+        jd_render_time(w->last_seen_ms, when);
+        jd_sb_puts(&b, n++ ? ",{\"name\":" : "{\"name\":");
+        jd_sb_string(&b, w->name);
+        jd_sb_puts(&b, ",\"commands\":[");
+        for (size_t i = 0; i < w->ncmds; i++) {
+            if (i)
+                jd_sb_puts(&b, ",");
+            jd_sb_string(&b, w->cmds[i]->name);
+        }
+        jd_sb_puts(&b, "],\"in_flight\":");
+        jd_sb_number(&b, w->in_flight);
+        jd_sb_puts(&b, ",\"last_seen_at\":\"");
+        jd_sb_puts(&b, when);
+        jd_sb_puts(&b, "\"}");
+    }
+    pthread_mutex_unlock(&t->mu);
+    jd_sb_puts(&b, "]}");
+    *json = b.p;
+    return 0;
+}
+
+int jd_jobs_task_stats(struct jd_jobs *j, struct jd_task_stats **out, size_t *n)
+{
+    struct jd_tasks *t = j->tasks;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&t->mu);
+    size_t k = 0;
+    for (struct rcmd *c = t->cmds; c; c = c->next)
+        k += c->registered;
+    struct jd_task_stats *v = jd_xcalloc(k ? k : 1, sizeof *v);
+    size_t i = 0;
+    for (struct rcmd *c = t->cmds; c; c = c->next) {
+        if (!c->registered)
+            continue;
+        struct jd_task_stats *s_ = &v[i++];
+        s_->command = jd_xstrdup(c->name);
+        s_->waiting = c->waiting;
+        s_->in_flight = c->in_flight;
+        s_->claimed = c->claimed_total;
+        s_->lease_expiries = c->lease_expiries;
+        s_->completed = c->completed;
+        s_->failed = c->failed;
+        memcpy(s_->latency_hist, c->lat_hist, sizeof s_->latency_hist);
+        s_->latency_ms_sum = c->lat_ms_sum;
+    }
+    pthread_mutex_unlock(&t->mu);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+void jd_task_stats_free(struct jd_task_stats *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        free(v[i].command);
+    free(v);
+}
+
 /* ---- lifecycle ---- */
 
 int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err)
@@ -1419,6 +1752,18 @@ void jobs_tasks_destroy(struct jd_jobs *j)
             if (k->timer_armed)
                 free(k->timer_arg); /* the scheduler is gone: it never fires */
             task_free(k);           /* its call was freed with the registry's attempts */
+        }
+    for (struct wkr *w = t->workers, *nx; w; w = nx) {
+        nx = w->next;
+        free(w->name);
+        free(w->cmds);
+        free(w);
+    }
+    for (unsigned b = 0; b < TASK_BUCKETS; b++)
+        for (struct prog *g = t->progs[b], *nx; g; g = nx) {
+            nx = g->next;
+            free(g->json);
+            free(g);
         }
     for (struct rcmd *c = t->cmds, *nx; c; c = nx) {
         nx = c->next;

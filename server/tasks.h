@@ -73,4 +73,32 @@ int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, s
 int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_t len,
                       jd_action_done_fn done, void *arg, const char **reason, struct jd_error *err);
 
+/* POST /v1/tasks/{id}/heartbeat {"lease_ms": n, "progress": any}: the
+ * lease runs lease_ms (default: the claim's) from now, recorded before
+ * done ({"lease_expires_at": ..}); progress shows on the job (GET) and,
+ * at most once a second per task, as a "progress" event in its history.
+ * A cancelled job's task answers JD_ECONFLICT with reason "cancelled". */
+int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                           jd_action_done_fn done, void *arg, const char **reason,
+                           struct jd_error *err);
+
+/* GET /v1/workers: {"workers":[{"name","commands":[..],"in_flight",
+ * "last_seen_at"}]} for workers seen (claim, heartbeat, complete, fail)
+ * within the last within_ms. At most 1024 are tracked. */
+int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json);
+
+/* Per remote command, for /metrics. latency_hist: claim to complete/fail,
+ * per bucket (not cumulative): 10, 50, 100, 500 ms, 1, 5, 10, 30, 60,
+ * 300, 3600 s, +Inf. */
+#define JD_TASK_LAT_BUCKETS 12
+struct jd_task_stats {
+    char *command;
+    uint64_t waiting, in_flight, claimed, lease_expiries, completed, failed;
+    uint64_t latency_hist[JD_TASK_LAT_BUCKETS];
+    uint64_t latency_ms_sum;
+};
+/* Caller frees with jd_task_stats_free. */
+int jd_jobs_task_stats(struct jd_jobs *j, struct jd_task_stats **out, size_t *n);
+void jd_task_stats_free(struct jd_task_stats *v, size_t n);
+
 #endif

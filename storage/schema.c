@@ -168,7 +168,22 @@ static const char *const migrations[] = {
     "  lease_expires_ms INTEGER NOT NULL DEFAULT 0,"
     "  updated_ms INTEGER NOT NULL"
     ") STRICT;"
-    "CREATE INDEX tasks_job ON tasks(job_id);",
+    "CREATE INDEX tasks_job ON tasks(job_id);"
+    /* A worker's progress (a heartbeat's) is a history event of its own
+     * kind (5): the events table is rebuilt with the wider CHECK, once. */
+    "CREATE TABLE events_v4 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL,"
+    "  seq INTEGER NOT NULL,"
+    "  time_ms INTEGER NOT NULL,"
+    "  kind INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 5),"
+    "  tag INTEGER NOT NULL DEFAULT 0,"
+    "  data TEXT"
+    ") STRICT;"
+    "INSERT INTO events_v4 SELECT id, job_id, seq, time_ms, kind, tag, data FROM events;"
+    "DROP TABLE events;"
+    "ALTER TABLE events_v4 RENAME TO events;"
+    "CREATE UNIQUE INDEX events_job_seq ON events(job_id, seq);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -57,8 +57,9 @@ int jd_job_state_parse(const char *name)
 
 const char *jd_event_kind_name(enum jd_event_kind k)
 {
-    static const char *const names[] = {"state", "dispatch", "complete", "message", "cancel"};
-    return (unsigned)k <= JD_EVK_CANCEL ? names[k] : "unknown";
+    static const char *const names[] = {"state",   "dispatch", "complete",
+                                        "message", "cancel",   "progress"};
+    return (unsigned)k <= JD_EVK_PROGRESS ? names[k] : "unknown";
 }
 
 void jd_job_clear(struct jd_job *j)

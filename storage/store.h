@@ -56,6 +56,8 @@ enum jd_event_kind {
     JD_EVK_COMPLETE = 2, /* tag, data: {"result":..} or {"error":{..}} */
     JD_EVK_MESSAGE = 3,  /* data: {"topic":..,"data":..} */
     JD_EVK_CANCEL = 4,   /* data: {"reason":..} */
+    JD_EVK_PROGRESS =
+        5, /* tag, data: {"progress":..,"task":..,"worker":..} (a worker's heartbeat) */
 };
 const char *jd_event_kind_name(enum jd_event_kind k); /* "state", "dispatch", ... */
 

@@ -329,7 +329,7 @@ static sqlite3_stmt *update_stmt(struct jd_store *s, unsigned set)
 static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc)
 {
     unsigned set = w->set;
-    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL || set >= JD_UPDATE_MASKS ||
+    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_PROGRESS || set >= JD_UPDATE_MASKS ||
         ((set & JD_SET_STATE) && (unsigned)w->state >= JD_JOB_NSTATES))
         return JD_EINVAL;
     sqlite3_stmt *st = update_stmt(s, set);

@@ -15,7 +15,7 @@ J='Content-Type: application/json'
 py() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); $1" <<<"$BODY"; }
 jq_() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print($1)" <<<"$BODY"; }
 submit() { req POST /v1/jobs -H "$J" --data-binary "$1"; JOB=$(jq_ "j['id']" 2>/dev/null); }
-claim() { req POST /v1/tasks/claim -H "$J" --data-binary "$1"; }
+claim() { req POST /v1/tasks/claim -H "$J" --data-binary "$1" "${@:2}"; }
 task_id() { jq_ "j['tasks'][${1:-0}]['id']"; }
 
 # ---- the command registry ----
@@ -93,7 +93,7 @@ submit '{"handler":"resize","args":{"lease":1},"retry":{"max_attempts":3,"backof
 J4=$JOB
 claim '{"commands":["resize"],"lease_ms":1000}'
 T=$(task_id)
-sleep 1.6
+sleep 2.5
 req POST "/v1/tasks/$T/complete" -H "$J" --data-binary '{"result":1}'
 check "after the lease ran out: 409 lease_lost" eval 'is_problem 409 && py "assert j[\"reason\"]==\"lease_lost\""'
 claim '{"commands":["resize"],"wait_ms":5000}'
@@ -137,6 +137,45 @@ req GET /v1/commands/thumb
 check "and it is gone" is_problem 404
 submit '{"steps":[{"id":"a","call":"thumb","args":{}}]}'
 check "a job naming it again: 422" eval 'is_problem 422 && body_has "/steps/0/call"'
+
+# ---- heartbeat, progress, workers, metrics ----
+submit '{"handler":"resize","args":{"hb":1}}'
+JH=$JOB
+claim '{"commands":["resize"],"worker":"hb-worker","lease_ms":2000}'
+T=$(task_id)
+for i in 1 2 3 4 5 6; do
+    sleep 0.5
+    req POST "/v1/tasks/$T/heartbeat" -H "$J" --data-binary "{\"progress\":{\"pct\":$((i * 20))}}"
+done
+check "heartbeats keep a 2 s lease alive past 3 s" eval 'status_is 200 && body_has lease_expires_at'
+req GET "/v1/jobs/$JH"
+check "the job shows the latest progress" py "assert j['state']=='running' and j['progress']=={'pct':120}"
+req GET "/v1/jobs/$JH/events"
+check "progress is in the history, at most once a second" py "p=[e for e in j['events'] if e['kind']=='progress']; assert 1<=len(p)<=4 and p[0]['data']['task']=='$T' and p[0]['data']['worker']=='hb-worker', p"
+req GET /v1/workers
+check "GET /v1/workers shows the worker, its commands and its task" py "w=[w for w in j['workers'] if w['name']=='hb-worker'][0]; assert w['in_flight']==1 and w['commands']==['resize'] and w['last_seen_at']"
+req GET /metrics
+for m in 'jackdaw_tasks_in_flight{command="resize"} 1' 'jackdaw_tasks_waiting{command="resize"} 0' \
+    'jackdaw_tasks_claimed_total{command="resize"}' 'jackdaw_tasks_lease_expired_total{command="resize"} 2' \
+    'jackdaw_task_claim_to_end_seconds_bucket{command="resize",le="+Inf"}'; do
+    check "metrics: $m" body_has "$m"
+done
+req POST "/v1/tasks/$T/heartbeat" -H "$J" --data-binary '{"lease_ms":2000}'
+check "a heartbeat may set a new lease" status_is 200
+req POST "/v1/tasks/$T/complete" -H "$J" --data-binary '{"result":"done"}'
+wait_job "$JH"
+check "after it ends the job has no progress" py "assert j['state']=='succeeded' and 'progress' not in j"
+req POST "/v1/tasks/$T/heartbeat" -H "$J" --data-binary '{}'
+check "a heartbeat after complete: 409 completed" eval 'is_problem 409 && py "assert j[\"reason\"]==\"completed\""'
+req GET /v1/workers
+check "the worker has nothing in flight now" py "w=[w for w in j['workers'] if w['name']=='hb-worker'][0]; assert w['in_flight']==0"
+submit '{"handler":"resize","args":{"hb":2}}'
+JC=$JOB
+claim '{"commands":["resize"],"lease_ms":30000}'
+T=$(task_id)
+req POST "/v1/jobs/$JC/cancel"
+req POST "/v1/tasks/$T/heartbeat" -H "$J" --data-binary '{"progress":1}'
+check "a cancelled job's heartbeat: 409 cancelled (the worker can stop)" eval 'is_problem 409 && py "assert j[\"reason\"]==\"cancelled\""'
 
 # ---- kill -9 with tasks claimed and waiting ----
 req PUT /v1/commands/crashy -H "$J" --data-binary '{}'
@@ -186,5 +225,35 @@ check "a result recorded before the crash is kept, not asked for again" py "asse
 req GET "/v1/jobs/$K3/events"
 check "each step's result is recorded exactly once" py "c=[e for e in j['events'] if e['kind']=='complete']; assert len(c)==2 and len({e['tag'] for e in c})==2"
 
+# ---- --worker-token: a second token that opens only the worker routes ----
 stop_server
+start_server --token main-secret --worker-token worker-secret || exit 1
+WT='Authorization: Bearer worker-secret'
+MT='Authorization: Bearer main-secret'
+req PUT /v1/commands/tokcmd -H "$J" -H "$WT" --data-binary '{}'
+check "the worker token may PUT a command" status_is 201
+req POST /v1/jobs -H "$J" -H "$MT" --data-binary '{"handler":"tokcmd","args":{}}'
+check "the main token submits" status_is 201
+claim '{"commands":["tokcmd"]}'
+check "claim without a token: 401" is_problem 401
+claim '{"commands":["tokcmd"],"wait_ms":5000}' -H "$WT"
+check "the worker token claims" py "assert len(j['tasks'])==1"
+T=$(task_id)
+req POST "/v1/tasks/$T/heartbeat" -H "$J" -H "$WT" --data-binary '{}'
+check "the worker token heartbeats" status_is 200
+req POST "/v1/tasks/$T/complete" -H "$J" -H "$WT" --data-binary '{"result":1}'
+check "the worker token completes" status_is 200
+req GET /v1/jobs -H "$WT"
+check "the worker token cannot list jobs: 403" is_problem 403
+req POST /v1/jobs -H "$J" -H "$WT" --data-binary '{"handler":"echo"}'
+check "nor submit: 403" is_problem 403
+req DELETE /v1/commands/tokcmd -H "$WT"
+check "nor delete a command: 403" is_problem 403
+req GET /v1/workers -H "$MT"
+check "the main token opens everything" status_is 200
+
+stop_server
+"$JACKDAWD" --listen 127.0.0.1:0 --db "$WORK/other.db" --worker-token w 2>"$WORK/wt.err"
+WRC=$?
+check "--worker-token without --token is refused at start" eval '[ $WRC -ne 0 ] && grep -q "needs --token" "$WORK/wt.err"'
 finish

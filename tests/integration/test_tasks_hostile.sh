@@ -121,6 +121,21 @@ check "an empty complete body: 400" is_problem 400
 python3 -c 'import json; print(json.dumps({"result": "x" * 1100000}))' >"$WORK/big"
 req POST "/v1/tasks/$TID/complete" -H "$J" --data-binary @"$WORK/big"
 check "a result over the 1 MiB limit: 413 /result" pointer_is 413 /result
+req POST "/v1/tasks/$TID/heartbeat" -H "$J" --data-binary '{"lease_ms":"1m"}'
+check "a string lease_ms in a heartbeat: 422 /lease_ms" pointer_is 422 /lease_ms
+req POST "/v1/tasks/$TID/heartbeat" -H "$J" --data-binary '{"lease_ms":99999999999}'
+check "a huge heartbeat lease: 422 /lease_ms" pointer_is 422 /lease_ms
+python3 -c 'import json; print(json.dumps({"progress": "p" * 20000}))' >"$WORK/bigp"
+req POST "/v1/tasks/$TID/heartbeat" -H "$J" --data-binary @"$WORK/bigp"
+check "progress over 16 KiB: 413 /progress" pointer_is 413 /progress
+req POST "/v1/tasks/$TID/heartbeat" -H "$J" --data-binary '[]'
+check "an array heartbeat body: 422" is_problem 422
+req POST "/v1/tasks/ffffffffffffffffffffffffffffffff/heartbeat" -H "$J" --data-binary '{}'
+check "heartbeat an unknown id: 404" is_problem 404
+req GET "/v1/workers?within=forever"
+check "workers?within=forever: 400" is_problem 400
+req GET "/v1/workers?within=400d"
+check "workers?within=400d: 400" is_problem 400
 req GET "/v1/jobs/$JOB"
 check "none of that ended the task" py "assert j['state']=='running'"
 req POST "/v1/tasks/$TID/complete" -H "$J" --data-binary '{"result":{"fine":true}}'

@@ -287,6 +287,26 @@ int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_
 {
     return JD_EINTERNAL;
 }
+int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                           jd_action_done_fn done, void *arg, const char **reason,
+                           struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json)
+{
+    *json = strdup("{\"workers\":[]}");
+    return 0;
+}
+int jd_jobs_task_stats(struct jd_jobs *j, struct jd_task_stats **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    return 0;
+}
+void jd_task_stats_free(struct jd_task_stats *v, size_t n)
+{
+}
 int jd_jobs_handlers_json(struct jd_jobs *j, char **json)
 {
     *json = strdup("{\"plugins\":[]}");
