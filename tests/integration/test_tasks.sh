@@ -6,6 +6,7 @@
 # command, and a kill -9 while tasks are claimed and waiting: after the
 # restart the old ids answer 409 lease_lost, the calls are offered again
 # as attempt + 1, and each result is recorded once.
+# shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -16,7 +17,7 @@ py() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); $1" <<<"$BOD
 jq_() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print($1)" <<<"$BODY"; }
 submit() { req POST /v1/jobs -H "$J" --data-binary "$1"; JOB=$(jq_ "j['id']" 2>/dev/null); }
 claim() { req POST /v1/tasks/claim -H "$J" --data-binary "$1" "${@:2}"; }
-task_id() { jq_ "j['tasks'][${1:-0}]['id']"; }
+task_id() { jq_ "j['tasks'][0]['id']"; }
 
 # ---- the command registry ----
 req PUT /v1/commands/resize -H "$J" --data-binary '{"description":"make it smaller"}'

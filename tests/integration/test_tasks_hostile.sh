@@ -4,6 +4,7 @@
 # command names, a non-object error, oversized fields, and more parked
 # claims than --max-parked. Each gets its 4xx problem with a pointer where
 # one helps; afterwards the server still hands out and completes tasks.
+# shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 
