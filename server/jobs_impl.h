@@ -319,8 +319,8 @@ void jobs_tasks_destroy(struct jd_jobs *j);
 int64_t jobs_tasks_timeout_ms(struct jd_jobs *j, const char *name);
 /* The job's latest worker progress (JSON text, caller frees), or NULL. */
 char *jobs_tasks_progress(struct jd_jobs *j, int64_t job_id);
-/* Is name a registered remote command? */
-bool jobs_tasks_is_remote(struct jd_jobs *j, const char *name);
+/* Is c (a registry lookup's answer, may be NULL) a remote command? */
+bool jobs_tasks_is_remote_cmd(const struct jd_command *c);
 
 /* render.c: JSON output. */
 /* Render one stored job as a cJSON object (caller deletes). */

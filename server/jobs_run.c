@@ -412,7 +412,7 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     /* A remote call whose recorded attempt no worker ever claimed did not
      * run: after a restart it waits again as the same attempt. */
     bool remote_wait = false;
-    if (rc && rc->attempt > 0 && jobs_tasks_is_remote(j, cmd) &&
+    if (rc && rc->attempt > 0 && jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, cmd)) &&
         jd_store_task_claimed(j->store, jb->id, y->tag, rc->attempt, &remote_wait) == 0 &&
         !remote_wait)
         first = rc->attempt;
@@ -429,7 +429,9 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     char key[48];
     snprintf(key, sizeof key, "%" PRId64 ":%u", jb->id, y->tag);
     int64_t timeout_ms = y->timeout_ms;
-    if (timeout_ms == 0) /* a remote command's own default (plugins carry theirs) */
+    /* A remote command's own default (plugins carry theirs; their lookup
+     * is lock-free, and only a remote one asks the tasks layer). */
+    if (timeout_ms == 0 && jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, c->command)))
         timeout_ms = jobs_tasks_timeout_ms(j, c->command);
     struct jd_call_request req = {
         .command = c->command,

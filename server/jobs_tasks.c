@@ -838,14 +838,9 @@ int64_t jobs_tasks_timeout_ms(struct jd_jobs *j, const char *name)
     return v;
 }
 
-bool jobs_tasks_is_remote(struct jd_jobs *j, const char *name)
+bool jobs_tasks_is_remote_cmd(const struct jd_command *c)
 {
-    struct jd_tasks *t = j->tasks;
-    pthread_mutex_lock(&t->mu);
-    struct rcmd *c = rcmd_find(t, name);
-    bool v = c && c->registered;
-    pthread_mutex_unlock(&t->mu);
-    return v;
+    return c == &remote_cmd;
 }
 
 /* ---- tasks: arrival, claims, leases ---- */
