@@ -205,6 +205,7 @@ enum MHD_Result route_task_claim(struct jd_req *r);
 enum MHD_Result route_task_complete(struct jd_req *r);
 enum MHD_Result route_task_fail(struct jd_req *r);
 enum MHD_Result route_task_heartbeat(struct jd_req *r);
+enum MHD_Result route_task_batch(struct jd_req *r);
 enum MHD_Result route_workers(struct jd_req *r);
 
 /* routes_schedules.c: */

@@ -77,6 +77,8 @@
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
     X(JD_ROUTE_TASK_CLAIM,     JD_M_POST,   "/v1/tasks/claim",         route_task_claim,           \
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
+    X(JD_ROUTE_TASK_BATCH,     JD_M_POST,   "/v1/tasks/complete",      route_task_batch,           \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
     X(JD_ROUTE_TASK_COMPLETE,  JD_M_POST,   "/v1/tasks/{id}/complete", route_task_complete,        \
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
     X(JD_ROUTE_TASK_FAIL,      JD_M_POST,   "/v1/tasks/{id}/fail",     route_task_fail,            \

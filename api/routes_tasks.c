@@ -162,6 +162,17 @@ enum MHD_Result route_task_fail(struct jd_req *r)
     return task_end(r, 1);
 }
 
+/* POST /v1/tasks/complete */
+enum MHD_Result route_task_batch(struct jd_req *r)
+{
+    struct jd_error err = {0};
+    http_arm(r);
+    http_req_ref(r);
+    int rc = jd_jobs_task_end_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
+                                    http_on_action_done, r, &err);
+    return http_async_started(r, rc, &err, answer_ok);
+}
+
 enum MHD_Result route_task_heartbeat(struct jd_req *r)
 {
     return task_end(r, 2);

@@ -468,6 +468,7 @@ struct trec {
     void *arg;
     char *answer; /* done's json on success */
     struct claim_op *claim;
+    struct batch_op *batch;
 };
 
 static struct trec *trec_new(struct jd_jobs *j, enum jd_write_op op)
@@ -518,6 +519,8 @@ static struct trec *task_row(struct jd_jobs *j, const struct task *k, enum jd_ta
 }
 
 static void claim_committed(struct jd_jobs *j, struct claim_op *op, int rc);
+struct batch_op;
+static void batch_committed(struct jd_jobs *j, struct batch_op *b, int rc);
 
 static void trec_done(void *arg, struct jd_write *w, int rc)
 {
@@ -525,6 +528,8 @@ static void trec_done(void *arg, struct jd_write *w, int rc)
     (void)w;
     if (r->claim) {
         claim_committed(r->j, r->claim, rc);
+    } else if (r->batch) {
+        batch_committed(r->j, r->batch, rc);
     } else if (r->done) {
         if (rc == JD_ENOENT && r->w.op == JD_W_COMMAND_DELETE)
             rc = 0; /* deleted meanwhile: the same end */
@@ -1403,30 +1408,127 @@ static struct task *take_claimed(struct jd_jobs *j, const char *id, const char *
     return NULL;
 }
 
-/* After the call ended through the host (hrc: its return): record the
- * row and answer after the commit, or refuse when the call had already
- * ended (a cancel or a timeout racing the worker). */
-static int finish_claimed(struct jd_jobs *j, struct task *k, int hrc, bool ok,
-                          jd_action_done_fn done, void *arg, const char **reason,
-                          struct jd_error *err)
+/* What a worker reported for one task: a result or an error. */
+struct outcome_in {
+    bool ok;
+    char *result;               /* ok: compact JSON (owned) */
+    const char *kind, *message; /* !ok: borrowed from the parsed body */
+    bool retryable;
+    char *details; /* !ok: compact JSON or NULL (owned) */
+};
+
+static void outcome_clear(struct outcome_in *oi)
+{
+    free(oi->result);
+    free(oi->details);
+}
+
+/* Read o (an object) as {"result": any} or, with want_error, as {"error":
+ * {"message","kind","retryable","details"}}; base prefixes the pointers
+ * ("" for a single task, "/tasks/3" in a batch). */
+static int parse_outcome(struct jd_jobs *j, const cJSON *o, bool want_error, const char *base,
+                         struct outcome_in *oi, struct jd_error *err)
+{
+    char ptr[64];
+    memset(oi, 0, sizeof *oi);
+    if (!want_error) {
+        const cJSON *res = cJSON_GetObjectItemCaseSensitive(o, "result");
+        oi->ok = true;
+        oi->result = res ? cJSON_PrintUnformatted(res) : jd_xstrdup("null");
+        snprintf(ptr, sizeof ptr, "%s/result", base);
+        if (!oi->result)
+            return jd_error_set(err, JD_EINVAL, ptr, "the result cannot be printed");
+        if (strlen(oi->result) > j->limits.max_definition_bytes)
+            return jd_error_set(err, JD_ETOOBIG, ptr, "the result is larger than %zu bytes",
+                                j->limits.max_definition_bytes);
+        return 0;
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(e, "kind");
+    const cJSON *retry = cJSON_GetObjectItemCaseSensitive(e, "retryable");
+    const cJSON *det = cJSON_GetObjectItemCaseSensitive(e, "details");
+    const char *bad = NULL, *why = NULL;
+    if (!cJSON_IsObject(e))
+        bad = "/error",
+        why = "error must be an object {\"message\",\"kind\",\"retryable\",\"details\"}";
+    else if (msg && !cJSON_IsNull(msg) &&
+             (!cJSON_IsString(msg) || strlen(msg->valuestring) > j->limits.max_string))
+        bad = "/error/message", why = "message must be a string (at most max_string bytes)";
+    else if (kind && !cJSON_IsNull(kind) && (!cJSON_IsString(kind) || !name_ok(kind->valuestring)))
+        bad = "/error/kind",
+        why = "kind must be a short word: a-z, 0-9, _ . - starting with a letter";
+    else if (retry && !cJSON_IsNull(retry) && !cJSON_IsBool(retry))
+        bad = "/error/retryable", why = "retryable must be true or false";
+    if (bad) {
+        snprintf(ptr, sizeof ptr, "%s%s", base, bad);
+        return jd_error_set(err, JD_EINVAL, ptr, "%s", why);
+    }
+    oi->kind = cJSON_IsString(kind) ? kind->valuestring : "error";
+    oi->message = cJSON_IsString(msg) ? msg->valuestring : "the worker reported a failure";
+    oi->retryable = cJSON_IsTrue(retry);
+    oi->details = det ? cJSON_PrintUnformatted(det) : NULL;
+    if (oi->details && strlen(oi->details) > j->limits.max_definition_bytes) {
+        snprintf(ptr, sizeof ptr, "%s/error/details", base);
+        return jd_error_set(err, JD_ETOOBIG, ptr, "details are larger than %zu bytes",
+                            j->limits.max_definition_bytes);
+    }
+    return 0;
+}
+
+/* End claimed task id as oi says: through the host (the registry records
+ * the completion, or retries), then its row. Returns 0 with *row (the
+ * caller submits it, with its callback) or the refusal (JD_ENOENT, or
+ * JD_ECONFLICT with *reason; a call that had already ended, by a cancel
+ * or a timeout racing the worker, is "cancelled"). */
+static int end_task(struct jd_jobs *j, const char *id, const struct outcome_in *oi,
+                    struct trec **row, const char **reason, struct jd_error *err)
 {
     struct jd_tasks *t = j->tasks;
+    int rc;
+    *row = NULL;
+    struct task *k = take_claimed(j, id, reason, err, &rc);
+    if (!k)
+        return rc;
+    const struct jd_host *host = jd_registry_host(j->reg);
+    int hrc = oi->ok ? host->complete(k->call, oi->result)
+                     : host->fail(k->call, oi->kind, oi->message, oi->retryable, oi->details);
     pthread_mutex_lock(&t->mu);
     if (hrc == 0) {
-        if (ok)
+        if (oi->ok)
             k->cmd->completed++;
         else
             k->cmd->failed++;
     }
-    struct trec *row = task_row(j, k, hrc == 0 ? JD_TASK_COMPLETED : JD_TASK_CANCELLED);
+    struct trec *r = task_row(j, k, hrc == 0 ? JD_TASK_COMPLETED : JD_TASK_CANCELLED);
     task_unref(k);
     pthread_mutex_unlock(&t->mu);
     if (hrc != 0) {
-        trec_submit(row); /* no callback */
+        trec_submit(r); /* no callback */
         *reason = "cancelled";
         return jd_error_set(err, JD_ECONFLICT, NULL,
                             "the task's job was cancelled or its attempt timed out");
     }
+    *row = r;
+    return 0;
+}
+
+static int task_end_one(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                        bool want_error, jd_action_done_fn done, void *arg, const char **reason,
+                        struct jd_error *err)
+{
+    cJSON *o = parse_object(body ? body : "", len, !want_error, err);
+    if (!o)
+        return err->code;
+    struct outcome_in oi;
+    int rc = parse_outcome(j, o, want_error, "", &oi, err);
+    struct trec *row = NULL;
+    if (rc == 0)
+        rc = end_task(j, id, &oi, &row, reason, err);
+    outcome_clear(&oi);
+    cJSON_Delete(o);
+    if (rc)
+        return rc;
     row->done = done;
     row->arg = arg;
     row->answer = jd_xstrdup("{\"ok\":true}");
@@ -1438,77 +1540,125 @@ int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, s
                           jd_action_done_fn done, void *arg, const char **reason,
                           struct jd_error *err)
 {
-    cJSON *o = parse_object(body ? body : "", len, true, err);
-    if (!o)
-        return err->code;
-    const cJSON *res = cJSON_GetObjectItemCaseSensitive(o, "result");
-    char *text = res ? cJSON_PrintUnformatted(res) : jd_xstrdup("null");
-    cJSON_Delete(o);
-    if (!text)
-        return jd_error_set(err, JD_EINVAL, "/result", "the result cannot be printed");
-    if (strlen(text) > j->limits.max_definition_bytes) {
-        free(text);
-        return jd_error_set(err, JD_ETOOBIG, "/result", "the result is larger than %zu bytes",
-                            j->limits.max_definition_bytes);
-    }
-    int rc;
-    struct task *k = take_claimed(j, id, reason, err, &rc);
-    if (!k) {
-        free(text);
-        return rc;
-    }
-    int hrc = jd_registry_host(j->reg)->complete(k->call, text);
-    free(text);
-    return finish_claimed(j, k, hrc, true, done, arg, reason, err);
+    return task_end_one(j, id, body, len, false, done, arg, reason, err);
 }
 
 int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_t len,
                       jd_action_done_fn done, void *arg, const char **reason, struct jd_error *err)
 {
+    return task_end_one(j, id, body, len, true, done, arg, reason, err);
+}
+
+/* A batch of ends: answered once every row has committed. */
+struct batch_op {
+    int remaining, rc;
+    char *answer;
+    jd_action_done_fn done;
+    void *arg;
+};
+
+static void batch_committed(struct jd_jobs *j, struct batch_op *b, int rc)
+{
+    struct jd_tasks *t = j->tasks;
+    pthread_mutex_lock(&t->mu);
+    if (rc && !b->rc)
+        b->rc = rc;
+    bool last = --b->remaining == 0;
+    pthread_mutex_unlock(&t->mu);
+    if (!last)
+        return;
+    b->done(b->arg, b->rc, b->rc ? NULL : b->answer);
+    free(b->answer);
+    free(b);
+}
+
+int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                           void *arg, struct jd_error *err)
+{
     cJSON *o = parse_object(body ? body : "", len, false, err);
     if (!o)
         return err->code;
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "tasks");
+    int n = cJSON_IsArray(ts) ? cJSON_GetArraySize(ts) : -1;
     int rc = 0;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
-    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
-    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(e, "kind");
-    const cJSON *retry = cJSON_GetObjectItemCaseSensitive(e, "retryable");
-    const cJSON *det = cJSON_GetObjectItemCaseSensitive(e, "details");
-    if (!cJSON_IsObject(e))
-        rc = jd_error_set(
-            err, JD_EINVAL, "/error",
-            "error must be an object {\"message\",\"kind\",\"retryable\",\"details\"}");
-    else if (msg && !cJSON_IsNull(msg) &&
-             (!cJSON_IsString(msg) || strlen(msg->valuestring) > j->limits.max_string))
-        rc = jd_error_set(err, JD_EINVAL, "/error/message",
-                          "message must be a string of at most %zu bytes", j->limits.max_string);
-    else if (kind && !cJSON_IsNull(kind) && (!cJSON_IsString(kind) || !name_ok(kind->valuestring)))
-        rc = jd_error_set(err, JD_EINVAL, "/error/kind",
-                          "kind must be a short word: a-z, 0-9, _ . - starting with a letter");
-    else if (retry && !cJSON_IsNull(retry) && !cJSON_IsBool(retry))
-        rc = jd_error_set(err, JD_EINVAL, "/error/retryable", "retryable must be true or false");
-    char *details = rc == 0 && det ? cJSON_PrintUnformatted(det) : NULL;
-    if (rc == 0 && details && strlen(details) > j->limits.max_definition_bytes)
-        rc = jd_error_set(err, JD_ETOOBIG, "/error/details", "details are larger than %zu bytes",
-                          j->limits.max_definition_bytes);
+    if (n < 1 || n > JD_TASK_MAX_BATCH)
+        rc = jd_error_set(err, JD_EINVAL, "/tasks",
+                          "tasks must be an array of 1 to %d {\"id\", \"result\" or \"error\"}",
+                          JD_TASK_MAX_BATCH);
+    struct outcome_in *ois = rc ? NULL : jd_xcalloc((size_t)n, sizeof *ois);
+    const char **ids = rc ? NULL : jd_xcalloc((size_t)n, sizeof *ids);
+    /* Every item is checked before any task ends: all or nothing for bad
+     * input; ends that are refused (gone tasks) are reported per item. */
+    for (int i = 0; rc == 0 && i < n; i++) {
+        const cJSON *it = cJSON_GetArrayItem(ts, i);
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        char base[32];
+        snprintf(base, sizeof base, "/tasks/%d", i);
+        if (!cJSON_IsObject(it) || !cJSON_IsString(id)) {
+            char p[48];
+            snprintf(p, sizeof p, "%s%s", base, cJSON_IsObject(it) ? "/id" : "");
+            rc = jd_error_set(err, JD_EINVAL, p,
+                              "each task is {\"id\": \"...\", \"result\": ...} "
+                              "or {\"id\": \"...\", \"error\": {...}}");
+            break;
+        }
+        ids[i] = id->valuestring;
+        rc = parse_outcome(j, it, cJSON_GetObjectItemCaseSensitive(it, "error") != NULL, base,
+                           &ois[i], err);
+    }
     if (rc) {
-        free(details);
+        for (int i = 0; ois && i < n; i++)
+            outcome_clear(&ois[i]);
+        free(ois);
+        free(ids);
         cJSON_Delete(o);
         return rc;
     }
-    struct task *k = take_claimed(j, id, reason, err, &rc);
-    if (!k) {
-        free(details);
-        cJSON_Delete(o);
-        return rc;
+    struct batch_op *b = jd_xcalloc(1, sizeof *b);
+    b->done = done;
+    b->arg = arg;
+    struct trec **rows = jd_xcalloc((size_t)n, sizeof *rows);
+    struct jd_write **ws = jd_xcalloc((size_t)n, sizeof *ws);
+    size_t nrows = 0;
+    struct jd_sbuf out = {0};
+    jd_sb_puts(&out, "{\"results\":[");
+    for (int i = 0; i < n; i++) {
+        const char *reason = NULL;
+        struct jd_error e;
+        jd_error_clear(&e);
+        struct trec *row = NULL;
+        int erc = end_task(j, ids[i], &ois[i], &row, &reason, &e);
+        jd_sb_puts(&out, i ? ",{\"id\":" : "{\"id\":");
+        jd_sb_string(&out, ids[i]);
+        jd_sb_puts(&out, ",\"status\":");
+        jd_sb_number(&out, erc == 0 ? 200 : jd_error_http_status(erc));
+        if (reason) {
+            jd_sb_puts(&out, ",\"reason\":");
+            jd_sb_string(&out, reason);
+        }
+        jd_sb_puts(&out, "}");
+        if (row) {
+            row->batch = b;
+            row->w.done = trec_done;
+            row->w.arg = row;
+            rows[nrows] = row;
+            ws[nrows++] = &row->w;
+        }
+        outcome_clear(&ois[i]);
     }
-    int hrc = jd_registry_host(j->reg)->fail(
-        k->call, cJSON_IsString(kind) ? kind->valuestring : "error",
-        cJSON_IsString(msg) ? msg->valuestring : "the worker reported a failure",
-        cJSON_IsTrue(retry) ? 1 : 0, details);
-    free(details);
+    jd_sb_puts(&out, "]}");
+    b->answer = out.p;
+    b->remaining = (int)nrows + 1; /* + this function's own, so it cannot finish early */
+    if (nrows && jd_store_submit_many(j->store, ws, nrows) != 0)
+        for (size_t i = 0; i < nrows; i++)
+            trec_done(rows[i], ws[i], JD_ESHUTDOWN);
+    free(ws);
+    free(rows);
+    free(ois);
+    free(ids);
     cJSON_Delete(o);
-    return finish_claimed(j, k, hrc, false, done, arg, reason, err);
+    batch_committed(j, b, 0);
+    return 0;
 }
 
 int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, size_t len,

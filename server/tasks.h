@@ -40,6 +40,7 @@
 #define JD_TASK_DEFAULT_LEASE_MS 60000 /* without lease_ms */
 #define JD_TASK_MAX_COMMANDS 1000      /* remote commands registered at once */
 #define JD_TASK_MAX_CLAIM_COMMANDS 32  /* commands named in one claim */
+#define JD_TASK_MAX_BATCH 1000         /* ends in one batch request */
 
 /* PUT /v1/commands/{name}: body {"timeout_ms": N, "description": "..."}
  * (both optional; {} or an empty body is fine). JD_EINVAL for a bad name
@@ -72,6 +73,15 @@ int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, s
 /* POST /v1/tasks/{id}/fail {"error":{"message","kind","retryable","details"}}. */
 int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_t len,
                       jd_action_done_fn done, void *arg, const char **reason, struct jd_error *err);
+
+/* POST /v1/tasks/complete {"tasks":[{"id","result"} | {"id","error":{..}}]}:
+ * many ends in one request and one commit. Every item is checked first
+ * (JD_EINVAL with a pointer such as "/tasks/3/error/kind": none is
+ * ended); then each is ended as complete/fail would, and done's json is
+ * {"results":[{"id","status":200|404|409[,"reason"]}]}, in order, after
+ * the commit. */
+int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                           void *arg, struct jd_error *err);
 
 /* POST /v1/tasks/{id}/heartbeat {"lease_ms": n, "progress": any}: the
  * lease runs lease_ms (default: the claim's) from now, recorded before

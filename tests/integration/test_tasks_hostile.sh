@@ -137,6 +137,17 @@ req GET "/v1/workers?within=forever"
 check "workers?within=forever: 400" is_problem 400
 req GET "/v1/workers?within=400d"
 check "workers?within=400d: 400" is_problem 400
+big=$(python3 -c 'import json; print(json.dumps({"tasks": [{"id": "x", "result": 1}] * 1001}))')
+req POST /v1/tasks/complete -H "$J" --data-binary "$big"
+check "a batch of 1001: 422 /tasks" pointer_is 422 /tasks
+req POST /v1/tasks/complete -H "$J" --data-binary '{"tasks":[]}'
+check "an empty batch: 422 /tasks" pointer_is 422 /tasks
+req POST /v1/tasks/complete -H "$J" --data-binary '{"tasks":[7]}'
+check "a batch item that is not an object: 422 /tasks/0" pointer_is 422 /tasks/0
+req POST /v1/tasks/complete -H "$J" --data-binary '{"tasks":[{"result":1}]}'
+check "a batch item without an id: 422 /tasks/0/id" pointer_is 422 /tasks/0/id
+req POST /v1/tasks/complete -H "$J" --data-binary "{\"tasks\":[{\"id\":\"$TID\",\"result\":1},{\"id\":\"x\",\"error\":{\"kind\":\"NO\"}}]}"
+check "one bad item fails the whole batch (422 /tasks/1/error/kind) and ends nothing" pointer_is 422 /tasks/1/error/kind
 req GET "/v1/jobs/$JOB"
 check "none of that ended the task" py "assert j['state']=='running'"
 req POST "/v1/tasks/$TID/complete" -H "$J" --data-binary '{"result":{"fine":true}}'

@@ -79,7 +79,7 @@ fi
 kill_mid_task() { # lang cmd worker...
     local lang=$1 cmd=$2
     shift 2
-    start_worker "$lang-victim" "$@" --commands "$cmd" --lease-ms 1500 --wait-ms 1000
+    start_worker "$lang-victim" "$@" --commands "$cmd" --lease-ms 3000 --wait-ms 1000
     local victim=$LAST
     until_ok 10 registered "$cmd"
     submit "{\"handler\":\"$cmd\",\"args\":{\"first_seconds\":60,\"seconds\":0},\"retry\":{\"max_attempts\":3,\"backoff_ms\":10}}"
@@ -89,7 +89,7 @@ kill_mid_task() { # lang cmd worker...
     check "$lang: its progress shows on the job" until_ok 5 eval 'req GET "/v1/jobs/'"$job"'" && py "assert \"left_s\" in j[\"progress\"]" 2>/dev/null'
     kill -KILL "$victim"
     wait "$victim" 2>/dev/null
-    start_worker "$lang-rescuer" "$@" --commands "$cmd" --lease-ms 1500 --wait-ms 1000
+    start_worker "$lang-rescuer" "$@" --commands "$cmd" --lease-ms 3000 --wait-ms 1000
     wait_job "$job" 20s
     check "$lang: after the lease ran out another worker ran it (attempt 2)" py "assert j['state']=='succeeded' and j['output']['attempt']==2, j"
     req GET "/v1/jobs/$job/events"

@@ -293,6 +293,11 @@ int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, 
 {
     return JD_EINTERNAL;
 }
+int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                           void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
 int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json)
 {
     *json = strdup("{\"workers\":[]}");
