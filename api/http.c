@@ -152,6 +152,22 @@ enum MHD_Result http_respond_error(struct jd_req *r, int rc, const struct jd_err
     return http_respond_problem(r, status, detail, err ? err->pointer : NULL);
 }
 
+/* A PUT's answer after its commit: 201 + Location <collection>/<param>
+ * when it created the thing (cb_existing carries "created"), else 200. */
+enum MHD_Result http_respond_put(struct jd_req *r, const char *json, const char *collection)
+{
+    pthread_mutex_lock(&r->mu);
+    bool created = r->cb_existing;
+    pthread_mutex_unlock(&r->mu);
+    if (!created)
+        return http_respond_json(r, 200, json ? json : "{}", NULL, NULL);
+    char *loc = jd_xasprintf("%s/%s", collection, r->m.param);
+    enum MHD_Result ret =
+        http_respond_json(r, 201, json ? json : "{}", MHD_HTTP_HEADER_LOCATION, loc);
+    free(loc);
+    return ret;
+}
+
 /* The answer of a read: 200 with json (takes ownership), or rc's problem. */
 enum MHD_Result http_respond_json_rc(struct jd_req *r, int rc, char *json)
 {
@@ -341,9 +357,17 @@ static enum MHD_Result first_call(struct jd_req *r)
     }
     if (r->match_rc == JD_ECONFLICT)
         return http_respond_problem(r, 405, "method not allowed on this route", NULL);
-    if (h->token != NULL && (r->m.flags & JD_RF_V1) &&
-        !jd_auth_bearer_ok(http_header(r, MHD_HTTP_HEADER_AUTHORIZATION), h->token))
-        return http_respond_problem(r, 401, "missing or wrong bearer token", NULL);
+    if (h->token != NULL && (r->m.flags & JD_RF_V1)) {
+        const char *auth = http_header(r, MHD_HTTP_HEADER_AUTHORIZATION);
+        /* Both compared, each in constant time, whatever the route. */
+        int main_ok = jd_auth_bearer_ok(auth, h->token);
+        int worker_ok = h->worker_token != NULL && jd_auth_bearer_ok(auth, h->worker_token);
+        if (!main_ok && worker_ok && !(r->m.flags & JD_RF_WORKER))
+            return http_respond_problem(
+                r, 403, "the worker token opens only /v1/tasks/* and PUT /v1/commands/*", NULL);
+        if (!main_ok && !worker_ok)
+            return http_respond_problem(r, 401, "missing or wrong bearer token", NULL);
+    }
     const char *cl = http_header(r, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl != NULL) {
         int64_t n;
@@ -475,6 +499,7 @@ static void free_server(struct jd_http *h)
     http_linger_stop(h->linger);
     pthread_mutex_destroy(&h->park_mu);
     free(h->token);
+    free(h->worker_token);
     free(h);
 }
 
@@ -486,6 +511,9 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     int rc;
     h->quiesced_fd = MHD_INVALID_SOCKET;
     h->token = (cfg->token && cfg->token[0]) ? jd_xstrdup(cfg->token) : NULL;
+    h->worker_token = (h->token && cfg->worker_token && cfg->worker_token[0])
+                          ? jd_xstrdup(cfg->worker_token)
+                          : NULL;
     h->max_body = cfg->max_body ? cfg->max_body : (size_t)4 << 20;
     h->max_parked = cfg->max_parked ? cfg->max_parked : 512;
     h->max_wait_ms = cfg->max_wait_ms ? cfg->max_wait_ms : 60000;

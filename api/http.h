@@ -36,10 +36,12 @@ struct jd_http_config {
     unsigned max_parked;      /* long-polls + SSE streams at once; 0: 512 */
     size_t max_body;          /* request body cap; 0: 4 MiB */
     const char *token;        /* borrowed (copied); NULL or "": /v1 is open */
-    int64_t max_wait_ms;      /* cap on ?wait=; 0: 60 s */
-    int64_t heartbeat_ms;     /* SSE heartbeat interval; 0: 15 s */
-    struct jd_store *store;   /* borrowed, for /metrics; may be NULL */
-    bool ui_off;              /* true: no dashboard (/ui/ and / answer 404) */
+    const char
+        *worker_token;      /* borrowed (copied); with token: opens only the JD_RF_WORKER routes */
+    int64_t max_wait_ms;    /* cap on ?wait=; 0: 60 s */
+    int64_t heartbeat_ms;   /* SSE heartbeat interval; 0: 15 s */
+    struct jd_store *store; /* borrowed, for /metrics; may be NULL */
+    bool ui_off;            /* true: no dashboard (/ui/ and / answer 404) */
 };
 
 /* Bind and start serving. Until jd_http_attach, /livez answers and

@@ -48,6 +48,7 @@ struct jd_http {
     MHD_socket quiesced_fd;
     uint16_t port;
     char *token;
+    char *worker_token; /* or NULL */
     size_t max_body;
     unsigned max_parked;
     int64_t max_wait_ms, heartbeat_ms;
@@ -154,6 +155,7 @@ enum MHD_Result http_respond_problem(struct jd_req *r, int status, const char *d
                                      const char *pointer);
 enum MHD_Result http_respond_error(struct jd_req *r, int rc, const struct jd_error *err);
 enum MHD_Result http_respond_json_rc(struct jd_req *r, int rc, char *json);
+enum MHD_Result http_respond_put(struct jd_req *r, const char *json, const char *collection);
 enum MHD_Result http_respond_bad_job_id(struct jd_req *r);
 const char *http_query(struct jd_req *r, const char *key);
 const char *http_header(struct jd_req *r, const char *key);
@@ -228,6 +230,18 @@ enum MHD_Result route_queues(struct jd_req *r);
 enum MHD_Result route_queue_pause(struct jd_req *r);
 enum MHD_Result route_queue_get(struct jd_req *r);
 enum MHD_Result route_queue_put(struct jd_req *r);
+
+/* routes_tasks.c: */
+enum MHD_Result route_command_list(struct jd_req *r);
+enum MHD_Result route_command_put(struct jd_req *r);
+enum MHD_Result route_command_get(struct jd_req *r);
+enum MHD_Result route_command_delete(struct jd_req *r);
+enum MHD_Result route_task_claim(struct jd_req *r);
+enum MHD_Result route_task_complete(struct jd_req *r);
+enum MHD_Result route_task_fail(struct jd_req *r);
+enum MHD_Result route_task_heartbeat(struct jd_req *r);
+enum MHD_Result route_task_batch(struct jd_req *r);
+enum MHD_Result route_workers(struct jd_req *r);
 
 /* routes_schedules.c: */
 enum MHD_Result route_schedule_list(struct jd_req *r);

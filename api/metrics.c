@@ -13,6 +13,7 @@
 #include "storage/store.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +354,49 @@ static void render_limits(struct buf *b, const struct jd_metrics_sources *src)
         put(b, "jackdaw_command_waiting{command=\"%s\"} %u\n", c[i].name, c[i].waiting);
 }
 
+/* One counter or gauge per remote command. */
+static void per_command(struct buf *b, const char *name, const char *type, const char *help,
+                        const struct jd_task_stats *t, size_t n, size_t off)
+{
+    family(b, name, type, help);
+    for (size_t i = 0; i < n; i++) {
+        put(b, "%s{command=\"", name);
+        put_label(b, t[i].command);
+        put(b, "\"} %llu\n", (unsigned long long)*(const uint64_t *)((const char *)&t[i] + off));
+    }
+}
+
+static void render_tasks(struct buf *b, const struct jd_task_stats *t, size_t n)
+{
+    per_command(b, "jackdaw_tasks_waiting", "gauge", "Remote tasks no worker has claimed.", t, n,
+                offsetof(struct jd_task_stats, waiting));
+    per_command(b, "jackdaw_tasks_in_flight", "gauge", "Remote tasks claimed and not ended.", t, n,
+                offsetof(struct jd_task_stats, in_flight));
+    per_command(b, "jackdaw_tasks_claimed_total", "counter", "Remote tasks claimed by workers.", t,
+                n, offsetof(struct jd_task_stats, claimed));
+    per_command(b, "jackdaw_tasks_lease_expired_total", "counter",
+                "Claimed remote tasks whose lease ran out.", t, n,
+                offsetof(struct jd_task_stats, lease_expiries));
+    per_command(b, "jackdaw_tasks_completed_total", "counter", "Remote tasks workers completed.", t,
+                n, offsetof(struct jd_task_stats, completed));
+    per_command(b, "jackdaw_tasks_failed_total", "counter", "Remote tasks workers failed.", t, n,
+                offsetof(struct jd_task_stats, failed));
+    static const double le[JD_TASK_LAT_BUCKETS - 1] = {0.01, 0.05, 0.1, 0.5, 1,   5,
+                                                       10,   30,   60,  300, 3600};
+    family(b, "jackdaw_task_claim_to_end_seconds", "histogram",
+           "From a worker's claim to its complete or fail.");
+    for (size_t i = 0; i < n; i++) {
+        struct buf l = {jd_xmalloc(256), 0, 256};
+        l.p[0] = '\0';
+        put(&l, "command=\"");
+        put_label(&l, t[i].command);
+        put(&l, "\"");
+        histogram(b, "jackdaw_task_claim_to_end_seconds", l.p, le, t[i].latency_hist,
+                  JD_TASK_LAT_BUCKETS, (double)t[i].latency_ms_sum / 1000.0);
+        free(l.p);
+    }
+}
+
 char *jd_metrics_render(const struct jd_metrics_sources *src)
 {
     struct buf b = {jd_xmalloc(16384), 0, 16384};
@@ -375,5 +419,7 @@ char *jd_metrics_render(const struct jd_metrics_sources *src)
         render_queues(&b, src->queues, src->nqueues);
     if (src->queue_limits || src->command_limits)
         render_limits(&b, src);
+    if (src->tasks)
+        render_tasks(&b, src->tasks, src->ntasks);
     return b.p;
 }

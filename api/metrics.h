@@ -12,6 +12,8 @@
 
 #include "api/router.h"
 
+#include "server/tasks.h"
+
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,6 +59,8 @@ struct jd_metrics_sources {
     size_t nqueue_limits;
     const struct jd_jobs_command_limit *command_limits; /* --command-limit, live */
     size_t ncommand_limits;
+    const struct jd_task_stats *tasks; /* per remote command (server/tasks.h) */
+    size_t ntasks;
     int ready; /* 1 ready, 0 starting or draining */
 };
 

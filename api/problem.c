@@ -1,8 +1,9 @@
 /*
  * Problem details, bearer-token comparison and content-type checks. The
  * problem JSON is built with cJSON so that any detail text (which may echo
- * user input) is escaped correctly. The type is always "about:blank": the
- * status says what kind of problem it is. No shared state.
+ * user input) is escaped correctly. The type is "about:blank" (the
+ * status says what kind of problem it is), except for the few conflicts a
+ * client must tell apart (jd_problem_json_reason). No shared state.
  */
 #include "api/problem.h"
 
@@ -56,6 +57,12 @@ const char *jd_http_reason(int status)
 char *jd_problem_json(int status, const char *detail, const char *pointer, const char *instance,
                       const char *request_id)
 {
+    return jd_problem_json_reason(status, NULL, detail, pointer, instance, request_id);
+}
+
+char *jd_problem_json_reason(int status, const char *reason, const char *detail,
+                             const char *pointer, const char *instance, const char *request_id)
+{
     cJSON *o = cJSON_CreateObject();
     if (o == NULL)
         abort();
@@ -64,7 +71,16 @@ char *jd_problem_json(int status, const char *detail, const char *pointer, const
      * here is one per status, so a type URI of our own would add nothing but
      * a link to a page that does not exist; detail and pointer say what to
      * fix. */
-    cJSON_AddStringToObject(o, "type", "about:blank");
+    if (reason != NULL) {
+        /* The status alone cannot say which of several conflicts it was
+         * (a task's lease lost, its job cancelled, already completed). */
+        char type[96];
+        snprintf(type, sizeof type, "urn:jackdaw:problem:%.60s", reason);
+        cJSON_AddStringToObject(o, "type", type);
+        cJSON_AddStringToObject(o, "reason", reason);
+    } else {
+        cJSON_AddStringToObject(o, "type", "about:blank");
+    }
     cJSON_AddStringToObject(o, "title", jd_http_reason(status));
     cJSON_AddNumberToObject(o, "status", status);
     if (detail != NULL && detail[0] != '\0')

@@ -18,6 +18,13 @@ const char *jd_http_reason(int status);
 char *jd_problem_json(int status, const char *detail, const char *pointer, const char *instance,
                       const char *request_id);
 
+/* As jd_problem_json, with a problem type of our own: "type" is
+ * "urn:jackdaw:problem:<reason>" and the object also carries "reason":
+ * "<reason>" (a short word, e.g. "lease_lost"), for conflicts a client
+ * must tell apart. reason NULL: exactly jd_problem_json. */
+char *jd_problem_json_reason(int status, const char *reason, const char *detail,
+                             const char *pointer, const char *instance, const char *request_id);
+
 /*
  * Constant-time check of an Authorization header value against
  * "Bearer <token>" (scheme case-insensitive). Time depends only on the

@@ -27,10 +27,11 @@ enum { JD_M_GET = 1, JD_M_HEAD = 2, JD_M_POST = 4, JD_M_PUT = 8, JD_M_DELETE = 1
 
 /* What the HTTP layer checks before a route's handler runs (see routes.h). */
 enum {
-    JD_RF_V1 = 1,    /* under /v1: needs the bearer token when one is set */
-    JD_RF_JOBS = 2,  /* needs the job layer: 503 while starting */
-    JD_RF_WRITE = 4, /* starts work: 503 once draining began */
-    JD_RF_JSON = 8,  /* takes a JSON body: Content-Type, non-empty, UTF-8 */
+    JD_RF_V1 = 1,      /* under /v1: needs the bearer token when one is set */
+    JD_RF_JOBS = 2,    /* needs the job layer: 503 while starting */
+    JD_RF_WRITE = 4,   /* starts work: 503 once draining began */
+    JD_RF_JSON = 8,    /* takes a JSON body: Content-Type, non-empty, UTF-8 */
+    JD_RF_WORKER = 16, /* --worker-token opens it too (the task routes, PUT a command) */
 };
 
 /* One row of a route table. */

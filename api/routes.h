@@ -16,7 +16,7 @@
  *   flags    JD_RF_* (api/router.h): V1 (needs the bearer token), JOBS
  *            (503 until the job layer is attached), WRITE (503 while
  *            draining), JSON (takes a JSON body: Content-Type, non-empty,
- *            UTF-8).
+ *            UTF-8), WORKER (--worker-token opens it too).
  *
  * Only api/router.h includes this file; the handler column is used only
  * where http_impl.h declares the handlers (api/http.c), so the router
@@ -78,6 +78,26 @@
     X(JD_ROUTE_SCHEDULE_TRIGGER, JD_M_POST,   "/v1/schedules/{id}/trigger", route_schedule_trigger, \
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
     X(JD_ROUTE_SCHEDULE_EVENTS,  JD_M_GET,    "/v1/schedules/{id}/events", route_schedule_events,  \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_COMMAND_LIST,   JD_M_GET,    "/v1/commands",            route_command_list,         \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_COMMAND_PUT,    JD_M_PUT,    "/v1/commands/{name}",     route_command_put,          \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_WORKER)                                          \
+    X(JD_ROUTE_COMMAND_GET,    JD_M_GET,    "/v1/commands/{name}",     route_command_get,          \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_COMMAND_DELETE, JD_M_DELETE, "/v1/commands/{name}",     route_command_delete,       \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE)                                                         \
+    X(JD_ROUTE_TASK_CLAIM,     JD_M_POST,   "/v1/tasks/claim",         route_task_claim,           \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
+    X(JD_ROUTE_TASK_BATCH,     JD_M_POST,   "/v1/tasks/complete",      route_task_batch,           \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
+    X(JD_ROUTE_TASK_COMPLETE,  JD_M_POST,   "/v1/tasks/{id}/complete", route_task_complete,        \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
+    X(JD_ROUTE_TASK_FAIL,      JD_M_POST,   "/v1/tasks/{id}/fail",     route_task_fail,            \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON | JD_RF_WORKER)                             \
+    X(JD_ROUTE_TASK_HEARTBEAT, JD_M_POST,   "/v1/tasks/{id}/heartbeat", route_task_heartbeat,      \
+      JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_WORKER)                                          \
+    X(JD_ROUTE_WORKERS,        JD_M_GET,    "/v1/workers",             route_workers,              \
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_OPENAPI,      JD_M_GET,  "/v1/openapi.yaml",          route_openapi,                \
       JD_RF_V1)                                                                                    \

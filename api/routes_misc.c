@@ -63,6 +63,12 @@ enum MHD_Result route_metrics(struct jd_req *r)
     }
     struct jd_queue_counts *qc = NULL;
     size_t nq = 0;
+    struct jd_task_stats *ts = NULL;
+    size_t nts = 0;
+    if (j != NULL && jd_jobs_task_stats(j, &ts, &nts) == 0) {
+        src.tasks = ts;
+        src.ntasks = nts;
+    }
     if (h->store != NULL) {
         jd_store_stats(h->store, &st);
         src.store = &st;
@@ -77,6 +83,7 @@ enum MHD_Result route_metrics(struct jd_req *r)
         jd_queue_counts_free(qc, nq);
     free(ql);
     free(cl);
+    jd_task_stats_free(ts, nts);
     return http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text),
                         NULL, NULL, NULL, NULL);
 }

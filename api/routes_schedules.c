@@ -61,16 +61,7 @@ static void on_done(void *arg, int rc, bool created, const char *json)
 /* 201 + Location for a new schedule, 200 for a replaced one. */
 static enum MHD_Result answer_put(struct jd_req *r, const char *json)
 {
-    pthread_mutex_lock(&r->mu);
-    bool created = r->cb_existing;
-    pthread_mutex_unlock(&r->mu);
-    if (!created)
-        return http_respond_json(r, 200, json ? json : "{}", NULL, NULL);
-    char *loc = jd_xasprintf("/v1/schedules/%s", r->m.param);
-    enum MHD_Result ret =
-        http_respond_json(r, 201, json ? json : "{}", MHD_HTTP_HEADER_LOCATION, loc);
-    free(loc);
-    return ret;
+    return http_respond_put(r, json, "/v1/schedules");
 }
 
 static enum MHD_Result answer_ok(struct jd_req *r, const char *json)

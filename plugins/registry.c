@@ -77,10 +77,17 @@ void jd_registry_freeze(struct jd_registry *r)
     r->frozen = true;
 }
 
-const struct jd_command *jd_registry_command(const struct jd_registry *r, const char *name)
+void jd_registry_set_fallback(struct jd_registry *r,
+                              const struct jd_command *(*lookup)(void *ctx, const char *name),
+                              void *ctx)
 {
-    if (!r || !name)
-        return NULL;
+    r->fallback = lookup;
+    r->fallback_ctx = ctx;
+}
+
+/* A command a loaded plugin provides, or NULL. */
+static const struct jd_command *plugin_command(const struct jd_registry *r, const char *name)
+{
     if (r->frozen) {
         struct named_cmd key = {name, NULL};
         const struct named_cmd *hit =
@@ -91,6 +98,16 @@ const struct jd_command *jd_registry_command(const struct jd_registry *r, const 
         if (strcmp(r->cmds[i].name, name) == 0)
             return r->cmds[i].cmd;
     return NULL;
+}
+
+const struct jd_command *jd_registry_command(const struct jd_registry *r, const char *name)
+{
+    if (!r || !name)
+        return NULL;
+    const struct jd_command *c = plugin_command(r, name);
+    if (!c && r->fallback)
+        c = r->fallback(r->fallback_ctx, name);
+    return c;
 }
 
 static const struct named_pt *find_pt(const struct jd_registry *r, const char *name)

@@ -55,6 +55,15 @@ int jd_registry_add(struct jd_registry *r, jd_plugin_entry_fn entry, const char 
 void jd_registry_freeze(struct jd_registry *r);
 void jd_registry_destroy(struct jd_registry *r);
 
+/* Commands served outside any plugin (the job layer's remote commands):
+ * when no loaded plugin has `name`, jd_registry_command asks lookup(ctx,
+ * name), which returns a command (valid for the registry's life) or NULL.
+ * Set once at start-up before other threads look anything up; lookup must
+ * be thread-safe and must not block. */
+void jd_registry_set_fallback(struct jd_registry *r,
+                              const struct jd_command *(*lookup)(void *ctx, const char *name),
+                              void *ctx);
+
 /* Lookups (NULL if unknown). The returned pointers live as long as r. */
 const struct jd_command *jd_registry_command(const struct jd_registry *r, const char *name);
 const struct jd_process_type *jd_registry_process_type(const struct jd_registry *r,

@@ -52,6 +52,8 @@ struct jd_registry {
     size_t npts, cap_pts;
     struct jd_process_ops *pt_ops; /* pt_ops[i] wraps pts[i]; built at freeze */
     bool frozen;
+    const struct jd_command *(*fallback)(void *ctx, const char *name); /* or NULL */
+    void *fallback_ctx;
     /* Counters: relaxed, they are statistics only. */
     _Atomic uint64_t calls, ok, failed, timeouts, cancelled, retries, late_dropped, unknown;
 };

@@ -54,6 +54,8 @@ static const struct opt opts[] = {
      "full: fsync every commit (default); normal: WAL sync at checkpoints"},
     {"--token", "JACKDAW_TOKEN", OPT_STR, F(token), "T",
      "require 'Authorization: Bearer T' on /v1 (default: open)"},
+    {"--worker-token", "JACKDAW_WORKER_TOKEN", OPT_STR, F(worker_token), "T",
+     "a second token for workers: opens only /v1/tasks/* and PUT /v1/commands/* (needs --token)"},
     {"--exec-allow", "JACKDAW_EXEC_ALLOW", OPT_STR, F(exec_allow), "LIST",
      "programs the exec handler may run: comma-separated absolute paths, or * (default: none)"},
     {"--exec-env-allow", "JACKDAW_EXEC_ENV_ALLOW", OPT_STR, F(exec_env_allow), "LIST",
@@ -335,6 +337,15 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
         free(c->token); /* an empty token means "no auth", as an unset variable */
         c->token = NULL;
     }
+    if (c->worker_token != NULL && c->worker_token[0] == '\0') {
+        free(c->worker_token);
+        c->worker_token = NULL;
+    }
+    if (c->worker_token != NULL && c->token == NULL)
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--worker-token needs --token (without it /v1 is open to anyone)");
+    if (c->worker_token != NULL && strcmp(c->worker_token, c->token) == 0)
+        return jd_error_set(err, JD_EINVAL, NULL, "--worker-token must differ from --token");
     return 0;
 }
 
@@ -343,6 +354,8 @@ void jd_config_free(struct jd_config *c)
     free(c->db);
     free(c->plugin_dir);
     free(c->token);
+    free(c->worker_token);
+    c->worker_token = NULL;
     free(c->exec_allow);
     free(c->exec_env_allow);
     free(c->http_allow);

@@ -25,6 +25,7 @@ struct jd_config {
     char *plugin_dir;              /* --plugin-dir; default given to jd_config_parse */
     bool sync_full;                /* --sync full|normal; default full */
     char *token;                   /* --token; NULL: /v1 is open */
+    char *worker_token;            /* --worker-token; NULL: none */
     char *exec_allow;              /* --exec-allow; NULL: exec refuses every program */
     char *exec_env_allow;          /* --exec-env-allow; NULL: any env name but the deny-list */
     int64_t exec_timeout_ms;       /* --exec-timeout; default deadline of exec, default 10 min */

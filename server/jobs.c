@@ -273,6 +273,8 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     }
     jobs_queue_controls_load(j);
 
+    if ((rc = jobs_tasks_create(j, err)))
+        goto fail;
     if ((rc = jobs_recover(j, err)))
         goto fail;
     jobs_unique_recover(j);
@@ -286,6 +288,7 @@ fail:
         jd_sched_destroy(j->sched);
     command_limits_free(j);
     queues_free(j);
+    jobs_tasks_destroy(j);
     jd_stats_destroy(j->series);
     jobs_bulk_fini(j);
     free(j->exec_allow);
@@ -305,9 +308,14 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
         return 0;
     }
     j->draining = true;
-    /* Let calls in flight finish (and be recorded) within the grace period. */
+    pthread_mutex_unlock(&j->mu);
+    jobs_tasks_drain(j); /* parked claims answer (empty) now */
+    pthread_mutex_lock(&j->mu);
+    /* Let calls in flight finish (and be recorded) within the grace period;
+     * remote tasks no worker claimed are not running, so they do not hold
+     * the drain (they wait again after the restart). */
     uint64_t deadline = jd_now_ns() + (uint64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000u;
-    while (j->inflight_calls > 0 && jd_now_ns() < deadline) {
+    while (j->inflight_calls > jobs_tasks_waiting(j) && jd_now_ns() < deadline) {
         pthread_mutex_unlock(&j->mu);
         usleep(2000);
         pthread_mutex_lock(&j->mu);
@@ -360,6 +368,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     jobs_bulk_fini(j);
     jd_registry_destroy(j->reg);
     jd_sched_destroy(j->sched);
+    jobs_tasks_destroy(j);
     jd_store_sync(j->store);
     /* No thread calls in any more: free what is left, whatever its refs. */
     for (unsigned b = 0; b < NBUCKETS; b++) {

@@ -14,6 +14,7 @@
  *   jobs_unique.c  unique keys: who holds one, taking and dropping, recovery
  *   jobs_watch.c   watches (change notification)
  *   jobs_read.c    JSON reads and counters
+ *   jobs_tasks.c   remote commands and their tasks (tasks.h; own lock, after mu)
  *   render.c       JSON output
  *
  * Locking: one mutex, jd_jobs.mu, guards the table, the queues and ready
@@ -247,6 +248,7 @@ struct jd_jobs {
     struct cmd_limit *cmd_limits; /* --command-limit, fixed after create */
     struct job *ukeys[NBUCKETS];  /* jobs holding a unique key, by key hash */
     struct jobs_bulk *bulk;       /* bulk actions (jobs_find.c; own lock, never under mu) */
+    struct jd_tasks *tasks;       /* remote commands (jobs_tasks.c; own lock, taken after mu) */
 };
 
 struct idem {
@@ -397,6 +399,21 @@ bool jobs_deleting_locked(struct jd_jobs *j, int64_t id);
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */
 int jobs_recover(struct jd_jobs *j, struct jd_error *err);
+
+/* jobs_tasks.c: remote commands. create loads them and installs the
+ * registry's fallback (before replay); drain answers parked claims. */
+int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err);
+void jobs_tasks_drain(struct jd_jobs *j);
+/* Tasks waiting for a worker (any thread; takes the tasks lock). */
+unsigned jobs_tasks_waiting(struct jd_jobs *j);
+void jobs_tasks_destroy(struct jd_jobs *j);
+/* The registered per-attempt timeout of a remote command; 0 for none (or
+ * not remote). */
+int64_t jobs_tasks_timeout_ms(struct jd_jobs *j, const char *name);
+/* The job's latest worker progress (JSON text, caller frees), or NULL. */
+char *jobs_tasks_progress(struct jd_jobs *j, int64_t job_id);
+/* Is c (a registry lookup's answer, may be NULL) a remote command? */
+bool jobs_tasks_is_remote_cmd(const struct jd_command *c);
 
 /* render.c: JSON output. */
 /* Render one stored job as a cJSON object (caller deletes). */

@@ -8,6 +8,8 @@
  */
 #include "server/jobs_impl.h"
 
+#include "common/alloc.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +21,20 @@ int jd_jobs_get_json(struct jd_jobs *j, int64_t id, char **json, int64_t *versio
     int rc = jd_store_job_get(j->store, id, &row);
     if (rc)
         return rc;
-    if (json)
+    if (json) {
         *json = jd_render_job_json(&row);
+        /* A remote step's latest progress (a worker's heartbeat), while
+         * the job runs: kept in memory, spliced in as "progress". */
+        char *p = jd_job_state_terminal(row.state) ? NULL : jobs_tasks_progress(j, id);
+        size_t n = *json ? strlen(*json) : 0;
+        if (p && n > 1 && (*json)[n - 1] == '}') {
+            (*json)[n - 1] = '\0';
+            char *both = jd_xasprintf("%s,\"progress\":%s}", *json, p);
+            free(*json);
+            *json = both;
+        }
+        free(p);
+    }
     if (version)
         *version = row.version;
     if (terminal)

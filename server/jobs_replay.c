@@ -112,6 +112,7 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
             jb->cancel_requested = true;
             break;
         case JD_EVK_STATE:
+        case JD_EVK_PROGRESS: /* a worker's report: nothing to replay */
             break;
         }
         cJSON_Delete(d);

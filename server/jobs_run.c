@@ -397,12 +397,17 @@ static void call_send(struct call *c)
     struct job *jb = c->job;
     char key[48];
     snprintf(key, sizeof key, "%" PRId64 ":%u", jb->id, c->tag);
+    int64_t timeout_ms = c->timeout_ms;
+    /* A remote command's own default (plugins carry theirs; their lookup
+     * is lock-free, and only a remote one asks the tasks layer). */
+    if (timeout_ms == 0 && jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, c->command)))
+        timeout_ms = jobs_tasks_timeout_ms(j, c->command);
     struct jd_call_request req = {
         .command = c->command,
         .args_json = c->args,
         .idempotency_key = key,
         .first_attempt = c->first,
-        .timeout_ms = c->timeout_ms,
+        .timeout_ms = timeout_ms,
         .retry = c->pol,
         .on_attempt = call_on_attempt,
         .done = call_done,
@@ -558,6 +563,13 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     c->next = jb->calls;
     jb->calls = c;
     uint32_t first = rc ? rc->attempt + 1 : 1;
+    /* A remote call whose recorded attempt no worker ever claimed did not
+     * run: after a restart it waits again as the same attempt. */
+    bool remote_wait = false;
+    if (rc && rc->attempt > 0 && jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, cmd)) &&
+        jd_store_task_claimed(j->store, jb->id, y->tag, rc->attempt, &remote_wait) == 0 &&
+        !remote_wait)
+        first = rc->attempt;
     struct jd_retry_policy pol;
     if (jb->def && jb->def->shape != JD_JOBDEF_PROCESS)
         pol = jd_jobdef_retry_for_tag(jb->def, y->tag);

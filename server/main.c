@@ -112,6 +112,7 @@ int main(int argc, char **argv)
         .max_parked = cfg.max_parked,
         .max_body = cfg.max_body,
         .token = cfg.token,
+        .worker_token = cfg.worker_token,
         .max_wait_ms = cfg.max_wait_ms,
         .heartbeat_ms = cfg.heartbeat_ms,
         .store = store,

@@ -223,6 +223,47 @@ static const char *const migrations[] = {
      * still counted by jobs_count_delete. */
     "DROP TRIGGER jobs_count_insert;"
     "DROP TRIGGER jobs_count_update;",
+
+    /* 9: remote commands (served by workers over HTTP) and their claimed
+     * tasks. A task row is written when a worker claims it and updated
+     * when it ends, so that after a restart its id still answers (409:
+     * completed, or lease lost) rather than 404; a task that was only
+     * waiting has no row (the job's dispatch event is its record).
+     * Rows go with their job (retention). */
+    "CREATE TABLE remote_commands ("
+    "  name TEXT PRIMARY KEY,"
+    "  timeout_ms INTEGER NOT NULL DEFAULT 0,"
+    "  description TEXT,"
+    "  created_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL"
+    ") STRICT;"
+    "CREATE TABLE tasks ("
+    "  id TEXT PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL,"
+    "  tag INTEGER NOT NULL,"
+    "  attempt INTEGER NOT NULL,"
+    "  command TEXT NOT NULL,"
+    "  state INTEGER NOT NULL,"
+    "  worker TEXT,"
+    "  lease_expires_ms INTEGER NOT NULL DEFAULT 0,"
+    "  updated_ms INTEGER NOT NULL"
+    ") STRICT;"
+    "CREATE INDEX tasks_job ON tasks(job_id);"
+    /* A worker's progress (a heartbeat's) is a history event of its own
+     * kind (5): the events table is rebuilt with the wider CHECK, once. */
+    "CREATE TABLE events_v4 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_id INTEGER NOT NULL,"
+    "  seq INTEGER NOT NULL,"
+    "  time_ms INTEGER NOT NULL,"
+    "  kind INTEGER NOT NULL CHECK (kind BETWEEN 0 AND 5),"
+    "  tag INTEGER NOT NULL DEFAULT 0,"
+    "  data TEXT"
+    ") STRICT;"
+    "INSERT INTO events_v4 SELECT id, job_id, seq, time_ms, kind, tag, data FROM events;"
+    "DROP TABLE events;"
+    "ALTER TABLE events_v4 RENAME TO events;"
+    "CREATE UNIQUE INDEX events_job_seq ON events(job_id, seq);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

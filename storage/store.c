@@ -58,8 +58,9 @@ int jd_job_state_parse(const char *name)
 
 const char *jd_event_kind_name(enum jd_event_kind k)
 {
-    static const char *const names[] = {"state", "dispatch", "complete", "message", "cancel"};
-    return (unsigned)k <= JD_EVK_CANCEL ? names[k] : "unknown";
+    static const char *const names[] = {"state",   "dispatch", "complete",
+                                        "message", "cancel",   "progress"};
+    return (unsigned)k <= JD_EVK_PROGRESS ? names[k] : "unknown";
 }
 
 void jd_job_clear(struct jd_job *j)
@@ -430,7 +431,7 @@ fail:
     return rc;
 }
 
-#define JD_RS_MAX 24 /* read statements per connection (RS_N, checked below) */
+#define JD_RS_MAX 32 /* read statements per connection (RS_N, checked below) */
 
 struct jd_rconn {
     sqlite3 *db;
@@ -533,6 +534,9 @@ enum {
     RS_OLDEST_QUEUED,
     RS_QCONFIG,
     RS_UNIQUE_KEYS,
+    RS_RCMD_LIST,
+    RS_TASK_STATE,
+    RS_TASK_CLAIMED,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -582,6 +586,10 @@ static const char *const read_sql[RS_N] = {
                         " WHERE schedule_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
     [RS_OLDEST_QUEUED] = "SELECT id, created_ms FROM jobs INDEXED BY jobs_queue_state"
                          " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
+    [RS_RCMD_LIST] = "SELECT name, timeout_ms, description, created_ms, updated_ms"
+                     " FROM remote_commands ORDER BY name",
+    [RS_TASK_STATE] = "SELECT state, job_id FROM tasks WHERE id = ?1",
+    [RS_TASK_CLAIMED] = "SELECT 1 FROM tasks WHERE job_id = ?1 AND tag = ?2 AND attempt = ?3",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -892,27 +900,34 @@ int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, c
     return rc;
 }
 
-int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_id,
-                           int64_t *created_ms)
+/* A read of at most one row of two integers, keyed by one text: 0 with
+ * both set, JD_ENOENT for no row, or a JD_E* code. */
+static int read_two_ints(struct jd_store *s, int which, const char *key, int64_t *a, int64_t *b)
 {
-    if (!queue)
-        return JD_EINVAL;
     struct jd_rconn *c;
     int rc = rconn_get(s, &c);
     if (rc)
         return rc;
-    sqlite3_stmt *st = c->st[RS_OLDEST_QUEUED];
-    sqlite3_bind_text(st, 1, queue, -1, SQLITE_STATIC);
+    sqlite3_stmt *st = c->st[which];
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
     int src = sqlite3_step(st);
     if (src == SQLITE_ROW) {
-        *job_id = sqlite3_column_int64(st, 0);
-        *created_ms = sqlite3_column_int64(st, 1);
+        *a = sqlite3_column_int64(st, 0);
+        *b = sqlite3_column_int64(st, 1);
     }
     rc = src == SQLITE_ROW ? 0 : src == SQLITE_DONE ? JD_ENOENT : step_rc(src);
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     rconn_put(s, c);
     return rc;
+}
+
+int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_id,
+                           int64_t *created_ms)
+{
+    if (!queue)
+        return JD_EINVAL;
+    return read_two_ints(s, RS_OLDEST_QUEUED, queue, job_id, created_ms);
 }
 
 int jd_store_recover(struct jd_store *s,
@@ -1157,4 +1172,81 @@ int jd_store_schedule_events(struct jd_store *s, const char *id, int64_t after_s
     *events = out;
     *n = k;
     return 0;
+}
+
+/* ---- remote commands and tasks ---- */
+
+void jd_rcmd_rows_free(struct jd_rcmd_row *rows, size_t n)
+{
+    for (size_t i = 0; rows && i < n; i++) {
+        free(rows[i].name);
+        free(rows[i].description);
+    }
+    free(rows);
+}
+
+int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n)
+{
+    *rows = NULL;
+    *n = 0;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_RCMD_LIST];
+    size_t k = 0, cap = 0;
+    struct jd_rcmd_row *out = NULL;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (k == cap) {
+            cap = cap ? cap * 2 : 16;
+            out = jd_xrealloc(out, cap * sizeof *out);
+        }
+        out[k].name = col_text(st, 0);
+        out[k].timeout_ms = sqlite3_column_int64(st, 1);
+        out[k].description = col_text(st, 2);
+        out[k].created_ms = sqlite3_column_int64(st, 3);
+        out[k].updated_ms = sqlite3_column_int64(st, 4);
+        k++;
+    }
+    rc = src == SQLITE_DONE ? 0 : step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    if (rc) {
+        jd_rcmd_rows_free(out, k);
+        return rc;
+    }
+    *rows = out;
+    *n = k;
+    return 0;
+}
+
+int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t *job_id)
+{
+    if (!id)
+        return JD_EINVAL;
+    int64_t st = 0;
+    int rc = read_two_ints(s, RS_TASK_STATE, id, &st, job_id);
+    *state = (int)st;
+    return rc;
+}
+
+int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,
+                          bool *claimed)
+{
+    *claimed = false;
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = c->st[RS_TASK_CLAIMED];
+    sqlite3_bind_int64(st, 1, job_id);
+    sqlite3_bind_int64(st, 2, tag);
+    sqlite3_bind_int64(st, 3, attempt);
+    int src = sqlite3_step(st);
+    *claimed = src == SQLITE_ROW;
+    rc = src == SQLITE_ROW || src == SQLITE_DONE ? 0 : step_rc(src);
+    sqlite3_reset(st);
+    rconn_put(s, c);
+    return rc;
 }

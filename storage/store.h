@@ -56,6 +56,8 @@ enum jd_event_kind {
     JD_EVK_COMPLETE = 2, /* tag, data: {"result":..} or {"error":{..}} */
     JD_EVK_MESSAGE = 3,  /* data: {"topic":..,"data":..} */
     JD_EVK_CANCEL = 4,   /* data: {"reason":..} */
+    JD_EVK_PROGRESS =
+        5, /* tag, data: {"progress":..,"task":..,"worker":..} (a worker's heartbeat) */
 };
 const char *jd_event_kind_name(enum jd_event_kind k); /* "state", "dispatch", ... */
 
@@ -136,6 +138,35 @@ enum jd_write_op {
                                  `retain_ms` (its paused flag is kept) */
     JD_W_JOB_DELETE = 8,      /* (issue 19) delete terminal job `job_id` and its history;
                                  JD_ECONFLICT if it is not terminal, JD_ENOENT if missing */
+    JD_W_COMMAND_PUT = 9,     /* create or replace remote command `rcmd` */
+    JD_W_COMMAND_DELETE = 10, /* delete remote command `rcmd.name` (JD_ENOENT if none) */
+    JD_W_TASK_PUT = 11,       /* create or replace task row `task` */
+};
+
+/* The remote-command part of a write record (borrowed strings). */
+struct jd_rcmd_write {
+    const char *name;
+    const char *description; /* or NULL */
+    int64_t timeout_ms;      /* 0: none */
+};
+
+/* States of a stored task row. */
+enum jd_task_state {
+    JD_TASK_CLAIMED = 1,   /* a worker holds it (lease_expires_ms) */
+    JD_TASK_COMPLETED = 2, /* the worker completed or failed it */
+    JD_TASK_EXPIRED = 3,   /* its lease ran out */
+    JD_TASK_CANCELLED = 4, /* its job was cancelled (or its call timed out) */
+};
+
+/* The task part of a write record (borrowed strings). */
+struct jd_task_write {
+    const char *id;
+    int64_t job_id;
+    uint32_t tag, attempt;
+    const char *command;
+    enum jd_task_state state;
+    const char *worker; /* or NULL */
+    int64_t lease_expires_ms;
 };
 
 /* Fields of a schedule row a JD_W_SCHEDULE_CHANGE sets. */
@@ -218,6 +249,10 @@ struct jd_write {
 
     /* JD_W_SCHEDULE_* */
     struct jd_schedule_write sched;
+
+    /* JD_W_COMMAND_*, JD_W_TASK_PUT */
+    struct jd_rcmd_write rcmd;
+    struct jd_task_write task;
 
     /* Called on the writer thread (or, after jd_store_done_thread, on the
      * completion thread) after the commit (rc 0) or failure (rc <
@@ -402,6 +437,26 @@ int jd_store_schedule_list(struct jd_store *s, const char *after, unsigned limit
  * (1..10000). An unknown schedule has none. */
 int jd_store_schedule_events(struct jd_store *s, const char *id, int64_t after_seq, unsigned limit,
                              struct jd_schedule_event **events, size_t *n);
+
+/* ---- remote commands and tasks ---- */
+
+struct jd_rcmd_row {
+    char *name;
+    char *description; /* or NULL */
+    int64_t timeout_ms;
+    int64_t created_ms, updated_ms;
+};
+/* Every remote command, by name. Free with jd_rcmd_rows_free. */
+int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n);
+void jd_rcmd_rows_free(struct jd_rcmd_row *rows, size_t n);
+/* The stored state of task `id` (enum jd_task_state) and its job:
+ * JD_ENOENT if no row. */
+int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t *job_id);
+
+/* Was attempt `attempt` of (job_id, tag) ever claimed (has a task row)?
+ * 0 with *claimed set, or a JD_E* code. */
+int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,
+                          bool *claimed);
 
 struct jd_store_stats {
     uint64_t commits, records, failed_commits, retention_deleted;

@@ -58,6 +58,10 @@ enum {
     JD_WS_JOB_DELETE, /* issue 19: DELETE /v1/jobs/{id} */
     JD_WS_JOB_STATE,
     JD_WS_COUNT_ADD,
+    JD_WS_RCMD_UPSERT,
+    JD_WS_RCMD_DELETE,
+    JD_WS_TASK_UPSERT,
+    JD_WS_RET_DEL_TASKS,
     JD_WS_N
 };
 

@@ -146,6 +146,18 @@ static const char *const writer_sql[JD_WS_N] = {
      * (queue, state) (see struct qcounts) */
     [JD_WS_COUNT_ADD] = "INSERT INTO queue_counts(queue, state, n) VALUES (?1, ?2, ?3)"
                         " ON CONFLICT(queue, state) DO UPDATE SET n = n + excluded.n",
+    [JD_WS_RCMD_UPSERT] = "INSERT INTO remote_commands(name, timeout_ms, description, created_ms,"
+                          " updated_ms) VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT(name) DO UPDATE"
+                          " SET timeout_ms = excluded.timeout_ms,"
+                          " description = excluded.description, updated_ms = excluded.updated_ms",
+    [JD_WS_RCMD_DELETE] = "DELETE FROM remote_commands WHERE name = ?1",
+    [JD_WS_TASK_UPSERT] = "INSERT INTO tasks(id, job_id, tag, attempt, command, state, worker,"
+                          " lease_expires_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,"
+                          " ?9) ON CONFLICT(id) DO UPDATE SET state = excluded.state,"
+                          " worker = excluded.worker,"
+                          " lease_expires_ms = excluded.lease_expires_ms,"
+                          " updated_ms = excluded.updated_ms",
+    [JD_WS_RET_DEL_TASKS] = "DELETE FROM tasks WHERE job_id = ?1",
 };
 
 /* Step a statement to completion and reset it; the SQLite result. */
@@ -482,7 +494,7 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
                         struct qcounts *qc)
 {
     unsigned set = w->set;
-    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_CANCEL || set >= JD_UPDATE_MASKS ||
+    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_PROGRESS || set >= JD_UPDATE_MASKS ||
         ((set & JD_SET_STATE) && (unsigned)w->state >= JD_JOB_NSTATES))
         return JD_EINVAL;
     sqlite3_stmt *st = update_stmt(s, set);
@@ -750,7 +762,8 @@ static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcach
     }
     if (vc) /* a change earlier in this batch must not write the row back */
         vc_slot(vc, w->job_id)->dirty = false;
-    static const int dels[] = {JD_WS_RET_DEL_EVENTS, JD_WS_RET_DEL_DEF, JD_WS_RET_MAX_ID};
+    static const int dels[] = {JD_WS_RET_DEL_EVENTS, JD_WS_RET_DEL_DEF, JD_WS_RET_DEL_TASKS,
+                               JD_WS_RET_MAX_ID};
     for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
         st = s->wst[dels[i]];
         sqlite3_bind_int64(st, 1, w->job_id);
@@ -769,6 +782,42 @@ static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcach
             return record_error(sqlite3_extended_errcode(s->wdb));
     }
     return 0;
+}
+
+static int apply_remote(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    sqlite3_stmt *st;
+    if (w->op == JD_W_TASK_PUT) {
+        const struct jd_task_write *t = &w->task;
+        if (!t->id || !t->command)
+            return JD_EINVAL;
+        st = s->wst[JD_WS_TASK_UPSERT];
+        sqlite3_bind_text(st, 1, t->id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, t->job_id);
+        sqlite3_bind_int64(st, 3, t->tag);
+        sqlite3_bind_int64(st, 4, t->attempt);
+        sqlite3_bind_text(st, 5, t->command, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 6, (int)t->state);
+        bind_text(st, 7, t->worker);
+        sqlite3_bind_int64(st, 8, t->lease_expires_ms);
+        sqlite3_bind_int64(st, 9, now);
+        return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
+    }
+    if (!w->rcmd.name)
+        return JD_EINVAL;
+    if (w->op == JD_W_COMMAND_DELETE) {
+        st = s->wst[JD_WS_RCMD_DELETE];
+        sqlite3_bind_text(st, 1, w->rcmd.name, -1, SQLITE_STATIC);
+        if (run(st) != SQLITE_DONE)
+            return record_error(sqlite3_extended_errcode(s->wdb));
+        return sqlite3_changes(s->wdb) == 0 ? JD_ENOENT : 0;
+    }
+    st = s->wst[JD_WS_RCMD_UPSERT];
+    sqlite3_bind_text(st, 1, w->rcmd.name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, w->rcmd.timeout_ms);
+    bind_text(st, 3, w->rcmd.description);
+    sqlite3_bind_int64(st, 4, now);
+    return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
 }
 
 /* vc: the batch's version cache, or NULL on the savepoint path; qc: the
@@ -793,6 +842,10 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
     case JD_W_SCHEDULE_CHANGE:
     case JD_W_SCHEDULE_DELETE:
         return apply_schedule(s, w, now);
+    case JD_W_COMMAND_PUT:
+    case JD_W_COMMAND_DELETE:
+    case JD_W_TASK_PUT:
+        return apply_remote(s, w, now);
     default:
         return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
     }
@@ -1133,6 +1186,10 @@ static bool retention_step(struct jd_store *s)
         if (run(st) != SQLITE_DONE)
             goto fail;
         st = s->wst[JD_WS_RET_DEL_DEF];
+        sqlite3_bind_int64(st, 1, ids[i]);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
+        st = s->wst[JD_WS_RET_DEL_TASKS];
         sqlite3_bind_int64(st, 1, ids[i]);
         if (run(st) != SQLITE_DONE)
             goto fail;

@@ -240,9 +240,16 @@ req PUT /v1/schedules/specsched -H 'Content-Type: application/json' \
 # a bulk operation to look at (retrying succeeded jobs skips them all)
 req POST /v1/jobs/retry -H 'Content-Type: application/json' --data-binary '{"state":"succeeded"}'
 OPID=$(sed -n 's/.*"id":"\([0-9]*\)".*/\1/p' <<<"$BODY")
+req PUT /v1/commands/speccmd -H 'Content-Type: application/json' --data-binary '{}'
+req POST /v1/jobs -H 'Content-Type: application/json' --data-binary '{"handler":"speccmd"}'
+req POST /v1/tasks/claim -H 'Content-Type: application/json' \
+    --data-binary '{"commands":["speccmd"],"wait_ms":5000}'
+SPECTASK=$(sed -n 's/.*"id":"\([0-9a-f]\{32\}\)".*/\1/p' <<<"$BODY")
 while read -r m p; do
     case $p in
     /v1/schedules/*) p=${p//\{id\}/specsched} ;;
+    /v1/commands/*) p=${p//\{name\}/speccmd} ;;
+    /v1/tasks/*) p=${p//\{id\}/$SPECTASK} ;;
     /v1/operations/*) p=${p//\{id\}/$OPID} ;;
     *) p=${p//\{id\}/$TASK} ;;
     esac

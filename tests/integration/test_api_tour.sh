@@ -22,8 +22,9 @@ check "events as SSE, ending with the job" eval 'has "event: dispatch" && has "e
 check "message accepted, workflow finished with it" eval 'has "\"output\":{\"greet\":{\"to\":\"ada\"},\"ok\":{\"by\":\"me\"}}"'
 check "cancelled job" has '"state":"cancelled"'
 check "batch of two" eval 'has "{\"jobs\":[{\"id\":" && has "\"queue\":\"other\""'
+check "a Python worker served the remote command" has '"output":{"text":"HELLO FROM PYTHON","by":"python"}'
 check "problem+json with a pointer" has '"pointer":"/steps/0/call"'
 check "list, queues, handlers, readyz, metrics" eval 'has "\"next_cursor\":" && has "{\"queues\":[" && has "{\"plugins\":[" && has "{\"status\":\"ready\"}" && has "jackdaw_jobs_submitted_total "'
-check "every JSON answer ends with a newline (one per line)" eval '[ "$(grep -c "^{" "$WORK/tour.out")" = 13 ]'
+check "every JSON answer ends with a newline (one per line)" eval '[ "$(grep -c "^{" "$WORK/tour.out")" = 15 ]'
 stop_server
 finish

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The jackdaw CLI against the real server: every subcommand, its --json
-# output (parsed with python3), its exit codes and --help. The generic worker
-# (`jackdaw work`) test is skipped while the server has no /v1/tasks routes.
+# output (parsed with python3), its exit codes and --help, and the generic
+# worker (`jackdaw work`) serving a remote command.
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -173,15 +173,12 @@ check "schedules put without an id anywhere: exit 2" eval 'rc_is 2 && err_has "n
 run schedules frob x
 check "schedules with an unknown subcommand: exit 2" rc_is 2
 
-# the generic worker, once the server has the task routes
-if [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$BASE/v1/tasks/claim")" = 404 ]; then
-    echo "# skip: server has no /v1/tasks routes yet"
-else
-    run work --help
-    check "work --help exits 0" eval 'rc_is 0 && out_has "usage: jackdaw work"'
-    req PUT /v1/commands/clitest -H 'Content-Type: application/json' -d '{}'
-    check "a remote command registers" eval '[ "${STATUS:0:1}" = 2 ]'
-    cat >"$WORK/prog.sh" <<'SH'
+# the generic worker against the task routes
+run work --help
+check "work --help exits 0" eval 'rc_is 0 && out_has "usage: jackdaw work"'
+req PUT /v1/commands/clitest -H 'Content-Type: application/json' -d '{}'
+check "a remote command registers" eval '[ "${STATUS:0:1}" = 2 ]'
+cat >"$WORK/prog.sh" <<'SH'
 #!/bin/sh
 in=$(cat)
 case "$in" in
@@ -191,25 +188,24 @@ case "$in" in
 *) echo "$in" ;;
 esac
 SH
-    chmod +x "$WORK/prog.sh"
-    "$JDC" work --command clitest --concurrency 2 --lease 3s -- "$WORK/prog.sh" 2>"$WORK/work.err" &
-    WPID=$!
-    for a in '{"n":1}' '{"text":1}' '{"bad":1}'; do
-        echo "{\"handler\":\"clitest\",\"args\":$a}" >"$WORK/t.json"
-        run submit "$WORK/t.json" --wait 20s --json
-        cp "$OUT" "$WORK/res.$a"
-    done
-    OUT="$WORK/res.{\"n\":1}"
-    check "work: stdout JSON is the result" py "j['state'] == 'succeeded' and j['output'] == {'n': 1}"
-    OUT="$WORK/res.{\"text\":1}"
-    check "work: text stdout is wrapped as a string" py "j['output'] == 'plain words'"
-    OUT="$WORK/res.{\"bad\":1}"
-    check "work: a non-zero exit fails with the stderr tail" py "j['state'] == 'failed' and 'no such thing' in json.dumps(j['error'])"
-    OUT=$WORK/out
-    kill -TERM "$WPID"
-    wait "$WPID"
-    check "work drains and exits 0 on SIGTERM" [ $? = 0 ]
-fi
+chmod +x "$WORK/prog.sh"
+"$JDC" work --command clitest --concurrency 2 --lease 3s -- "$WORK/prog.sh" 2>"$WORK/work.err" &
+WPID=$!
+for a in '{"n":1}' '{"text":1}' '{"bad":1}'; do
+    echo "{\"handler\":\"clitest\",\"args\":$a}" >"$WORK/t.json"
+    run submit "$WORK/t.json" --wait 20s --json
+    cp "$OUT" "$WORK/res.$a"
+done
+OUT="$WORK/res.{\"n\":1}"
+check "work: stdout JSON is the result" py "j['state'] == 'succeeded' and j['output'] == {'n': 1}"
+OUT="$WORK/res.{\"text\":1}"
+check "work: text stdout is wrapped as a string" py "j['output'] == 'plain words'"
+OUT="$WORK/res.{\"bad\":1}"
+check "work: a non-zero exit fails with the stderr tail" py "j['state'] == 'failed' and 'no such thing' in json.dumps(j['error'])"
+OUT=$WORK/out
+kill -TERM "$WPID"
+wait "$WPID"
+check "work drains and exits 0 on SIGTERM" [ $? = 0 ]
 
 stop_server
 finish

@@ -40,6 +40,18 @@ curl -s -X POST "$JD/v1/jobs/batch" -H "$H" -d '{"jobs": [
   {"handler": "echo", "args": {"n": 1}},
   {"handler": "echo", "args": {"n": 2}, "queue": "other"}]}'
 
+# A remote command, served by a worker in Python that could run on any
+# machine (examples/workers/python/worker.py, standard library only).
+# Register it, submit a job that calls it (it waits as a durable task), then
+# start the worker: it claims the task, runs it, and the job has its result.
+curl -s -X PUT "$JD/v1/commands/py.upper" -H "$H" -d '{"description":"upper-cases text"}'
+PJ=$(curl -s -o /dev/null -w '%header{location}' -X POST "$JD/v1/jobs" -H "$H" \
+  -d '{"handler":"py.upper","args":{"text":"hello from python"}}' | cut -d/ -f4)
+JACKDAW_URL=$JD python3 examples/workers/python/worker.py --commands py.upper 2>/dev/null &
+WORKER=$!
+curl -s "$JD/v1/jobs/$PJ?wait=30s"
+kill $WORKER
+
 # Errors are RFC 9457 problem+json, with a JSON pointer to the bad spot.
 curl -s -X POST "$JD/v1/jobs" -H "$H" -d '{"steps":[{"id":"a","call":"htp"}]}'
 

@@ -21,6 +21,8 @@
 #include "common/log.h"
 #include "scheduler/sched.h"
 #include "server/jobs.h"
+#include "server/tasks.h"
+#include "server/tasks.h"
 #include "server/schedules.h"
 #include "server/stats.h"
 #include "storage/store.h"
@@ -268,6 +270,67 @@ int jd_jobs_events_each(struct jd_jobs *j, int64_t id, int64_t after_seq, unsign
     return n;
 }
 
+/* Remote commands and tasks (server/tasks.h): not under test here. */
+int jd_jobs_command_put(struct jd_jobs *j, const char *name, const char *body, size_t len,
+                        bool *created, jd_action_done_fn done, void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_command_delete(struct jd_jobs *j, const char *name, jd_action_done_fn done, void *arg,
+                           struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_command_get_json(struct jd_jobs *j, const char *name, char **json)
+{
+    return JD_ENOENT;
+}
+int jd_jobs_commands_json(struct jd_jobs *j, char **json)
+{
+    *json = strdup("{\"commands\":[]}");
+    return 0;
+}
+int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                       void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                          jd_action_done_fn done, void *arg, const char **reason,
+                          struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                      jd_action_done_fn done, void *arg, const char **reason, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                           jd_action_done_fn done, void *arg, const char **reason,
+                           struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                           void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json)
+{
+    *json = strdup("{\"workers\":[]}");
+    return 0;
+}
+int jd_jobs_task_stats(struct jd_jobs *j, struct jd_task_stats **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    return 0;
+}
+void jd_task_stats_free(struct jd_task_stats *v, size_t n)
+{
+}
 int jd_jobs_handlers_json(struct jd_jobs *j, char **json)
 {
     *json = strdup("{\"plugins\":[]}");

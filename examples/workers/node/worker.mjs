@@ -1,0 +1,194 @@
+#!/usr/bin/env node
+// A Jackdaw worker in plain Node (18 or newer: the built-in fetch, no
+// packages).
+//
+// It serves remote commands: registers them (PUT /v1/commands/{name}),
+// claims their tasks over HTTP (POST /v1/tasks/claim, a long-poll), runs
+// each, heartbeats while it runs (so a long task keeps its lease), and
+// reports the result (complete) or the error (fail). A 409 on a heartbeat
+// (the job was cancelled, or the lease was lost) aborts the task's signal.
+//
+//   JACKDAW_URL=http://127.0.0.1:8080 node worker.mjs --concurrency 4
+//
+// Add commands to COMMANDS below: async (args, task) => result. Throw a
+// Retryable for errors worth another attempt (the job's retry policy
+// decides); anything else thrown fails the step. Effects are at-least-once:
+// task.idempotency_key ("<job_id>:<tag>") is the same for every attempt.
+//
+// Concurrency: N independent async loops (claim one, run, report). SIGTERM
+// or SIGINT: stop claiming, finish the running tasks, exit 0.
+import os from "node:os";
+
+export class Retryable extends Error {
+  constructor(message, kind = "retryable", details = undefined) {
+    super(message);
+    this.kind = kind;
+    this.details = details;
+  }
+}
+
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal?.addEventListener("abort", () => { clearTimeout(t); resolve(); }, { once: true });
+  });
+
+// ---- example commands ----
+export const COMMANDS = {
+  "node.reverse": {
+    description: "reverses args.text",
+    run: async (args) => ({ text: [...String(args.text ?? "")].reverse().join(""), by: "node" }),
+  },
+  "node.sleep": {
+    description: "sleeps args.seconds (args.first_seconds on attempt 1), reporting progress",
+    run: async (args, task) => {
+      const secs = Number((task.attempt === 1 ? args.first_seconds : args.seconds) ?? 0);
+      const end = Date.now() + secs * 1000;
+      while (Date.now() < end && !task.signal.aborted) {
+        task.progress = { left_s: Math.round((end - Date.now()) / 100) / 10 };
+        await sleep(Math.min(100, end - Date.now()), task.signal);
+      }
+      return { slept: secs, attempt: task.attempt };
+    },
+  },
+  "node.fail": {
+    description: "fails; retryable when args.retryable",
+    run: async (args) => {
+      if (args.retryable) throw new Retryable("try again later", "busy");
+      throw new Error(args.message ?? "it cannot be done");
+    },
+  },
+};
+
+// ---- the worker loop ----
+const log = (...a) => console.error("worker:", ...a);
+
+function parseArgs(argv) {
+  const o = {
+    url: process.env.JACKDAW_URL ?? "http://127.0.0.1:8080",
+    commands: Object.keys(COMMANDS),
+    concurrency: 2,
+    leaseMs: 30000,
+    waitMs: 5000,
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const v = argv[i + 1];
+    switch (argv[i]) {
+      case "--url": o.url = v; i++; break;
+      case "--commands": o.commands = v.split(",").filter(Boolean); i++; break;
+      case "--concurrency": o.concurrency = Number(v); i++; break;
+      case "--lease-ms": o.leaseMs = Number(v); i++; break;
+      case "--wait-ms": o.waitMs = Number(v); i++; break;
+      default:
+        console.error("usage: worker.mjs [--url U] [--commands a,b] [--concurrency N] " +
+                      "[--lease-ms MS] [--wait-ms MS]");
+        process.exit(2);
+    }
+  }
+  const unknown = o.commands.filter((c) => !COMMANDS[c]);
+  if (unknown.length || !o.commands.length) {
+    console.error("worker.mjs: unknown commands:", unknown.join(", "));
+    process.exit(2);
+  }
+  return o;
+}
+
+class Worker {
+  constructor(o) {
+    Object.assign(this, o);
+    this.url = o.url.replace(/\/$/, "");
+    this.token = process.env.JACKDAW_TOKEN;
+    this.name = `${os.hostname()}/${process.pid}`;
+    this.stop = new AbortController();
+  }
+
+  // [status, parsed JSON or null]; status 0 when the server is away.
+  async call(method, path, body, timeoutMs = 30000) {
+    const headers = { "Content-Type": "application/json" };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    try {
+      const r = await fetch(this.url + path, {
+        method, headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(timeoutMs),
+      });
+      const text = await r.text();
+      let json = null;
+      try { json = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
+      return [r.status, json];
+    } catch {
+      return [0, null];
+    }
+  }
+
+  async register() {
+    for (const n of this.commands) {
+      const [st, b] = await this.call("PUT", `/v1/commands/${n}`,
+                                      { description: COMMANDS[n].description });
+      if (st !== 200 && st !== 201) throw new Error(`registering ${n}: ${st} ${JSON.stringify(b)}`);
+    }
+  }
+
+  async runOne(t) {
+    const ac = new AbortController();
+    const task = { ...t, signal: ac.signal, progress: undefined };
+    const beat = setInterval(async () => {
+      const body = { lease_ms: this.leaseMs };
+      if (task.progress !== undefined) body.progress = task.progress;
+      const [st, p] = await this.call("POST", `/v1/tasks/${t.id}/heartbeat`, body);
+      if (st === 409) { // cancelled, lease lost or completed: no longer ours
+        log(`task ${t.id} is no longer ours: ${p?.reason}`);
+        ac.abort();
+      }
+    }, Math.max(this.leaseMs / 3, 200));
+    let path, body;
+    try {
+      const args = t.args && typeof t.args === "object" ? t.args : {};
+      path = "complete";
+      body = { result: (await COMMANDS[t.command].run(args, task)) ?? null };
+    } catch (e) {
+      path = "fail";
+      body = e instanceof Retryable
+        ? { error: { message: e.message, kind: e.kind, retryable: true, details: e.details } }
+        : { error: { message: `${e.name}: ${e.message}`, kind: "exception", retryable: false } };
+    }
+    clearInterval(beat);
+    if (ac.signal.aborted) return;
+    for (let i = 0; i < 5; i++) { // the server may be restarting: the answer must get there
+      const [st] = await this.call("POST", `/v1/tasks/${t.id}/${path}`, body);
+      if (st === 200 || st === 404 || st === 409) return;
+      await sleep(1000);
+    }
+    log(`could not report task ${t.id}`);
+  }
+
+  async slot() {
+    while (!this.stop.signal.aborted) {
+      const [st, b] = await this.call("POST", "/v1/tasks/claim", {
+        commands: this.commands, worker: this.name, max: 1,
+        wait_ms: this.waitMs, lease_ms: this.leaseMs,
+      }, this.waitMs + 30000);
+      if (st !== 200) {
+        log(`claim answered ${st} ${JSON.stringify(b)}`);
+        await sleep(1000, this.stop.signal); // the server is away or refusing: do not spin
+        continue;
+      }
+      for (const t of b.tasks ?? []) await this.runOne(t);
+    }
+  }
+
+  async run() {
+    await this.register();
+    for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => this.stop.abort());
+    log(`${this.name} serving ${this.commands.join(", ")}`);
+    await Promise.all(Array.from({ length: this.concurrency }, () => this.slot()));
+    log("stopped");
+  }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  new Worker(parseArgs(process.argv.slice(2))).run().catch((e) => {
+    console.error("worker.mjs:", e.message);
+    process.exit(1);
+  });
+}

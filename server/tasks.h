@@ -1,0 +1,114 @@
+/*
+ * Remote commands (issue 13): commands served by workers over HTTP. A
+ * remote command is registered by name (durable); a yield that names it
+ * becomes a *task* that waits until a worker claims it with a lease. The
+ * worker's complete/fail, or the lease running out (kind "lease_expired",
+ * retryable), ends that attempt of the call exactly as a plugin's
+ * completion would: through the plugin registry, so the job's retry
+ * policy, per-attempt timeouts, cancellation and the recorded history all
+ * apply unchanged.
+ *
+ * Bodies are JSON text (len bytes, not necessarily NUL-terminated); bad
+ * bodies return JD_EPARSE (malformed JSON) or JD_EINVAL with a JSON pointer
+ * in err, and the done callback is not called then. Functions that return
+ * 0 call done exactly once, after what they changed is committed.
+ *
+ * A task id answered by claim is opaque (128 random bits, hex). After a
+ * task ended, complete/fail/heartbeat on its id answer JD_ECONFLICT and set
+ * *reason: "lease_lost" (its lease ran out, or the server restarted while
+ * it was claimed: the call is offered again as a new task), "cancelled"
+ * (its job was cancelled or the attempt timed out) or "completed" (already
+ * completed or failed). An id never handed out is JD_ENOENT.
+ *
+ * Threading: every function is safe from any thread and never blocks on
+ * the database writer.
+ */
+#ifndef JD_SERVER_TASKS_H
+#define JD_SERVER_TASKS_H
+
+#include "common/error.h"
+#include "server/jobs.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define JD_TASK_MAX_CLAIM 100          /* tasks one claim may take */
+#define JD_TASK_MAX_WAIT_MS 60000      /* a claim's long-poll, as ?wait= */
+#define JD_TASK_MIN_LEASE_MS 1000      /* shorter leases expire on a slow network */
+#define JD_TASK_MAX_LEASE_MS 3600000   /* an hour; a heartbeat extends it */
+#define JD_TASK_DEFAULT_LEASE_MS 60000 /* without lease_ms */
+#define JD_TASK_MAX_COMMANDS 1000      /* remote commands registered at once */
+#define JD_TASK_MAX_CLAIM_COMMANDS 32  /* commands named in one claim */
+#define JD_TASK_MAX_BATCH 1000         /* ends in one batch request */
+
+/* PUT /v1/commands/{name}: body {"timeout_ms": N, "description": "..."}
+ * (both optional; {} or an empty body is fine). JD_EINVAL for a bad name
+ * (pointer "") or body, JD_ECONFLICT if a plugin provides the name,
+ * JD_EFULL past JD_TASK_MAX_COMMANDS. *created says whether it is new.
+ * done's json is the command as GET shows it. */
+int jd_jobs_command_put(struct jd_jobs *j, const char *name, const char *body, size_t len,
+                        bool *created, jd_action_done_fn done, void *arg, struct jd_error *err);
+/* DELETE: JD_ENOENT, JD_ECONFLICT while tasks or live jobs use it. */
+int jd_jobs_command_delete(struct jd_jobs *j, const char *name, jd_action_done_fn done, void *arg,
+                           struct jd_error *err);
+/* One remote command: {"name","kind":"remote","timeout_ms","description",
+ * "waiting","in_flight","oldest_waiting_ms","created_at","updated_at"};
+ * JD_ENOENT. Caller frees *json with free(). */
+int jd_jobs_command_get_json(struct jd_jobs *j, const char *name, char **json);
+/* {"commands":[...]}: every plugin command ({"name","kind":"plugin",
+ * "plugin"}) and every remote command (as get), by name. */
+int jd_jobs_commands_json(struct jd_jobs *j, char **json);
+
+/* POST /v1/tasks/claim: body {"commands":[..],"worker":"..","max":n,
+ * "wait_ms":n,"lease_ms":n}. done fires once with {"tasks":[...]}: at
+ * once (after the claims commit) when a task is waiting, else when one
+ * arrives or wait_ms ends (then empty), or when the layer drains. */
+int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                       void *arg, struct jd_error *err);
+/* POST /v1/tasks/{id}/complete {"result": any}; done's json {"ok":true}. */
+int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                          jd_action_done_fn done, void *arg, const char **reason,
+                          struct jd_error *err);
+/* POST /v1/tasks/{id}/fail {"error":{"message","kind","retryable","details"}}. */
+int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                      jd_action_done_fn done, void *arg, const char **reason, struct jd_error *err);
+
+/* POST /v1/tasks/complete {"tasks":[{"id","result"} | {"id","error":{..}}]}:
+ * many ends in one request and one commit. Every item is checked first
+ * (JD_EINVAL with a pointer such as "/tasks/3/error/kind": none is
+ * ended); then each is ended as complete/fail would, and done's json is
+ * {"results":[{"id","status":200|404|409[,"reason"]}]}, in order, after
+ * the commit. */
+int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                           void *arg, struct jd_error *err);
+
+/* POST /v1/tasks/{id}/heartbeat {"lease_ms": n, "progress": any}: the
+ * lease runs lease_ms (default: the claim's) from now, recorded before
+ * done ({"lease_expires_at": ..}); progress shows on the job (GET) and,
+ * at most once a second per task, as a "progress" event in its history.
+ * A cancelled job's task answers JD_ECONFLICT with reason "cancelled". */
+int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, size_t len,
+                           jd_action_done_fn done, void *arg, const char **reason,
+                           struct jd_error *err);
+
+/* GET /v1/workers: {"workers":[{"name","commands":[..],"in_flight",
+ * "last_seen_at"}]} for workers seen (claim, heartbeat, complete, fail)
+ * within the last within_ms. At most 1024 are tracked. */
+int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json);
+
+/* Per remote command, for /metrics. latency_hist: claim to complete/fail,
+ * per bucket (not cumulative): 10, 50, 100, 500 ms, 1, 5, 10, 30, 60,
+ * 300, 3600 s, +Inf. */
+#define JD_TASK_LAT_BUCKETS 12
+struct jd_task_stats {
+    char *command;
+    uint64_t waiting, in_flight, claimed, lease_expiries, completed, failed;
+    uint64_t latency_hist[JD_TASK_LAT_BUCKETS];
+    uint64_t latency_ms_sum;
+};
+/* Caller frees with jd_task_stats_free. */
+int jd_jobs_task_stats(struct jd_jobs *j, struct jd_task_stats **out, size_t *n);
+void jd_task_stats_free(struct jd_task_stats *v, size_t n);
+
+#endif
