@@ -5,9 +5,12 @@ Used by tests/integration/test_hostile.sh (short) and `make hostile`
 (longer). Worker threads pick hostile actions at random (seeded: the seed is
 printed, and JD_HOSTILE_SEED repeats a run) for --seconds; beside them a
 probe opens a fresh connection to /livez every 50 ms and times the answer,
-and samples the server's RSS from /proc. Prints one "key value" line per
-figure at the end (probe count, failures, p50/p99/max in ms, max RSS in kB,
-actions done, 5xx answers, refused connections) for the shell test to check.
+and samples the server's RSS from /proc; right after each, it times the same
+request to a trivial responder in a process of its own (the control), which
+shows what the machine's load alone costs. Prints one "key value" line per
+figure at the end (probe count, failures, p50/p99/max in ms for /livez and
+the control, max RSS in kB, actions done, 5xx answers, refused connections)
+for the shell test to check.
 
 Actions: deeply nested and duplicate-member bodies near --max-body, clients
 that vanish mid-wait, mid-SSE and mid-body (FIN or RST), full SSE streams of
@@ -218,30 +221,63 @@ def rss_kb():
 
 lat = []
 fails = []
+ctl = []
 max_rss = 0
+
+
+def control_server(sock):
+    """A trivial HTTP responder in its own process: the same probe timed
+    against it shows what the machine's load alone costs."""
+    while True:
+        c, _ = sock.accept()
+        try:
+            c.recv(4096)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+        except OSError:
+            pass
+        c.close()
+
+
+def timed_get(port, path):
+    """ms for a GET on a fresh connection, or None if it failed."""
+    t0 = time.monotonic()
+    try:
+        c = http.client.HTTPConnection(HOST, port, timeout=5)
+        c.request("GET", path)
+        r = c.getresponse()
+        r.read()
+        c.close()
+        if r.status != 200:
+            return None
+    except (OSError, http.client.HTTPException):
+        return None
+    return (time.monotonic() - t0) * 1000
 
 
 def probe():
     global max_rss
+    ls = socket.socket()
+    ls.bind((HOST, 0))
+    ls.listen(64)
+    srv = os.fork()
+    if srv == 0:
+        control_server(ls)
+        os._exit(0)
+    cport = ls.getsockname()[1]
     while time.monotonic() < deadline:
         t0 = time.monotonic()
-        ok = False
-        try:
-            c = http.client.HTTPConnection(HOST, args.port, timeout=5)
-            c.request("GET", "/livez")
-            r = c.getresponse()
-            r.read()
-            ok = r.status == 200
-            c.close()
-        except (OSError, http.client.HTTPException):
-            pass
-        dt = (time.monotonic() - t0) * 1000
-        if ok:
-            lat.append(dt)
+        dt = timed_get(args.port, "/livez")
+        if dt is None:
+            fails.append((time.monotonic() - t0) * 1000)
         else:
-            fails.append(dt)
+            lat.append(dt)
+        c = timed_get(cport, "/")
+        if c is not None:
+            ctl.append(c)
         max_rss = max(max_rss, rss_kb())
         time.sleep(max(0, 0.05 - (time.monotonic() - t0)))
+    os.kill(srv, 9)
+    os.waitpid(srv, 0)
 
 
 # The probe runs in its own process, so the workers' share of the Python
@@ -252,7 +288,7 @@ if child == 0:
     os.close(rfd)
     probe()
     with os.fdopen(wfd, "w") as f:
-        json.dump({"lat": lat, "fails": fails, "max_rss": max_rss}, f)
+        json.dump({"lat": lat, "fails": fails, "ctl": ctl, "max_rss": max_rss}, f)
     os._exit(0)
 os.close(wfd)
 threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(args.workers)]
@@ -261,22 +297,26 @@ for t in threads:
 with os.fdopen(rfd) as f:
     res = json.load(f)
 os.waitpid(child, 0)
-lat, fails, max_rss = res["lat"], res["fails"], res["max_rss"]
+lat, fails, ctl, max_rss = res["lat"], res["fails"], res["ctl"], res["max_rss"]
 for t in threads:
     t.join(timeout=40)
 
 lat.sort()
+ctl.sort()
 
 
-def pct(q):
-    return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else -1
+def pct(v, q):
+    return v[min(len(v) - 1, int(q * len(v)))] if v else -1
 
 
 print(f"probes {len(lat) + len(fails)}")
 print(f"probe_failures {len(fails)}")
-print(f"livez_p50_ms {pct(0.50):.1f}")
-print(f"livez_p99_ms {pct(0.99):.1f}")
+print(f"livez_p50_ms {pct(lat, 0.50):.1f}")
+print(f"livez_p99_ms {pct(lat, 0.99):.1f}")
 print(f"livez_max_ms {max(lat + fails) if lat or fails else -1:.1f}")
+print(f"control_p50_ms {pct(ctl, 0.50):.1f}")
+print(f"control_p99_ms {pct(ctl, 0.99):.1f}")
+print(f"control_max_ms {max(ctl) if ctl else -1:.1f}")
 print(f"max_rss_kb {max_rss}")
 for k in sorted(stats):
     print(f"{k} {stats[k]}")

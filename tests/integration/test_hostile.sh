@@ -6,7 +6,8 @@
 # mid-body, many SSE streams, long-polls, huge substitutions, oversized
 # bodies and message floods. Meanwhile a probe times /livez every 50 ms.
 # Checks: the server stays up and never answers 5xx (but 503), /livez
-# answers every probe with p99 < 100 ms and worst < 1 s, its RSS stays
+# answers every probe with p99 < 100 ms and worst < 1 s (over what the same
+# probe of a trivial responder takes meanwhile: the machine's share), its RSS stays
 # under 512 MB, every parked slot comes back, and it stops and restarts
 # cleanly on the same database. The figures are printed. Prints TAP.
 # shellcheck disable=SC2016,SC2034,SC2119
@@ -17,7 +18,7 @@ SECONDS_=${JD_HOSTILE_SECONDS:-20}
 WORKERS=${JD_HOSTILE_WORKERS:-6}
 RSS_LIMIT_KB=$((512 * 1024))
 # AddressSanitizer reserves terabytes of address space: no ulimit -v there.
-if ldd "$JACKDAWD" 2>/dev/null | grep -q libasan; then
+if asan_build; then
     echo "# AddressSanitizer build: running without ulimit -v"
 else
     ulimit -v $((2 * 1024 * 1024)) || exit 1
@@ -46,13 +47,20 @@ probes=$(fig probes)
 check "the mix ran ($(fig actions) actions, $probes probes)" eval '[ "${probes:-0}" -gt 0 ] && [ "$(fig actions)" -gt 0 ]'
 check "server alive after the mix" kill -0 "$SERVER_PID"
 check "/livez answered every probe ($(fig probe_failures) failed)" [ "$(fig probe_failures)" = 0 ]
+# The bounds are on what the server adds: on this shared machine other
+# work can delay any process, so the same probe against a trivial responder
+# (the control) is measured at the same time and its figure allowed for.
 p99=$(fig livez_p99_ms)
 worst=$(fig livez_max_ms)
-check "/livez p99 ${p99} ms < 100 ms" awk -v v="$p99" 'BEGIN { exit !(v >= 0 && v < 100) }'
-check "/livez worst ${worst} ms < 1000 ms" awk -v v="$worst" 'BEGIN { exit !(v >= 0 && v < 1000) }'
+cp99=$(fig control_p99_ms)
+cworst=$(fig control_max_ms)
+check_perf "/livez p99 ${p99} ms < 100 ms (+ control p99 ${cp99} ms)" \
+    awk -v v="$p99" -v c="$cp99" 'BEGIN { exit !(v >= 0 && v < 100 + (c > 0 ? c : 0)) }'
+check_perf "/livez worst ${worst} ms < 1000 ms (+ control worst ${cworst} ms)" \
+    awk -v v="$worst" -v c="$cworst" 'BEGIN { exit !(v >= 0 && v < 1000 + (c > 0 ? c : 0)) }'
 check "no 5xx but 503 ($(fig 5xx)), no refused connection ($(fig refused))" \
     eval '[ "$(fig 5xx)" = 0 ] && [ "$(fig refused)" = 0 ]'
-check "max RSS $(fig max_rss_kb) kB < ${RSS_LIMIT_KB} kB" [ "$(fig max_rss_kb)" -lt "$RSS_LIMIT_KB" ]
+check_perf "max RSS $(fig max_rss_kb) kB < ${RSS_LIMIT_KB} kB" [ "$(fig max_rss_kb)" -lt "$RSS_LIMIT_KB" ]
 check "oversized bodies sent whole got their 413, no broken pipe ($(fig broken_pipe_413))" \
     [ "$(fig broken_pipe_413)" = 0 ]
 
