@@ -468,7 +468,7 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort();
 }
 
-/* Stop the long-poll timer thread (if it was started) and free the server. */
+/* Stop the helper threads (park timer, slow lane, linger) and free the server. */
 static void free_server(struct jd_http *h)
 {
     http_timer_stop(h);

@@ -89,6 +89,7 @@ int http_offload_start(struct jd_offload **out)
         free(o);
         return JD_EIO;
     }
+    pthread_setname_np(o->thread, "jd-http-lane");
     *out = o;
     return 0;
 }
