@@ -6,6 +6,7 @@
 #   make tsan            concurrency tests under ThreadSanitizer
 #   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse
+#   make hostile         the hostile mix (tests/integration/test_hostile.sh) for 2 minutes
 #   make crash | fuzz | docker-smoke | format | clean
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
@@ -262,6 +263,13 @@ bench-e2e: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/bench/loadgen
 	JD_BUILD=$(BUILD) bench/e2e/run.sh
 
+# The hostile mix of issue 12 against a real server under ulimit -v, longer
+# than the 20 s `make test` gives it (JD_HOSTILE_SECONDS, JD_HOSTILE_WORKERS).
+hostile: deps
+	$(Q)$(MAKE) --no-print-directory all
+	JD_BUILD=$(BUILD) JD_HOSTILE_SECONDS=$${JD_HOSTILE_SECONDS:-120} \
+	    JD_HOSTILE_WORKERS=$${JD_HOSTILE_WORKERS:-8} bash tests/integration/test_hostile.sh
+
 crash: deps
 	$(Q)$(MAKE) --no-print-directory all
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
@@ -280,6 +288,6 @@ clean:
 	rm -rf build
 
 .PHONY: all deps ui-deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
-        bench-compare bench-e2e bench-schedules crash fuzz docker-smoke format clean
+        bench-compare bench-e2e bench-schedules hostile crash fuzz docker-smoke format clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

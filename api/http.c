@@ -492,10 +492,11 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort();
 }
 
-/* Stop the long-poll timer thread (if it was started) and free the server. */
+/* Stop the helper threads (park timer, slow lane, linger) and free the server. */
 static void free_server(struct jd_http *h)
 {
     http_timer_stop(h);
+    http_offload_stop(h->offload);
     http_linger_stop(h->linger);
     pthread_mutex_destroy(&h->park_mu);
     free(h->token);
@@ -539,6 +540,10 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     if (http_timer_init(h) != 0) {
         rc = jd_error_set(err, JD_EIO, NULL, "cannot create the HTTP timer's epoll set: %s",
                           strerror(errno));
+        goto fail;
+    }
+    if (http_offload_start(&h->offload) != 0) {
+        rc = jd_error_set(err, JD_EIO, NULL, "cannot start the HTTP slow-lane thread");
         goto fail;
     }
     if (http_linger_start(&h->linger) != 0) {
@@ -637,6 +642,10 @@ void jd_http_stop(struct jd_http *h, int64_t timeout_ms)
         snprintf(n, sizeof n, "%u", left);
         jd_log(JD_LOG_WARN, "stopping HTTP with requests still in flight", "requests", n, NULL);
     }
+    /* The slow lane finishes what it holds while the job layer is still
+     * there; its requests are then answered or closed with the daemon. */
+    http_offload_stop(h->offload);
+    h->offload = NULL;
     if (h->daemon != NULL)
         MHD_stop_daemon(h->daemon);
     if (h->quiesced_fd != MHD_INVALID_SOCKET)

@@ -42,6 +42,11 @@ struct jd_req;
 /* Answers a request whose job-layer callback succeeded; json is the
  * callback's (borrowed; may be NULL). */
 typedef enum MHD_Result jd_async_answer_fn(struct jd_req *r, const char *json);
+/* Hands r to the job layer with a done callback (http_on_*_done, r):
+ * returns 0 when the callback will fire, or a JD_E* code with err filled
+ * when it was refused at once. May run on the slow lane's thread
+ * (offload.c): it reads r's fields and calls the job layer, nothing else. */
+typedef int jd_async_start_fn(struct jd_req *r, struct jd_error *err);
 
 struct jd_http {
     struct MHD_Daemon *daemon;
@@ -73,7 +78,8 @@ struct jd_http {
      * parked (suspended) connections, keyed by request serial, report a
      * client hang-up; park_evfd (key 0) wakes it for an earlier deadline. */
     int park_ep, park_evfd;
-    struct jd_linger *linger; /* lingering closes (linger.c) */
+    struct jd_linger *linger;   /* lingering closes (linger.c) */
+    struct jd_offload *offload; /* the slow lane for large bodies (offload.c) */
     pthread_t timer;
     bool timer_started;
 
@@ -118,7 +124,10 @@ struct jd_req {
     bool cb_existing;
     int cb_unique; /* jd_submit_result.unique */
     struct jd_error cb_err;
-    jd_async_answer_fn *answer; /* the success answer once the callback fired; NULL: 202 */
+    jd_async_answer_fn *answer;       /* the success answer once the callback fired; NULL: 202 */
+    jd_async_start_fn *offload_start; /* queued on the slow lane: what it runs */
+    struct jd_req *onext;             /* the slow lane's queue (its mutex) */
+    const char *idem_key;             /* Idempotency-Key (MHD's, valid until completion) */
 
     /* parked list (under h->park_mu) */
     struct jd_req *pprev, *pnext;
@@ -193,6 +202,15 @@ enum MHD_Result http_finish_async(struct jd_req *r);
 enum MHD_Result http_async_started(struct jd_req *r, int rc, const struct jd_error *err,
                                    jd_async_answer_fn *answer);
 void http_wake_all_parked(struct jd_http *h);
+
+/* offload.c: start r's asynchronous work (start, then answer once its
+ * callback fired, as http_async_started) on this thread for a small body,
+ * or on the slow lane for a large one. */
+enum MHD_Result http_async_run(struct jd_req *r, jd_async_start_fn *start,
+                               jd_async_answer_fn *answer);
+struct jd_offload;
+int http_offload_start(struct jd_offload **out); /* 0 or JD_EIO */
+void http_offload_stop(struct jd_offload *o);    /* runs what is queued first */
 
 /* linger.c: lingering close (see its file comment). http_linger_add takes
  * ownership of fd (a socket whose answer has been written) and closes it

@@ -138,6 +138,7 @@ int http_linger_start(struct jd_linger **out)
         free(l);
         return JD_EIO;
     }
+    pthread_setname_np(l->thread, "jd-http-linger");
     *out = l;
     return 0;
 }

@@ -356,9 +356,11 @@ enum MHD_Result http_finish_parked(struct jd_req *r)
 /* SSE reads history one page at a time, as the client drains the previous
  * one: a stream's memory is a page (plus one event past the byte mark),
  * whatever the job's history, and a slow reader costs no more than a fast
- * one. 256 events of a typical ~150 bytes is ~40 KB: a few TCP windows. */
-#define SSE_PAGE_EVENTS 256
-#define SSE_PAGE_BYTES ((size_t)64 << 10)
+ * one. A page is rendered on the MHD thread, between other connections'
+ * turns, so it is kept small: 64 events of a typical ~150 bytes, about one
+ * write buffer, a millisecond or less of rendering. */
+#define SSE_PAGE_EVENTS 64
+#define SSE_PAGE_BYTES ((size_t)16 << 10)
 
 static void sse_put(struct jd_req *r, const char *s, size_t n)
 {

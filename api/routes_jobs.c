@@ -237,9 +237,14 @@ static enum MHD_Result answer_batch(struct jd_req *r, const char *json)
     return http_respond_json(r, 201, json ? json : "{}", NULL, NULL);
 }
 
+static int start_submit(struct jd_req *r, struct jd_error *err)
+{
+    return jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, r->idem_key,
+                          http_on_submit_done, r, err);
+}
+
 enum MHD_Result route_job_submit(struct jd_req *r)
 {
-    struct jd_error err = {0};
     const char *key = http_header(r, "Idempotency-Key");
     if (key != NULL && (key[0] == '\0' || strlen(key) > IDEM_KEY_MAX))
         return http_respond_problem(r, 400, "Idempotency-Key must be 1 to 255 characters", NULL);
@@ -249,21 +254,19 @@ enum MHD_Result route_job_submit(struct jd_req *r)
                                     "Idempotency-Keys starting with \"schedule:\" are "
                                     "reserved for schedules",
                                     NULL);
-    http_arm(r);
-    http_req_ref(r);
-    int rc = jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, key,
-                            http_on_submit_done, r, &err);
-    return http_async_started(r, rc, &err, answer_submitted);
+    r->idem_key = key;
+    return http_async_run(r, start_submit, answer_submitted);
+}
+
+static int start_batch(struct jd_req *r, struct jd_error *err)
+{
+    return jd_jobs_submit_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
+                                http_on_submit_done, r, err);
 }
 
 enum MHD_Result route_job_batch(struct jd_req *r)
 {
-    struct jd_error err = {0};
-    http_arm(r);
-    http_req_ref(r);
-    int rc = jd_jobs_submit_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
-                                  http_on_submit_done, r, &err);
-    return http_async_started(r, rc, &err, answer_batch);
+    return http_async_run(r, start_batch, answer_batch);
 }
 
 enum MHD_Result route_job_cancel(struct jd_req *r)
@@ -280,19 +283,20 @@ enum MHD_Result route_job_cancel(struct jd_req *r)
     return http_async_started(r, rc, &err, NULL);
 }
 
+static int start_message(struct jd_req *r, struct jd_error *err)
+{
+    int rc = jd_jobs_message(http_jobs_of(r->h), r->job_id, r->body ? r->body : "", r->len,
+                             http_on_action_done, r, err);
+    if (rc == JD_ECONFLICT && err->message[0] == '\0')
+        jd_error_set(err, rc, NULL, "job %" PRId64 " is already finished", r->job_id);
+    return rc;
+}
+
 enum MHD_Result route_job_message(struct jd_req *r)
 {
-    struct jd_error err = {0};
-    int64_t id = 0;
-    if (!job_id_from_param(r, &id))
+    if (!job_id_from_param(r, &r->job_id))
         return http_respond_bad_job_id(r);
-    http_arm(r);
-    http_req_ref(r);
-    int rc = jd_jobs_message(http_jobs_of(r->h), id, r->body ? r->body : "", r->len,
-                             http_on_action_done, r, &err);
-    if (rc == JD_ECONFLICT && err.message[0] == '\0')
-        jd_error_set(&err, rc, NULL, "job %" PRId64 " is already finished", id);
-    return http_async_started(r, rc, &err, NULL);
+    return http_async_run(r, start_message, NULL);
 }
 
 enum MHD_Result route_job_retry(struct jd_req *r)

@@ -90,6 +90,12 @@ static enum MHD_Result answer_triggered(struct jd_req *r, const char *json)
                              loc);
 }
 
+static int start_put(struct jd_req *r, struct jd_error *err)
+{
+    return jd_schedules_put(http_schedules_of(r->h), r->m.param, r->body ? r->body : "", r->len,
+                            on_done, r, err);
+}
+
 /* PUT /v1/schedules/{id} */
 enum MHD_Result route_schedule_put(struct jd_req *r)
 {
@@ -97,11 +103,7 @@ enum MHD_Result route_schedule_put(struct jd_req *r)
     struct jd_schedules *s = engine(r, true, &ret);
     if (s == NULL)
         return ret;
-    struct jd_error err = {0};
-    http_arm(r);
-    http_req_ref(r);
-    int rc = jd_schedules_put(s, r->m.param, r->body ? r->body : "", r->len, on_done, r, &err);
-    return http_async_started(r, rc, &err, answer_put);
+    return http_async_run(r, start_put, answer_put);
 }
 
 /* GET /v1/schedules/{id} */

@@ -678,15 +678,25 @@ static void wait_pending(void)
         usleep(10000);
 }
 
-static int setup(void **state)
+static int setup_with(size_t max_body)
 {
     memset(fake.state, 0, sizeof fake.state);
     fake.n = 0;
     fake.sync_done = false;
     fake.shutdown = false;
-    srv = start(NULL, 8, 1024);
+    srv = start(NULL, 8, max_body);
     jd_http_attach(srv, &fake);
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(1024);
+}
+
+static int setup_big(void **state)
+{
+    return setup_with((size_t)1 << 20);
 }
 
 static int teardown(void **state)
@@ -796,6 +806,36 @@ static void test_submit_errors(void **state)
     resp_free(&r);
     /* the server is still fine */
     check_submit();
+}
+
+/* Bodies of 64 KiB and more are started on the slow lane's thread: the
+ * answer is the same whether the commit fires before or after the lane
+ * returns, and a refusal keeps its status and pointer. */
+static void test_large_bodies_take_the_slow_lane(void **state)
+{
+    size_t n = 200 * 1024;
+    char *big = malloc(n + 64);
+    int k = snprintf(big, n + 64, "{\"handler\":\"echo\",\"args\":{\"v\":\"");
+    memset(big + k, 'x', n);
+    strcpy(big + k + n, "\"}}");
+    for (int sync = 0; sync < 2; sync++) {
+        fake.sync_done = sync;
+        struct resp r = call("POST", "/v1/jobs", big, "Content-Type: application/json", NULL);
+        if (r.status != 201)
+            fail_msg("large submit (sync %d): %ld %s", sync, r.status, r.body);
+        assert_true(has_header(&r, "Location: /v1/jobs/"));
+        resp_free(&r);
+        r = call("POST", "/v1/jobs/batch", big, "Content-Type: application/json", NULL);
+        assert_int_equal(r.status, 201);
+        resp_free(&r);
+    }
+    memcpy(big + 12, "bad\"", 4); /* {"handler":"bad" ... */
+    struct resp r = call("POST", "/v1/jobs", big, "Content-Type: application/json", NULL);
+    expect_problem(&r, 422);
+    assert_non_null(strstr(r.body, "\"pointer\":\"/handler\""));
+    resp_free(&r);
+    free(big);
+    check_submit(); /* small bodies as before */
 }
 
 static void test_actions(void **state)
@@ -1039,6 +1079,70 @@ static void test_parked_cap_and_drain(void **state)
     resp_free(&b.r);
 }
 
+/* Open a raw connection and send a GET for path (with an extra header or
+ * NULL); returns the socket. */
+static int raw_get(const char *path, const char *hdr)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n%s%s\r\n", path,
+                     hdr ? hdr : "", hdr ? "\r\n" : "");
+    assert_int_equal(write(fd, req, (size_t)n), n);
+    return fd;
+}
+
+/* Clients that hang up while parked (close, reset or half-close; in a
+ * long-poll or an SSE stream) give back their --max-parked slot and their
+ * watch at once, long before their wait or heartbeat would end. */
+static void test_vanished_clients_give_back_slots(void **state)
+{
+    jd_http_stop(srv, 1000);
+    srv = start(NULL, 3, 1024);
+    jd_http_attach(srv, &fake);
+    int64_t id = new_job();
+    char lp[96], ev[96];
+    snprintf(lp, sizeof lp, "/v1/jobs/%" PRId64 "?wait=9s", id);
+    snprintf(ev, sizeof ev, "/v1/jobs/%" PRId64 "/events", id);
+    for (int round = 0; round < 3; round++) {
+        int fd[3];
+        for (int i = 0; i < 3; i++)
+            fd[i] = i == 2 ? raw_get(ev, "Accept: text/event-stream") : raw_get(lp, NULL);
+        usleep(200000); /* parked by now */
+        struct resp r = call("GET", lp, NULL, NULL);
+        expect_problem(&r, 429);
+        resp_free(&r);
+        for (int i = 0; i < 3; i++) {
+            if (round == 1) { /* reset instead of FIN */
+                struct linger l = {1, 0};
+                setsockopt(fd[i], SOL_SOCKET, SO_LINGER, &l, sizeof l);
+            }
+            if (round == 2)
+                shutdown(fd[i], SHUT_WR);
+            else
+                close(fd[i]);
+        }
+        /* within 2 s (the wait is 9 s, the heartbeat far away), a long-poll
+         * gets its slot again */
+        long status = 0;
+        snprintf(lp, sizeof lp, "/v1/jobs/%" PRId64 "?wait=10ms", id);
+        for (int k = 0; k < 40 && status != 200; k++) {
+            r = call("GET", lp, NULL, NULL);
+            status = r.status;
+            resp_free(&r);
+            if (status != 200)
+                usleep(50000);
+        }
+        assert_int_equal(status, 200);
+        snprintf(lp, sizeof lp, "/v1/jobs/%" PRId64 "?wait=9s", id);
+        if (round == 2)
+            for (int i = 0; i < 3; i++)
+                close(fd[i]);
+    }
+}
+
 static void test_sse_live_and_resume(void **state)
 {
     int64_t id = new_job();
@@ -1199,12 +1303,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_routing_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submit_suspends_until_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_submit_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_large_bodies_take_the_slow_lane, setup_big, teardown),
         cmocka_unit_test_setup_teardown(test_actions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_auth, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dashboard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_poll_woken_by_completion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_poll_since_and_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parked_cap_and_drain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_vanished_clients_give_back_slots, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sse_live_and_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sse_ends_on_drain, setup, teardown),
         cmocka_unit_test(test_burst_of_ready_connections_answered),
