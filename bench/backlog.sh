@@ -50,6 +50,7 @@ START=0
 start() {
     START=$((START + 1))
     local log=$WORK/server.$START.log t0 addr=
+    : >"$log"
     t0=$(now_ns)
     # shellcheck disable=SC2086
     "$JACKDAWD" --listen 127.0.0.1:0 --db "$WORK/jd.db" --plugin-dir "$BUILD/plugins" \
