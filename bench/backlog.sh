@@ -34,7 +34,10 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jackdaw-backlog.XXXXXX")
 PID=
 cleanup() {
-    [ -n "$PID" ] && kill -KILL "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+    if [ -n "$PID" ]; then
+        kill -KILL "$PID" 2>/dev/null
+        wait "$PID" 2>/dev/null
+    fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -150,6 +153,7 @@ until [ "$(queue_left)" = 0 ]; do sleep 0.1; done
 DRAIN_MS=$((($(now_ns) - T0) / 1000000))
 sleep 1
 DRAINED=$(rss_kb)
+stop
 
 echo "backlog: $N queued echo jobs (~130-byte args), --sync $SYNC, $(date -u +%Y-%m-%d), $(nproc) CPUs"
 printf '%-28s %14s %10s\n' "" "value" "vs idle"
