@@ -5,7 +5,7 @@
 #   make test            install missing packages, build, run every test; last line "N passed, N failed"
 #   make tsan            concurrency tests under ThreadSanitizer
 #   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse
+#   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse | bench-backlog
 #   make hostile         the hostile mix (tests/integration/test_hostile.sh) for 2 minutes
 #   make crash | fuzz | docker-smoke | format | clean
 #
@@ -270,6 +270,11 @@ hostile: deps
 	JD_BUILD=$(BUILD) JD_HOSTILE_SECONDS=$${JD_HOSTILE_SECONDS:-120} \
 	    JD_HOSTILE_WORKERS=$${JD_HOSTILE_WORKERS:-8} bash tests/integration/test_hostile.sh
 
+# N queued jobs (default 200,000; BIG=1: 1,000,000): RSS, restart until ready, drain rate, RSS after.
+bench-backlog: deps
+	$(Q)$(MAKE) --no-print-directory all
+	JD_BUILD=$(BUILD) N=$(if $(N),$(N),$(if $(BIG),1000000,200000)) bench/backlog.sh
+
 crash: deps
 	$(Q)$(MAKE) --no-print-directory all
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
@@ -288,6 +293,6 @@ clean:
 	rm -rf build
 
 .PHONY: all deps ui-deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
-        bench-compare bench-e2e bench-schedules hostile crash fuzz docker-smoke format clean
+        bench-compare bench-e2e bench-schedules bench-backlog hostile crash fuzz docker-smoke format clean
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -168,6 +168,9 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
            "Jobs failed as quarantined at start: the server died --max-replays times in a row "
            "while running each.",
            j->quarantined);
+    scalar(b, "jackdaw_heap_trims_total", "counter",
+           "Times freed heap was given back to the system while a large backlog drained.",
+           j->heap_trims);
     family(b, "jackdaw_jobs", "gauge", "Jobs in memory by state.");
     put(b, "jackdaw_jobs{state=\"queued\"} %llu\n", (unsigned long long)j->queued_mem);
     put(b, "jackdaw_jobs{state=\"running\"} %llu\n", (unsigned long long)j->running);

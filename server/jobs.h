@@ -322,6 +322,7 @@ struct jd_jobs_stats {
     uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */
     uint64_t duration_ms_sum;
     uint64_t quarantined; /* jobs failed at start after crashing the process (max_replays) */
+    uint64_t heap_trims;  /* freed heap given back after a large drain (jobs_table.c) */
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

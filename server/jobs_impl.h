@@ -249,6 +249,10 @@ struct jd_jobs {
     struct job *ukeys[NBUCKETS];  /* jobs holding a unique key, by key hash */
     struct jobs_bulk *bulk;       /* bulk actions (jobs_find.c; own lock, never under mu) */
     struct jd_tasks *tasks;       /* remote commands (jobs_tasks.c; own lock, taken after mu) */
+    /* Jobs in the table, and the most since memory was last given back to
+     * the system (jobs_trim_due_locked). */
+    size_t live, live_peak;
+    bool trim_tail; /* a trim happened; one more when the table empties */
 };
 
 struct idem {
@@ -315,6 +319,10 @@ int64_t jobs_job_timeout_ms(const struct job *jb);
 void jobs_jtimer_unlink(struct job *jb, struct jtimer *t);
 struct job *jobs_job_new(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, int64_t now);
 struct jd_jobdef *jobs_parse_stored(const char *text);
+/* After a job left the table: whether enough jobs have gone since the last
+ * trim that the caller should give freed heap back (jobs_trim, without mu). */
+bool jobs_trim_due_locked(struct jd_jobs *j);
+void jobs_trim(void);
 
 /* jobs_admit.c: queues and admission (the *_locked ones under mu; jobs_start_list and jobs_admit
  * take it). */

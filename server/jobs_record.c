@@ -254,6 +254,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct job *start = NULL;
     struct batch *batch = r->batch; /* its last record frees every record */
     char *insert_json = NULL;
+    bool trim = false;
 
     if (r->submit_done && !r->no_json && rc == 0 && w->op == JD_W_JOB_INSERT &&
         r->row.id == w->job_id) {
@@ -324,6 +325,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         }
         final_stats_locked(j, jb, w->state);
         jobs_job_remove(j, jb);
+        trim = jobs_trim_due_locked(j);
         jobs_admit_locked(j, &start);
         break;
     case AFTER_QUEUED:
@@ -398,6 +400,8 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         }
     }
     jobs_start_list(j, start);
+    if (trim)
+        jobs_trim(); /* after the admissions: new jobs do not wait for it */
     if (!batch) {
         jobs_wrec_free(r);
         return;

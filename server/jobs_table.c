@@ -17,6 +17,12 @@
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+/* A drain of at least this many jobs gives memory back (some 2.8 KB each). */
+#define TRIM_MIN_JOBS 4096
 
 void jobs_jtimer_free(struct jtimer *t)
 {
@@ -44,6 +50,8 @@ void jobs_job_insert(struct jd_jobs *j, struct job *jb)
     jb->hnext = j->table[b];
     j->table[b] = jb;
     jb->refs++;
+    if (++j->live > j->live_peak)
+        j->live_peak = j->live;
 }
 
 void jobs_recs_free(struct rec *r)
@@ -85,9 +93,42 @@ void jobs_job_remove(struct jd_jobs *j, struct job *jb)
         pp = &(*pp)->hnext;
     if (*pp) {
         *pp = jb->hnext;
+        j->live--;
         jobs_unique_drop_locked(j, jb);
         jobs_job_unref(jb);
     }
+}
+
+/*
+ * glibc keeps the heap a large backlog freed (mostly small chunks spread
+ * over hundreds of MB) and RSS stays at the backlog's peak. So while the
+ * table shrinks, each time it is down to a quarter of its size at the last
+ * trim, having lost at least TRIM_MIN_JOBS, and once more when it is empty,
+ * the free pages go back (malloc_trim walks every arena). A steady load
+ * never shrinks that far and never trims.
+ */
+bool jobs_trim_due_locked(struct jd_jobs *j)
+{
+    if (j->live_peak - j->live >= TRIM_MIN_JOBS && j->live <= j->live_peak / 4) {
+        j->live_peak = j->live;
+        j->trim_tail = true;
+        j->st.heap_trims++;
+        return true;
+    }
+    if (j->live == 0 && j->trim_tail) {
+        j->trim_tail = false;
+        j->live_peak = 0;
+        j->st.heap_trims++;
+        return true;
+    }
+    return false;
+}
+
+void jobs_trim(void)
+{
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }
 
 char *jobs_err_json(const char *kind, const char *msg)

@@ -392,6 +392,72 @@ static void test_priority_pause_and_delay(void **state)
     env_down(&e);
 }
 
+/* Jobs leave the table as they end; a drain of thousands gives the freed
+ * heap back (counted, so the rule is seen to fire), a handful does not. */
+static void test_a_large_drain_gives_memory_back(void **state)
+{
+    (void)state;
+    struct jd_jobs_config cfg = {.max_running = 64};
+    struct env e;
+    env_up(&e, &cfg);
+    struct action_wait aw;
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_queue_pause(e.jobs, "big", true, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    enum { PER = 1000, BATCHES = 6 };
+    size_t cap = 32 + PER * 48;
+    char *body = malloc(cap);
+    int64_t last = 0;
+    for (int b = 0; b < BATCHES; b++) {
+        size_t n = (size_t)snprintf(body, cap, "{\"jobs\":[");
+        for (int i = 0; i < PER; i++)
+            n += (size_t)snprintf(body + n, cap - n, "%s{\"handler\":\"t.echo\",\"queue\":\"big\"}",
+                                  i ? "," : "");
+        snprintf(body + n, cap - n, "]}");
+        struct submit_wait w = {0};
+        struct jd_error err;
+        sem_init(&w.sem, 0, 0);
+        assert_int_equal(jd_jobs_submit_batch(e.jobs, body, strlen(body), submit_cb, &w, &err), 0);
+        sem_wait_ms(&w.sem, 10000);
+        assert_int_equal(w.rc, 0);
+        cJSON *bj = cJSON_Parse(w.json);
+        cJSON *jobs = cJSON_GetObjectItem(bj, "jobs");
+        jd_jobs_parse_id(str(cJSON_GetArrayItem(jobs, PER - 1), "id"), &last);
+        cJSON_Delete(bj);
+        free(w.json);
+        sem_destroy(&w.sem);
+    }
+    free(body);
+    struct jd_jobs_stats st;
+    jd_jobs_stats(e.jobs, &st);
+    assert_int_equal(st.heap_trims, 0); /* nothing has ended yet */
+    action_wait_init(&aw);
+    assert_int_equal(jd_jobs_queue_pause(e.jobs, "big", false, action_cb, &aw), 0);
+    action_wait_done(&aw);
+    cJSON *job = wait_terminal(e.jobs, last, 60000);
+    assert_string_equal(jstate(job), "succeeded");
+    cJSON_Delete(job);
+    /* The last job ended; the table empties once every end has committed. */
+    for (int i = 0; i < 500; i++) {
+        jd_jobs_stats(e.jobs, &st);
+        if (st.queued_mem == 0 && st.running == 0 && st.succeeded == PER * BATCHES)
+            break;
+        usleep(10000);
+    }
+    usleep(100000);
+    jd_jobs_stats(e.jobs, &st);
+    assert_int_equal(st.succeeded, PER * BATCHES);
+    /* 6000 -> at most 1500 (a quarter), then empty. */
+    assert_int_equal(st.heap_trims, 2);
+    uint64_t before = st.heap_trims;
+    for (int i = 0; i < 10; i++)
+        cJSON_Delete(wait_terminal(e.jobs, submit(e.jobs, "{\"handler\":\"t.echo\"}"), 5000));
+    usleep(100000);
+    jd_jobs_stats(e.jobs, &st);
+    assert_int_equal(st.heap_trims, before); /* a small drain: no trim */
+    env_down(&e);
+}
+
 static void test_retry_of_a_failed_job_keeps_history(void **state)
 {
     (void)state;
@@ -958,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_cancel_in_each_state),
         cmocka_unit_test(test_priority_pause_and_delay),
         cmocka_unit_test(test_retry_of_a_failed_job_keeps_history),
+        cmocka_unit_test(test_a_large_drain_gives_memory_back),
         cmocka_unit_test(test_idempotency_batches_and_reads),
         cmocka_unit_test(test_idempotency_fingerprint_is_sha256),
         cmocka_unit_test(test_messages_per_job_are_capped),

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# bench/backlog.sh (`make bench-backlog`): what a large backlog of queued
+# jobs costs the server. One jackdawd on a fresh data directory; the queue
+# "backlog" is paused, then N echo jobs (~130 bytes of args each) are
+# submitted to it through POST /v1/jobs/batch (1000 a request, 2 requests in
+# flight). Printed, from the same run:
+#
+#   idle RSS              the fresh server before any job: the baseline
+#   RSS with N queued     after the last batch committed (and its ratio to idle)
+#   restart until ready   SIGTERM, start again on the same database, time
+#                         from exec to the first 200 from /readyz
+#   RSS after restart     with the N jobs recovered and still queued
+#   drain                 resume the queue; time until it has no queued or
+#                         running job, as jobs per second
+#   RSS after drain       1 s after the queue emptied (and its ratio to idle)
+#
+# RSS is VmRSS from /proc/PID/status. Environment: JD_BUILD (build dir),
+# N (jobs, default 200000; `make bench-backlog BIG=1` runs 1000000),
+# SYNC (jackdawd --sync, default full), ARGS (more jackdawd flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${JD_BUILD:-build}
+N=${N:-200000}
+SYNC=${SYNC:-full}
+EXTRA=${ARGS:-}
+JACKDAWD=$BUILD/jackdawd
+Q=backlog
+PER=1000
+
+if [ ! -x "$JACKDAWD" ]; then
+    echo "bench-backlog: build first: make BUILD=$BUILD all" >&2
+    exit 1
+fi
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/jackdaw-backlog.XXXXXX")
+PID=
+cleanup() {
+    if [ -n "$PID" ]; then
+        kill -KILL "$PID" 2>/dev/null
+        wait "$PID" 2>/dev/null
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$PID/status"; }
+mib() { awk -v k="$1" 'BEGIN {printf "%.1f MiB", k / 1024}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2fx", a / b}'; }
+now_ns() { date +%s%N; }
+
+# start: exec jackdawd, wait for its address, then for /readyz; sets PID,
+# BASE and READY_MS (exec to the first 200).
+START=0
+start() {
+    START=$((START + 1))
+    local log=$WORK/server.$START.log t0 addr=
+    : >"$log"
+    t0=$(now_ns)
+    # shellcheck disable=SC2086
+    "$JACKDAWD" --listen 127.0.0.1:0 --db "$WORK/jd.db" --plugin-dir "$BUILD/plugins" \
+        --sync "$SYNC" $EXTRA 2>"$log" &
+    PID=$!
+    for _ in $(seq 1 6000); do
+        addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$log" | head -n 1 | cut -d'"' -f8 || true)
+        [ -n "$addr" ] && break
+        kill -0 "$PID" 2>/dev/null || break
+        sleep 0.005
+    done
+    if [ -z "$addr" ]; then
+        echo "bench-backlog: jackdawd did not start:" >&2
+        tail -n 5 "$log" >&2
+        exit 1
+    fi
+    BASE=http://$addr
+    until [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/readyz")" = 200 ]; do
+        kill -0 "$PID" 2>/dev/null || {
+            tail -n 5 "$log" >&2
+            exit 1
+        }
+        sleep 0.005
+    done
+    READY_MS=$((($(now_ns) - t0) / 1000000))
+}
+
+stop() {
+    kill -TERM "$PID"
+    wait "$PID" || true
+    PID=
+}
+
+# queue_left: queued + running in the benchmark's queue
+queue_left() {
+    curl -s "$BASE/v1/queues/$Q" | jq '(.counts.queued // 0) + (.counts.running // 0)'
+}
+
+# One batch body: PER echo jobs in queue Q, each with ~130 bytes of args.
+batch_body() { # first-n
+    awk -v q="$Q" -v per="$PER" -v base="$1" 'BEGIN {
+        pad = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore";
+        printf "{\"jobs\":[";
+        for (i = 0; i < per; i++) {
+            printf "%s{\"handler\":\"echo\",\"queue\":\"%s\",\"args\":{\"n\":%d,\"user\":\"u%06d\",\"text\":\"%s\"}}",
+                   (i ? "," : ""), q, base + i, (base + i) % 1000000, pad;
+        }
+        printf "]}";
+    }'
+}
+
+submit_one() { # batch number
+    local f=$WORK/batch.$1.json code
+    batch_body $(($1 * PER)) >"$f"
+    code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$BASE/v1/jobs/batch" \
+        -H 'Content-Type: application/json' --data-binary "@$f")
+    rm -f "$f"
+    if [ "$code" != 201 ] && [ "$code" != 200 ]; then
+        echo "bench-backlog: batch $1 answered $code" >&2
+        return 1
+    fi
+}
+export -f submit_one batch_body
+export WORK BASE Q PER
+
+start
+sleep 0.5
+IDLE=$(rss_kb)
+curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/pause"
+export BASE
+T0=$(now_ns)
+seq 0 $((N / PER - 1)) | xargs -P 2 -I{} bash -c 'submit_one {}'
+SUBMIT_MS=$((($(now_ns) - T0) / 1000000))
+HAVE=$(queue_left)
+if [ "$HAVE" != "$((N / PER * PER))" ]; then
+    echo "bench-backlog: queue holds $HAVE jobs, expected $((N / PER * PER))" >&2
+    exit 1
+fi
+N=$HAVE
+sleep 0.5
+QUEUED=$(rss_kb)
+
+stop
+start
+RESTART_MS=$READY_MS
+sleep 0.5
+RESTARTED=$(rss_kb)
+LEFT=$(queue_left)
+[ "$LEFT" = "$N" ] || {
+    echo "bench-backlog: after restart the queue holds $LEFT jobs, expected $N" >&2
+    exit 1
+}
+
+T0=$(now_ns)
+curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/resume"
+until [ "$(queue_left)" = 0 ]; do sleep 0.1; done
+DRAIN_MS=$((($(now_ns) - T0) / 1000000))
+sleep 1
+DRAINED=$(rss_kb)
+stop
+
+echo "backlog: $N queued echo jobs (~130-byte args), --sync $SYNC, $(date -u +%Y-%m-%d), $(nproc) CPUs"
+printf '%-28s %14s %10s\n' "" "value" "vs idle"
+printf '%-28s %14s %10s\n' "idle RSS (baseline)" "$(mib "$IDLE")" "1.00x"
+printf '%-28s %14s %10s\n' "RSS with $N queued" "$(mib "$QUEUED")" "$(ratio "$QUEUED" "$IDLE")"
+printf '%-28s %14s %10s\n' "  per queued job" "$(awk -v a="$QUEUED" -v b="$IDLE" -v n="$N" 'BEGIN {printf "%.2f KiB", (a - b) / n}')" ""
+printf '%-28s %14s %10s\n' "RSS after restart" "$(mib "$RESTARTED")" "$(ratio "$RESTARTED" "$IDLE")"
+printf '%-28s %14s %10s\n' "RSS after drain" "$(mib "$DRAINED")" "$(ratio "$DRAINED" "$IDLE")"
+printf '%-28s %14s\n' "submit (batch route)" "$(awk -v n="$N" -v ms="$SUBMIT_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')"
+printf '%-28s %14s\n' "restart until ready" "$(awk -v ms="$RESTART_MS" 'BEGIN {printf "%.2f s", ms / 1000}')"
+printf '%-28s %14s\n' "drain after resume" "$(awk -v n="$N" -v ms="$DRAIN_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')"
+echo "RESULT backlog n=$N idle_kb=$IDLE queued_kb=$QUEUED restarted_kb=$RESTARTED drained_kb=$DRAINED" \
+    "submit_ms=$SUBMIT_MS restart_ms=$RESTART_MS drain_ms=$DRAIN_MS"
