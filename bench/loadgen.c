@@ -11,6 +11,14 @@
  *                        submit time; worker connections `reserve` and `delete`
  *                        them (the no-op work); a job is complete when its
  *                        DELETED arrives.
+ *   --target jackdaw-remote  the same shape over Jackdaw's task routes:
+ *                        producers POST {"handler": <remote command>, "args":
+ *                        {"t": submit time}}; workers claim up to --batch
+ *                        tasks (POST /v1/tasks/claim, long-poll) and end them
+ *                        all with one POST /v1/tasks/complete; a job is
+ *                        complete when that answer (sent after the commit)
+ *                        arrives. The command must be registered first (PUT
+ *                        /v1/commands/{name}; --handler names it).
  *
  * Closed loop (default): at most --conns jobs are in flight at once.
  * Open loop (--rate R): a job is due every 1/R s; latency counts from the due
@@ -42,14 +50,16 @@
 #include <unistd.h>
 
 #define MAX_CONNS 4096
-#define OUT_CAP 1024      /* one request; ours are small */
+#define OUT_CAP 8192      /* one request: a batch complete of MAX_BATCH tasks fits */
+#define MAX_BATCH 64      /* tasks per claim for jackdaw-remote */
+#define TASK_ID_MAX 40    /* Jackdaw task ids are 32 hex digits */
 #define IN_START 8192     /* response buffer; grows for long job documents */
 #define IN_MAX (4u << 20) /* a response bigger than this is an error */
 #define WAIT_PARAM "30s"  /* long-poll length; re-polled if it expires */
 
-enum target { T_JACKDAW, T_BEANSTALKD };
+enum target { T_JACKDAW, T_BEANSTALKD, T_REMOTE };
 enum role { R_HTTP, R_PRODUCER, R_WORKER };
-enum cstate { C_IDLE, C_POST, C_GET, C_PUT, C_RESERVE, C_DELETE };
+enum cstate { C_IDLE, C_POST, C_GET, C_PUT, C_RESERVE, C_DELETE, C_RPOST, C_CLAIM, C_COMPLETE };
 
 struct opts {
     enum target target;
@@ -64,6 +74,7 @@ struct opts {
     const char *label;
     const char *handler;
     const char *timeline; /* file for the latency histogram over time, or NULL */
+    int batch;            /* jackdaw-remote: tasks per claim */
 };
 
 struct conn {
@@ -77,6 +88,10 @@ struct conn {
     int64_t t_start; /* job's submit (or due) time, ns */
     char job_id[32];
     struct thread *th;
+    /* jackdaw-remote workers: the tasks claimed, being completed */
+    char (*tids)[TASK_ID_MAX];
+    int64_t *tts;
+    int ntasks;
 };
 
 struct thread {
@@ -113,6 +128,7 @@ static struct opts opt = {
     .timeout_s = 300,
     .label = NULL,
     .handler = "echo",
+    .batch = 32,
 };
 
 static int64_t start_ns;      /* written before the threads start */
@@ -257,6 +273,138 @@ static int http_get(struct conn *c)
     c->state = C_GET;
     return conn_send(c, "GET /v1/jobs/%s?wait=" WAIT_PARAM " HTTP/1.1\r\nHost: %s:%d\r\n\r\n",
                      c->job_id, opt.host, opt.port);
+}
+
+/* ---- jackdaw-remote: producers and task workers over HTTP ---- */
+
+static int bs_reserve(struct conn *c);
+
+static int remote_post(struct conn *c)
+{
+    char body[256];
+    int blen = snprintf(body, sizeof body, "{\"handler\":\"%s\",\"args\":{\"t\":%lld}}",
+                        opt.handler, (long long)c->t_start);
+    c->state = C_RPOST;
+    return conn_send(c,
+                     "POST /v1/jobs HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %d\r\n\r\n%s",
+                     opt.host, opt.port, blen, body);
+}
+
+static int remote_claim(struct conn *c)
+{
+    char body[256];
+    int blen = snprintf(body, sizeof body,
+                        "{\"commands\":[\"%s\"],\"worker\":\"loadgen\",\"max\":%d,"
+                        "\"wait_ms\":1000,\"lease_ms\":60000}",
+                        opt.handler, opt.batch);
+    c->state = C_CLAIM;
+    return conn_send(c,
+                     "POST /v1/tasks/claim HTTP/1.1\r\nHost: %s:%d\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+                     opt.host, opt.port, blen, body);
+}
+
+static int remote_complete(struct conn *c)
+{
+    char body[OUT_CAP - 256];
+    size_t n = (size_t)snprintf(body, sizeof body, "{\"tasks\":[");
+    for (int i = 0; i < c->ntasks; i++)
+        n += (size_t)snprintf(body + n, sizeof body - n, "%s{\"id\":\"%s\"}", i ? "," : "",
+                              c->tids[i]);
+    n += (size_t)snprintf(body + n, sizeof body - n, "]}");
+    c->state = C_COMPLETE;
+    return conn_send(c,
+                     "POST /v1/tasks/complete HTTP/1.1\r\nHost: %s:%d\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     opt.host, opt.port, n, body);
+}
+
+/* The tasks of a claim answer: each "id" and its args' "t", in order. */
+static void remote_parse_tasks(struct conn *c, const char *body, size_t len)
+{
+    const char *p = body, *e = body + len;
+    c->ntasks = 0;
+    while (c->ntasks < opt.batch) {
+        const char *id = memmem(p, (size_t)(e - p), "{\"id\":\"", 7);
+        if (!id)
+            break;
+        id += 7;
+        const char *q = memchr(id, '"', (size_t)(e - id));
+        if (!q || q - id >= TASK_ID_MAX)
+            break;
+        memcpy(c->tids[c->ntasks], id, (size_t)(q - id));
+        c->tids[c->ntasks][q - id] = 0;
+        const char *t = memmem(q, (size_t)(e - q), "\"t\":", 4);
+        c->tts[c->ntasks] = t ? strtoll(t + 4, NULL, 10) : now_ns();
+        c->ntasks++;
+        p = t ? t : q;
+    }
+}
+
+static void start_next(struct conn *c);
+
+/* Idle producers of th may go on now that jobs left the system. */
+static void wake_producers(struct thread *th)
+{
+    for (int i = 0; i < th->nconns; i++) {
+        struct conn *p = &th->conns[i];
+        if (p->role == R_PRODUCER && p->state == C_IDLE) {
+            start_next(p);
+            if (th->inflight >= th->max_inflight || th->out_of_jobs)
+                break;
+        }
+    }
+}
+
+static int remote_on_response(struct conn *c, int status, char *body, size_t blen)
+{
+    struct thread *th = c->th;
+    if (c->state == C_RPOST) {
+        if (status != 201 && status != 200) {
+            fprintf(stderr, "loadgen: POST -> %d: %.*s\n", status, (int)(blen > 300 ? 300 : blen),
+                    body);
+            th->errors++;
+            th->inflight--;
+            record(th, c->t_start, false);
+        }
+        c->state = C_IDLE;
+        start_next(c);
+        return 0;
+    }
+    if (c->state == C_CLAIM) {
+        if (status != 200) {
+            fprintf(stderr, "loadgen: claim -> %d: %.*s\n", status, (int)(blen > 300 ? 300 : blen),
+                    body);
+            return -1;
+        }
+        remote_parse_tasks(c, body, blen);
+        return c->ntasks ? remote_complete(c) : remote_claim(c);
+    }
+    if (c->state == C_COMPLETE) {
+        if (status != 200) {
+            fprintf(stderr, "loadgen: complete -> %d: %.*s\n", status,
+                    (int)(blen > 300 ? 300 : blen), body);
+            return -1;
+        }
+        for (int i = 0; i < c->ntasks; i++) {
+            record(th, c->tts[i], true);
+            th->inflight--;
+        }
+        c->ntasks = 0;
+        if (remote_claim(c) != 0)
+            return -1;
+        wake_producers(th);
+        return 0;
+    }
+    fprintf(stderr, "loadgen: unexpected response\n");
+    return -1;
+}
+
+/* A worker connection's first (or next after a reconnect) request. */
+static int worker_start(struct conn *c)
+{
+    return opt.target == T_REMOTE ? remote_claim(c) : bs_reserve(c);
 }
 
 /* Find the end of one HTTP response in buf: returns its total length (head +
@@ -462,15 +610,7 @@ static long bs_on_data(struct conn *c)
         th->inflight--;
         if (bs_reserve(c) != 0)
             return -1;
-        /* A producer may have been held back by the in-flight limit. */
-        for (int i = 0; i < th->nconns; i++) {
-            struct conn *p = &th->conns[i];
-            if (p->role == R_PRODUCER && p->state == C_IDLE) {
-                start_next(p);
-                if (th->inflight >= th->max_inflight || th->out_of_jobs)
-                    break;
-            }
-        }
+        wake_producers(th); /* one may have been held back by the in-flight limit */
         return (long)line;
     }
     fprintf(stderr, "loadgen: unexpected beanstalkd reply %.*s\n", (int)line - 2, c->in);
@@ -505,7 +645,7 @@ static void start_next(struct conn *c)
     int rc;
     if (c->role == R_PRODUCER) {
         th->inflight++;
-        rc = bs_put(c, job);
+        rc = opt.target == T_REMOTE ? remote_post(c) : bs_put(c, job);
     } else {
         rc = http_post(c, job);
     }
@@ -553,7 +693,8 @@ static void on_readable(struct conn *c)
             break;
         if (r <= 0) {
             /* Peer closed (or reset): fail the job in flight and reconnect. */
-            if (c->state != C_IDLE && c->state != C_RESERVE) {
+            if (c->state != C_IDLE && c->state != C_RESERVE && c->state != C_CLAIM &&
+                c->state != C_COMPLETE) {
                 c->th->errors++;
                 record(c->th, c->t_start, false);
                 if (c->role == R_PRODUCER || c->state == C_DELETE)
@@ -562,7 +703,7 @@ static void on_readable(struct conn *c)
             conn_reopen(c);
             c->state = C_IDLE;
             if (c->role == R_WORKER)
-                bs_reserve(c);
+                worker_start(c);
             else
                 start_next(c);
             return;
@@ -572,7 +713,7 @@ static void on_readable(struct conn *c)
     for (;;) {
         long used;
         bool close_after = false;
-        if (c->role == R_HTTP) {
+        if (c->role == R_HTTP || opt.target == T_REMOTE) {
             int status = 0;
             char *body = NULL;
             size_t blen = 0;
@@ -580,7 +721,8 @@ static void on_readable(struct conn *c)
             if (used > 0) {
                 char saved = body[blen];
                 body[blen] = 0;
-                int rc = http_on_response(c, status, body, blen);
+                int rc = opt.target == T_REMOTE ? remote_on_response(c, status, body, blen)
+                                                : http_on_response(c, status, body, blen);
                 body[blen] = saved;
                 if (rc != 0)
                     used = -1;
@@ -619,13 +761,15 @@ static void *thread_main(void *arg)
         th->conns[i].state = C_IDLE;
         th->conns[i].in_cap = IN_START;
         th->conns[i].in = malloc(IN_START);
-        if (!th->conns[i].in)
+        th->conns[i].tids = malloc((size_t)opt.batch * sizeof *th->conns[i].tids);
+        th->conns[i].tts = malloc((size_t)opt.batch * sizeof *th->conns[i].tts);
+        if (!th->conns[i].in || !th->conns[i].tids || !th->conns[i].tts)
             die("malloc");
     }
     th->next_due = now_ns();
     for (int i = 0; i < th->nconns; i++) {
         if (th->conns[i].role == R_WORKER)
-            bs_reserve(&th->conns[i]);
+            worker_start(&th->conns[i]);
         else if (th->rate <= 0)
             start_next(&th->conns[i]);
     }
@@ -656,6 +800,8 @@ static void *thread_main(void *arg)
     for (int i = 0; i < th->nconns; i++) {
         close(th->conns[i].fd);
         free(th->conns[i].in);
+        free(th->conns[i].tids);
+        free(th->conns[i].tts);
     }
     close(th->epfd);
     return NULL;
@@ -717,44 +863,44 @@ static void write_timeline(const struct thread *ths, size_t n)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: loadgen [--target jackdaw|beanstalkd] [--addr HOST:PORT] [--jobs N]\n"
-                    "               [--conns C] [--threads T] [--workers W] [--rate JOBS_PER_S]\n"
-                    "               [--timeout SECS] [--label NAME] [--handler NAME]\n"
-                    "               [--timeline FILE]\n"
-                    "  jackdaw: C connections, each POST a job then long-poll it to the end\n"
-                    "  beanstalkd: C producer connections (at most C jobs in flight) and W\n"
-                    "  worker connections (default C) doing reserve + delete\n"
-                    "  --timeline: per 100 ms of the run, jobs completed and their latency\n"
-                    "  p50/p99/max, to find stalls\n");
+    fprintf(stderr,
+            "usage: loadgen [--target jackdaw|beanstalkd|jackdaw-remote] [--addr HOST:PORT]\n"
+            "               [--jobs N] [--batch B]\n"
+            "               [--conns C] [--threads T] [--workers W] [--rate JOBS_PER_S]\n"
+            "               [--timeout SECS] [--label NAME] [--handler NAME]\n"
+            "               [--timeline FILE]\n"
+            "  jackdaw: C connections, each POST a job then long-poll it to the end\n"
+            "  beanstalkd: C producer connections (at most C jobs in flight) and W\n"
+            "  worker connections (default C) doing reserve + delete\n"
+            "  jackdaw-remote: C producers POST jobs of remote command --handler (register\n"
+            "  it first); W workers claim up to B tasks and complete them in one request\n"
+            "  --timeline: per 100 ms of the run, jobs completed and their latency\n"
+            "  p50/p99/max, to find stalls\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"target", required_argument, 0, 't'},
-        {"addr", required_argument, 0, 'a'},
-        {"jobs", required_argument, 0, 'n'},
-        {"conns", required_argument, 0, 'c'},
-        {"threads", required_argument, 0, 'T'},
-        {"workers", required_argument, 0, 'w'},
-        {"rate", required_argument, 0, 'r'},
-        {"timeout", required_argument, 0, 'x'},
-        {"label", required_argument, 0, 'l'},
-        {"handler", required_argument, 0, 'H'},
-        {"timeline", required_argument, 0, 'L'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        {"target", required_argument, 0, 't'},   {"addr", required_argument, 0, 'a'},
+        {"jobs", required_argument, 0, 'n'},     {"conns", required_argument, 0, 'c'},
+        {"threads", required_argument, 0, 'T'},  {"workers", required_argument, 0, 'w'},
+        {"rate", required_argument, 0, 'r'},     {"timeout", required_argument, 0, 'x'},
+        {"label", required_argument, 0, 'l'},    {"handler", required_argument, 0, 'H'},
+        {"timeline", required_argument, 0, 'L'}, {"batch", required_argument, 0, 'b'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
     };
     static char host[64];
     int ch;
-    while ((ch = getopt_long(argc, argv, "t:a:n:c:T:w:r:x:l:H:L:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "t:a:n:c:T:w:r:x:l:H:L:b:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 't':
             if (!strcmp(optarg, "jackdaw"))
                 opt.target = T_JACKDAW;
             else if (!strcmp(optarg, "beanstalkd"))
                 opt.target = T_BEANSTALKD;
+            else if (!strcmp(optarg, "jackdaw-remote"))
+                opt.target = T_REMOTE;
             else
                 usage();
             break;
@@ -795,17 +941,21 @@ int main(int argc, char **argv)
         case 'L':
             opt.timeline = optarg;
             break;
+        case 'b':
+            opt.batch = atoi(optarg);
+            break;
         default:
             usage();
         }
     }
-    if (opt.jobs <= 0 || opt.conns <= 0 || opt.threads <= 0 || opt.port <= 0)
+    if (opt.jobs <= 0 || opt.conns <= 0 || opt.threads <= 0 || opt.port <= 0 || opt.batch < 1 ||
+        opt.batch > MAX_BATCH)
         usage();
     if (opt.workers <= 0)
         opt.workers = opt.conns;
     if (opt.threads > opt.conns)
         opt.threads = opt.conns;
-    int total_conns = opt.conns + (opt.target == T_BEANSTALKD ? opt.workers : 0);
+    int total_conns = opt.conns + (opt.target != T_JACKDAW ? opt.workers : 0);
     if (total_conns > MAX_CONNS) {
         fprintf(stderr, "loadgen: at most %d connections\n", MAX_CONNS);
         return 2;
@@ -818,7 +968,7 @@ int main(int argc, char **argv)
         struct thread *th = &ths[t];
         th->index = t;
         int prod = opt.conns / opt.threads + (t < opt.conns % opt.threads);
-        int work = opt.target == T_BEANSTALKD
+        int work = opt.target != T_JACKDAW
                        ? opt.workers / opt.threads + (t < opt.workers % opt.threads)
                        : 0;
         th->nconns = prod + work;
@@ -869,7 +1019,10 @@ int main(int argc, char **argv)
         free(ths[t].pending_t);
     }
     qsort(all, n, sizeof *all, cmp_u32);
-    const char *label = opt.label ? opt.label : opt.target == T_JACKDAW ? "jackdaw" : "beanstalkd";
+    const char *label = opt.label                 ? opt.label
+                        : opt.target == T_JACKDAW ? "jackdaw"
+                        : opt.target == T_REMOTE  ? "jackdaw-remote"
+                                                  : "beanstalkd";
     double jps = secs > 0 ? (double)completed / secs : 0;
     printf("{\"label\":\"%s\",\"jobs\":%ld,\"completed\":%ld,\"failed\":%ld,\"errors\":%ld,"
            "\"conns\":%d,\"rate\":%.0f,\"secs\":%.3f,\"jobs_per_s\":%.0f,\"p50_ms\":%.3f,"

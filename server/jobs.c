@@ -311,11 +311,12 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
     pthread_mutex_unlock(&j->mu);
     jobs_tasks_drain(j); /* parked claims answer (empty) now */
     pthread_mutex_lock(&j->mu);
-    /* Let calls in flight finish (and be recorded) within the grace period;
-     * remote tasks no worker claimed are not running, so they do not hold
-     * the drain (they wait again after the restart). */
+    /* Let calls in flight finish (and be recorded) within the grace period.
+     * Remote tasks do not hold the drain: they do not run here, and their
+     * workers' answers are refused while draining (503); after the restart
+     * waiting ones wait again and claimed ones are offered again. */
     uint64_t deadline = jd_now_ns() + (uint64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000u;
-    while (j->inflight_calls > jobs_tasks_waiting(j) && jd_now_ns() < deadline) {
+    while (j->inflight_calls > jobs_tasks_count(j) && jd_now_ns() < deadline) {
         pthread_mutex_unlock(&j->mu);
         usleep(2000);
         pthread_mutex_lock(&j->mu);

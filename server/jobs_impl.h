@@ -412,8 +412,8 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err);
  * registry's fallback (before replay); drain answers parked claims. */
 int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err);
 void jobs_tasks_drain(struct jd_jobs *j);
-/* Tasks waiting for a worker (any thread; takes the tasks lock). */
-unsigned jobs_tasks_waiting(struct jd_jobs *j);
+/* Remote tasks, waiting or claimed (any thread; takes the tasks lock). */
+unsigned jobs_tasks_count(struct jd_jobs *j);
 void jobs_tasks_destroy(struct jd_jobs *j);
 /* The registered per-attempt timeout of a remote command; 0 for none (or
  * not remote). */

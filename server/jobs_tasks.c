@@ -1873,13 +1873,13 @@ void jobs_tasks_drain(struct jd_jobs *j)
     }
 }
 
-unsigned jobs_tasks_waiting(struct jd_jobs *j)
+unsigned jobs_tasks_count(struct jd_jobs *j)
 {
     struct jd_tasks *t = j->tasks;
     uint64_t n = 0;
     pthread_mutex_lock(&t->mu);
     for (struct rcmd *c = t->cmds; c; c = c->next)
-        n += c->waiting;
+        n += c->waiting + c->in_flight;
     pthread_mutex_unlock(&t->mu);
     return (unsigned)n;
 }

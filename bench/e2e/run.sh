@@ -4,6 +4,11 @@
 # interleaved (A B C A B C ...) so drift hits every system alike. Each run
 # starts its server on a fresh data directory on loopback and stops it after.
 #
+# "jackdaw" is a job's whole life per connection (submit, long-poll to the
+# end, echo plugin); "jackdaw-remote" is beanstalkd's shape over the task
+# routes: producers submit jobs of a remote command, C/16 (1..16) workers
+# claim up to 32 tasks each and end them with one POST /v1/tasks/complete.
+#
 # Durability levels compared:
 #   strict   jackdawd --sync full | beanstalkd -b DIR -f 0 | redis appendfsync always
 #   relaxed  jackdawd --sync normal | beanstalkd -b DIR -f 50 | redis appendfsync everysec
@@ -24,7 +29,7 @@ JOBS=${JOBS:-30000}
 CONCS=${CONCS:-16 64 256}
 REPS=${REPS:-3}
 DURABILITY=${DURABILITY:-strict relaxed}
-SYSTEMS=${SYSTEMS:-jackdaw beanstalkd bullmq}
+SYSTEMS=${SYSTEMS:-jackdaw jackdaw-remote beanstalkd bullmq}
 OUT=${OUT:-$BUILD/bench-e2e}
 LOADGEN=$BUILD/bench/loadgen
 JACKDAWD=$BUILD/jackdawd
@@ -42,11 +47,12 @@ cleanup() {
 trap cleanup EXIT
 
 # ---- what the peers need: Debian's beanstalkd and redis-server, npm's bullmq ----
-tools/deps.sh beanstalkd redis-server
+case " $SYSTEMS " in *" beanstalkd "*) tools/deps.sh beanstalkd ;; esac
+case " $SYSTEMS " in *" bullmq "*) tools/deps.sh redis-server ;; esac
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     tools/deps.sh nodejs npm
 fi
-if [ ! -d bench/e2e/node_modules/bullmq ]; then
+if [[ " $SYSTEMS " == *" bullmq "* ]] && [ ! -d bench/e2e/node_modules/bullmq ]; then
     echo "bench-e2e: installing bullmq with npm into bench/e2e/node_modules" >&2
     (cd bench/e2e && npm install --no-audit --no-fund --no-package-lock --loglevel=error >&2)
 fi
@@ -115,6 +121,11 @@ start_jackdaw() {
     SERVER_PID=$!
     wait_port "$PORT"
 }
+start_jackdaw-remote() {
+    start_jackdaw "$@" || return 1
+    curl -s -o /dev/null -X PUT "http://127.0.0.1:$PORT/v1/commands/bench" \
+        -H 'Content-Type: application/json' -d '{}'
+}
 start_beanstalkd() {
     local f=0
     [ "$1" = relaxed ] && f=50
@@ -148,6 +159,12 @@ run_one() {
     cpu0=$(cpu_ticks "$SERVER_PID")
     case $sys in
     jackdaw) line=$("$LOADGEN" --target jackdaw --addr "127.0.0.1:$PORT" "${common[@]}" --threads 1) || true ;;
+    jackdaw-remote)
+        local w=$((conc / 16))
+        w=$((w < 1 ? 1 : w > 16 ? 16 : w))
+        line=$("$LOADGEN" --target jackdaw-remote --addr "127.0.0.1:$PORT" "${common[@]}" \
+            --handler bench --workers "$w" --batch 32) || true
+        ;;
     beanstalkd) line=$("$LOADGEN" --target beanstalkd --addr "127.0.0.1:$PORT" "${common[@]}" --workers "$((conc > 64 ? 64 : conc))") || true ;;
     bullmq) line=$(node bench/e2e/bullmq.mjs --port "$PORT" "${common[@]}") || true ;;
     esac

@@ -57,6 +57,7 @@ const durNames = {
 };
 const durDetail = {
   jackdaw: { strict: '--sync full', relaxed: '--sync normal' },
+  'jackdaw-remote': { strict: '--sync full', relaxed: '--sync normal' },
   beanstalkd: { strict: '-f 0', relaxed: '-f 50' },
   bullmq: { strict: 'appendfsync always', relaxed: 'appendfsync everysec' },
 };
@@ -124,7 +125,7 @@ out.push('');
 for (const dur of durs) {
   const jd = peakOf('jackdaw', dur);
   let best = { sys: '', jps: 0, conc: 0 };
-  for (const sys of systems.filter((s) => s !== 'jackdaw')) {
+  for (const sys of systems.filter((s) => !s.startsWith('jackdaw'))) {
     const p = peakOf(sys, dur);
     if (p.jps > best.jps) best = { sys, ...p };
   }
@@ -133,6 +134,16 @@ for (const dur of durs) {
     `${durNames[dur] ?? dur}: Jackdaw peak ${fmt(jd.jps)} jobs/s (${jd.conc} in flight), ` +
       `best peer ${best.sys} ${fmt(best.jps)} jobs/s (${best.conc} in flight): ` +
       `ratio ${(jd.jps / best.jps).toFixed(2)}x`,
+  );
+}
+// Remote workers against beanstalkd, the same put/reserve/delete shape.
+for (const dur of durs) {
+  const rw = peakOf('jackdaw-remote', dur);
+  const bs = peakOf('beanstalkd', dur);
+  if (!rw.jps || !bs.jps) continue;
+  out.push(
+    `${durNames[dur] ?? dur}: Jackdaw, remote workers ${fmt(rw.jps)} jobs/s (${rw.conc} in flight), ` +
+      `beanstalkd ${fmt(bs.jps)} jobs/s (${bs.conc} in flight): ratio ${(rw.jps / bs.jps).toFixed(2)}x`,
   );
 }
 console.log(out.join('\n'));

@@ -217,7 +217,7 @@ C2=$(task_id)
 check "a second one claimed and completed before the crash" py "assert j['tasks'][0]['job_id']=='$K2'"
 req POST "/v1/tasks/$C2/complete" -H "$J" --data-binary '{"result":"once"}'
 stop_server KILL
-start_server || exit 1
+start_server --grace 120s || exit 1
 req POST "/v1/tasks/$OLD/complete" -H "$J" --data-binary '{"result":"from the dead"}'
 check "after the restart the old claimed id answers 409 lease_lost" eval 'is_problem 409 && py "assert j[\"reason\"]==\"lease_lost\""'
 req POST "/v1/tasks/$C2/complete" -H "$J" --data-binary '{"result":"twice"}'
@@ -249,8 +249,15 @@ check "a result recorded before the crash is kept, not asked for again" py "asse
 req GET "/v1/jobs/$K3/events"
 check "each step's result is recorded exactly once" py "c=[e for e in j['events'] if e['kind']=='complete']; assert len(c)==2 and len({e['tag'] for e in c})==2"
 
-# ---- --worker-token: a second token that opens only the worker routes ----
+# ---- SIGTERM with a task claimed: remote tasks do not hold the drain ----
+submit '{"handler":"crashy","args":{"n":9}}'
+claim '{"commands":["crashy"],"lease_ms":600000,"wait_ms":5000}'
+check "a task is claimed at shutdown" py "assert len(j['tasks'])==1"
+T0=$SECONDS
 stop_server
+check "SIGTERM with a claimed task: exit 0 well within --grace 120s" eval '[ "$SERVER_RC" = 0 ] && [ $((SECONDS - T0)) -lt 60 ]'
+
+# ---- --worker-token: a second token that opens only the worker routes ----
 start_server --token main-secret --worker-token worker-secret || exit 1
 WT='Authorization: Bearer worker-secret'
 MT='Authorization: Bearer main-secret'
