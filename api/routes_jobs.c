@@ -178,26 +178,8 @@ enum MHD_Result route_job_events(struct jd_req *r)
     free(json);
     if (!http_parked_slot_take(h))
         return http_respond_problem(r, 429, "too many streaming connections", NULL);
-    r->is_sse = true;
     r->sse_seq = after;
-    r->phase = PH_DONE;
-    http_req_ref(r); /* the response's reference, dropped by http_sse_free */
-    struct MHD_Response *resp = MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, 4096, http_sse_reader, r, http_sse_free);
-    if (resp == NULL) {
-        http_req_unref(r);
-        r->is_sse = false;
-        atomic_fetch_sub_explicit(&h->parked_count, 1, memory_order_relaxed);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    MHD_add_response_header(resp, "X-Request-Id", r->rid);
-    r->status = 200;
-    enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    return http_sse_start(r);
 }
 
 /* 201 with the job and its Location (Idempotent-Replayed when the key

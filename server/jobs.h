@@ -255,6 +255,41 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
  * withdrawn ids are fine (false). */
 bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id);
 
+/* ---- the global event stream (GET /v1/events) ---- */
+
+/* Filters: any may be NULL / 0. */
+struct jd_events_query {
+    const char *queue;
+    const char *state; /* one state or a comma-separated list ("succeeded,failed") */
+    const char *labels[JD_JOBS_LABEL_FILTERS]; /* "key:value" each; all must match */
+    size_t n_labels;
+};
+struct jd_events_sub; /* a parsed filter owning its strings */
+/* JD_EINVAL with err (a pointer such as "/state", "/label/1") for a bad filter.
+ * Free with jd_jobs_events_sub_free. */
+int jd_jobs_events_sub(const struct jd_events_query *q, struct jd_events_sub **out,
+                       struct jd_error *err);
+void jd_jobs_events_sub_free(struct jd_events_sub *s);
+/* fn(arg, id, event_json) for every matching transition with id > after,
+ * ascending, at most limit (1..1000). *next is where to go on (it moves
+ * past non-matching events too). Event JSON: {"id":"..","job_id":"..",
+ * "seq":n,"time":"..","queue":"..","state":"..","data":{..}}. Returns the
+ * number delivered or a JD_E* code. */
+int jd_jobs_events_read(struct jd_jobs *j, const struct jd_events_sub *s, int64_t after,
+                        unsigned limit, void (*fn)(void *arg, int64_t id, const char *event_json),
+                        void *arg, int64_t *next);
+/* The newest event id: where a live stream without a resume point starts. */
+int jd_jobs_events_tail(struct jd_jobs *j, int64_t *id);
+/* How many job records have committed (and had their callbacks run). Read
+ * it before reading events; jd_jobs_watch_any then fires once any commit
+ * came after that read, so no event is missed between read and watch. */
+uint64_t jd_jobs_commits(struct jd_jobs *j);
+/* As jd_jobs_watch, for a commit of any job after since_commits (version:
+ * the new count). Withdraw with jd_jobs_unwatch. */
+int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
+                      void (*fn)(void *arg, int rc, int64_t version), void *arg,
+                      uint64_t *watch_id);
+
 struct jd_jobs_stats {
     uint64_t submitted, succeeded, failed, cancelled, running, waiting, queued_mem;
     uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */

@@ -194,6 +194,7 @@ struct jd_jobs {
     struct jd_jobs_stats st;
     struct jd_stats *series; /* throughput per second (own lock, taken under mu) */
     struct jobs_bulk *bulk;  /* bulk actions (jobs_find.c; own lock, never under mu) */
+    uint64_t commits;        /* job records committed (their callbacks run): GET /v1/events */
 };
 
 struct idem {

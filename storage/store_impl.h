@@ -157,6 +157,7 @@ struct jd_find_sql {
     } b[JD_FIND_MAX_BINDS];
 };
 int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out);
+int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out);
 
 /* Map a SQLite result code to a JD_E* code. */
 int jd_store_sqlite_rc(int rc);

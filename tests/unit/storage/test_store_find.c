@@ -268,6 +268,40 @@ static void check_every_shape(sqlite3 *db)
     }
 }
 
+static void check_event_plans(sqlite3 *db)
+{
+    for (unsigned m = 0; m < 16; m++) {
+        struct jd_event_find f = {.after_id = 5, .limit = 10};
+        if (m & 1)
+            f.queue = "q";
+        if (m & 2)
+            f.state_mask = (1u << JD_JOB_SUCCEEDED) | (1u << JD_JOB_FAILED);
+        if (m & 4) {
+            f.label_key[f.n_labels] = "team";
+            f.label_value[f.n_labels++] = "billing";
+        }
+        if (m & 8)
+            while (f.n_labels < JD_FIND_MAX_LABELS) {
+                f.label_key[f.n_labels] = "tier";
+                f.label_value[f.n_labels++] = "gold";
+            }
+        struct jd_find_sql q;
+        assert_int_equal(jd_event_sql_build(&f, &q), 0);
+        char *sql = jd_xasprintf("EXPLAIN QUERY PLAN %s", q.sql);
+        sqlite3_stmt *st;
+        if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+            fail_msg("prepare %s: %s", q.sql, sqlite3_errmsg(db));
+        while (sqlite3_step(st) == SQLITE_ROW) {
+            const char *d = (const char *)sqlite3_column_text(st, 3);
+            if (strncmp(d, "SCAN", 4) == 0 || strstr(d, "TEMP B-TREE"))
+                fail_msg("%s\n  plan: %s", q.sql, d);
+        }
+        sqlite3_finalize(st);
+        free(sql);
+        free(q.sql);
+    }
+}
+
 static void test_every_filter_uses_an_index(void **state)
 {
     struct fx *f = *state;
@@ -281,8 +315,10 @@ static void test_every_filter_uses_an_index(void **state)
     sqlite3 *db;
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     check_every_shape(db);
+    check_event_plans(db);
     assert_int_equal(sqlite3_exec(db, "ANALYZE", NULL, NULL, NULL), SQLITE_OK);
     check_every_shape(db);
+    check_event_plans(db);
     sqlite3_close(db);
 }
 
@@ -337,6 +373,56 @@ static void test_delete_only_finished_jobs(void **state)
     sqlite3_close(db);
 }
 
+static void test_event_stream_in_commit_order(void **state)
+{
+    struct fx *f = *state;
+    int64_t a = add(f->s, "q", "{\"handler\":\"echo\",\"labels\":{\"team\":\"billing\"}}", 1);
+    int64_t b = add(f->s, "r", "{\"handler\":\"echo\"}", 2);
+    struct tres r;
+    assert_int_equal(event_wait(f->s, a, JD_EVK_DISPATCH, 1, "{}", &r), 0);
+    struct jd_write w = {.op = JD_W_JOB_CHANGE,
+                         .job_id = a,
+                         .set = JD_SET_STATE,
+                         .state = JD_JOB_SUCCEEDED,
+                         .kind = JD_EVK_STATE,
+                         .data = "{\"state\":\"succeeded\"}"};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    struct jd_event_find q = {.limit = 100};
+    struct jd_stream_event *ev;
+    size_t n;
+    int64_t next;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 3); /* the dispatch is not a transition */
+    assert_int_equal(ev[0].job_id, a);
+    assert_int_equal(ev[1].job_id, b);
+    assert_int_equal(ev[2].job_id, a);
+    assert_int_equal(ev[2].state, JD_JOB_SUCCEEDED);
+    assert_true(ev[0].id < ev[1].id && ev[1].id < ev[2].id);
+    int64_t last;
+    assert_int_equal(jd_store_event_last_id(f->s, &last), 0);
+    assert_int_equal(next, last);
+    jd_stream_events_free(ev, n);
+    /* filters */
+    q = (struct jd_event_find){.limit = 100, .state_mask = 1u << JD_JOB_SUCCEEDED, .n_labels = 1};
+    q.label_key[0] = "team";
+    q.label_value[0] = "billing";
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, a);
+    jd_stream_events_free(ev, n);
+    q = (struct jd_event_find){.limit = 100, .queue = "r"};
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, b);
+    /* nothing newer: next stays */
+    q.after_id = last;
+    jd_stream_events_free(ev, n);
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(next, last);
+    jd_stream_events_free(ev, n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -346,6 +432,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_filters_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_filter_uses_an_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_only_finished_jobs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_stream_in_commit_order, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
