@@ -95,6 +95,25 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc)
     }
 }
 
+/* Under mu: add a pending watch on job id (0: any job). */
+static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_only,
+                             void (*fn)(void *arg, int rc, int64_t version), void *arg,
+                             uint64_t *watch_id)
+{
+    struct watch *w = jd_xcalloc(1, sizeof *w);
+    unsigned b = jobs_bucket(id);
+    w->id = (++j->next_watch << WATCH_ID_SHIFT) | b; /* unwatch finds the bucket */
+    w->job_id = id;
+    w->since = since;
+    w->terminal_only = terminal_only;
+    w->fn = fn;
+    w->arg = arg;
+    w->next = j->watches[b];
+    j->watches[b] = w;
+    if (watch_id)
+        *watch_id = w->id;
+}
+
 int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
                   void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
 {
@@ -132,18 +151,7 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
         fn(arg, JD_ESHUTDOWN, version);
         return 0;
     }
-    struct watch *w = jd_xcalloc(1, sizeof *w);
-    unsigned b = jobs_bucket(id);
-    w->id = (++j->next_watch << WATCH_ID_SHIFT) | b; /* unwatch finds the bucket */
-    w->job_id = id;
-    w->since = since_version;
-    w->terminal_only = terminal_only;
-    w->fn = fn;
-    w->arg = arg;
-    w->next = j->watches[b];
-    j->watches[b] = w;
-    if (watch_id)
-        *watch_id = w->id;
+    watch_add_locked(j, id, since_version, terminal_only, fn, arg, watch_id);
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -173,17 +181,7 @@ int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
         fn(arg, JD_ESHUTDOWN, 0);
         return 0;
     }
-    struct watch *w = jd_xcalloc(1, sizeof *w);
-    unsigned b = jobs_bucket(0);
-    w->id = (++j->next_watch << WATCH_ID_SHIFT) | b;
-    w->job_id = 0; /* any job */
-    w->since = (int64_t)since_commits;
-    w->fn = fn;
-    w->arg = arg;
-    w->next = j->watches[b];
-    j->watches[b] = w;
-    if (watch_id)
-        *watch_id = w->id;
+    watch_add_locked(j, 0, (int64_t)since_commits, false, fn, arg, watch_id); /* 0: any job */
     pthread_mutex_unlock(&j->mu);
     return 0;
 }

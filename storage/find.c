@@ -211,6 +211,20 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
     return 0;
 }
 
+/* Prepare q on c and bind its parameters; 0 or JD_EIO. */
+static int prepare_bound(struct jd_rconn *c, const struct jd_find_sql *q, sqlite3_stmt **st)
+{
+    if (sqlite3_prepare_v2(jd_rconn_db(c), q->sql, -1, st, NULL) != SQLITE_OK)
+        return JD_EIO;
+    for (int i = 0; i < q->n; i++) {
+        if (q->b[i].text)
+            sqlite3_bind_text(*st, i + 1, q->b[i].text, -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_int64(*st, i + 1, q->b[i].i);
+    }
+    return 0;
+}
+
 int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_only,
                       struct jd_job **rows, size_t *n, struct jd_job_find_cursor *next)
 {
@@ -228,20 +242,11 @@ int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_
     bool in_tx = false;
     if ((rc = jd_rconn_get(s, &c)) != 0)
         goto done;
-    sqlite3 *db = jd_rconn_db(c);
     if ((rc = jd_rconn_tx(c, true)) != 0)
         goto done;
     in_tx = true;
-    if (sqlite3_prepare_v2(db, q.sql, -1, &st, NULL) != SQLITE_OK) {
-        rc = JD_EIO;
+    if ((rc = prepare_bound(c, &q, &st)) != 0)
         goto done;
-    }
-    for (int i = 0; i < q.n; i++) {
-        if (q.b[i].text)
-            sqlite3_bind_text(st, i + 1, q.b[i].text, -1, SQLITE_STATIC);
-        else
-            sqlite3_bind_int64(st, i + 1, q.b[i].i);
-    }
     /* Keep up to limit + 1 matches: the extra one says a next page exists. */
     struct jd_job_find_cursor last = {0};
     size_t scanned = 0;
@@ -377,16 +382,8 @@ int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
     int64_t last = f->after_id;
     if ((rc = jd_rconn_get(s, &c)) != 0)
         goto done;
-    if (sqlite3_prepare_v2(jd_rconn_db(c), q.sql, -1, &st, NULL) != SQLITE_OK) {
-        rc = JD_EIO;
+    if ((rc = prepare_bound(c, &q, &st)) != 0)
         goto done;
-    }
-    for (int i = 0; i < q.n; i++) {
-        if (q.b[i].text)
-            sqlite3_bind_text(st, i + 1, q.b[i].text, -1, SQLITE_STATIC);
-        else
-            sqlite3_bind_int64(st, i + 1, q.b[i].i);
-    }
     int src;
     while (k < f->limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
         last = sqlite3_column_int64(st, 0);
