@@ -72,7 +72,10 @@ struct jd_jobdef {
     bool has_retry;
     struct jd_retry_policy retry; /* job level: default for every call */
     const cJSON *labels;          /* or NULL */
-    const cJSON *input;           /* or NULL */
+    /* "notify": {"url": "...", "on": ["succeeded", "failed"]} (issue 19) */
+    const char *notify_url; /* or NULL */
+    unsigned notify_on;     /* 1 << enum jd_job_state for the end states that send it */
+    const cJSON *input;     /* or NULL */
     /* PROCESS */
     const char *process, *method;
     /* TASK and WORKFLOW: the flattened steps (TASK: one CALL step "task") */

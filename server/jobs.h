@@ -43,13 +43,14 @@ struct jd_job_limits {
 struct jd_jobs_config {
     struct jd_store *store; /* borrowed, open; outlives the job layer */
     /* The layer creates and owns the scheduler and the plugin registry. */
-    unsigned workers;          /* scheduler workers; 0: one per core */
-    bool pin_workers;          /* pin each worker to one CPU (jd_sched_config) */
-    unsigned blocking_threads; /* blocking pool bound; 0: scheduler default */
-    const char *plugin_dir;    /* load every .so in it; NULL: none */
-    const char *exec_allow;    /* plugin config "exec_allow" (NULL: exec unusable) */
-    const char *http_allow;    /* plugin config "http_allow" (NULL: any host) */
-    size_t output_cap;         /* plugin config "output_cap"; 0: 64 KiB */
+    unsigned workers;           /* scheduler workers; 0: one per core */
+    bool pin_workers;           /* pin each worker to one CPU (jd_sched_config) */
+    unsigned blocking_threads;  /* blocking pool bound; 0: scheduler default */
+    const char *plugin_dir;     /* load every .so in it; NULL: none */
+    const char *exec_allow;     /* plugin config "exec_allow" (NULL: exec unusable) */
+    const char *http_allow;     /* plugin config "http_allow" (NULL: any host) */
+    const char *webhook_secret; /* HMAC key of job webhooks ("notify"); NULL: unsigned */
+    size_t output_cap;          /* plugin config "output_cap"; 0: 64 KiB */
     /* More plugin config: exec's env names and the default deadlines. */
     const char *exec_env_allow; /* "exec_env_allow" (NULL: exec's deny-list) */
     int64_t exec_timeout_ms;    /* "exec_timeout_ms"; 0: exec's own default (10 min) */

@@ -195,6 +195,7 @@ struct jd_jobs {
     struct jd_stats *series; /* throughput per second (own lock, taken under mu) */
     struct jobs_bulk *bulk;  /* bulk actions (jobs_find.c; own lock, never under mu) */
     uint64_t commits;        /* job records committed (their callbacks run): GET /v1/events */
+    char *webhook_secret;    /* or NULL (jobs_notify.c) */
 };
 
 struct idem {
@@ -313,6 +314,9 @@ void jobs_bulk_init(struct jd_jobs *j);
 void jobs_bulk_fini(struct jd_jobs *j); /* after drain: joins the thread */
 /* Under mu: a delete of job id is being committed (a retry must wait). */
 bool jobs_deleting_locked(struct jd_jobs *j, int64_t id);
+
+/* jobs_notify.c: send job id's webhook for its end state (without mu). */
+void jobs_notify_start(struct jd_jobs *j, int64_t id, enum jd_job_state state, const char *url);
 
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */

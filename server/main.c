@@ -137,6 +137,7 @@ int main(int argc, char **argv)
         .exec_env_allow = cfg.exec_env_allow,
         .exec_timeout_ms = cfg.exec_timeout_ms,
         .http_allow = cfg.http_allow,
+        .webhook_secret = cfg.webhook_secret,
         .http_timeout_ms = cfg.http_timeout_ms,
     };
     if ((rc = jd_jobs_create(&jcfg, &jobs, &err)) != 0) {

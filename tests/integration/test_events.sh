@@ -4,7 +4,7 @@
 # live SSE stream, filtered by queue, state and label; resume with
 # Last-Event-ID (also across a restart); bad filters; the parked-slot cap
 # shared with the job streams. Prints TAP.
-# shellcheck disable=SC2016,SC2034
+# shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 

@@ -6,7 +6,7 @@
 # matching one ends cancelled, the new ones are untouched); bulk retry;
 # nothing matching (200, 0); GET /v1/operations/{id}; DELETE of a finished
 # job (and 409 for a live one); labels survive a restart. Prints TAP.
-# shellcheck disable=SC2016,SC2034
+# shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 
