@@ -211,10 +211,14 @@ enum MHD_Result route_job_submit(struct jd_req *r)
                                     "Idempotency-Keys starting with \"schedule:\" are "
                                     "reserved for schedules",
                                     NULL);
+    /* W3C trace context: an invalid traceparent is ignored, as the spec asks */
+    const char *tp = http_header(r, "traceparent");
+    if (tp != NULL && !jd_traceparent_valid(tp))
+        tp = NULL;
     http_arm(r);
     http_req_ref(r);
-    int rc = jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, key,
-                            http_on_submit_done, r, &err);
+    int rc = jd_jobs_submit_traced(http_jobs_of(r->h), r->body ? r->body : "", r->len, key, tp,
+                                   http_on_submit_done, r, &err);
     return http_async_started(r, rc, &err, answer_submitted);
 }
 

@@ -556,6 +556,37 @@ static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base
     return 0;
 }
 
+static bool hex_run(const char *s, size_t n, bool *all_zero)
+{
+    *all_zero = true;
+    for (size_t i = 0; i < n; i++) {
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+        if (s[i] != '0')
+            *all_zero = false;
+    }
+    return true;
+}
+
+#define TRACEPARENT_MAX 512 /* version 00 is 55; later versions may add fields */
+
+bool jd_traceparent_valid(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    bool zero;
+    if (n < 55 || n > TRACEPARENT_MAX || s[2] != '-' || s[35] != '-' || s[52] != '-')
+        return false;
+    if (!hex_run(s, 2, &zero) || (s[0] == 'f' && s[1] == 'f'))
+        return false;
+    if (n != 55 && (strncmp(s, "00", 2) == 0 || s[55] != '-'))
+        return false; /* version 00 has exactly four fields */
+    if (!hex_run(s + 3, 32, &zero) || zero)
+        return false;
+    if (!hex_run(s + 36, 16, &zero) || zero)
+        return false;
+    return hex_run(s + 53, 2, &zero);
+}
+
 #define NOTIFY_URL_MAX 2048 /* as common browsers and servers cap URLs */
 
 /* "notify": a completion webhook. The URL is checked as an http call to it
@@ -632,9 +663,10 @@ static int from_json(cJSON *root, const char *base, const struct jd_job_limits *
                      const struct jd_registry *registry, struct batch_budget *batch,
                      struct jd_jobdef **out, struct jd_error *err)
 {
-    static const char *const allowed[] = {"handler",    "args",  "steps",    "process",  "method",
-                                          "input",      "queue", "priority", "delay_ms", "run_at",
-                                          "timeout_ms", "retry", "labels",   "notify",   NULL};
+    static const char *const allowed[] = {"handler",  "args",   "steps",       "process",
+                                          "method",   "input",  "queue",       "priority",
+                                          "delay_ms", "run_at", "timeout_ms",  "retry",
+                                          "labels",   "notify", "traceparent", NULL};
     struct jd_job_limits l = jd_jobdef_limits(limits);
     struct jd_jobdef *d = jd_xcalloc(1, sizeof *d);
     d->root = root;
@@ -672,6 +704,17 @@ static int from_json(cJSON *root, const char *base, const struct jd_job_limits *
         goto fail;
     if ((rc = parse_notify(d, root, base, registry, err)))
         goto fail;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "traceparent");
+    if (tp) {
+        ptr_join(p, sizeof p, base, "traceparent");
+        if (!cJSON_IsString(tp) || !jd_traceparent_valid(tp->valuestring)) {
+            rc = jd_error_set(err, JD_EINVAL, p,
+                              "traceparent must be a W3C traceparent such as "
+                              "\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"");
+            goto fail;
+        }
+        d->traceparent = tp->valuestring;
+    }
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(root, "args");
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
     struct vctx v = {.d = d, .limits = &l, .registry = registry, .batch = batch};

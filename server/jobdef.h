@@ -73,9 +73,10 @@ struct jd_jobdef {
     struct jd_retry_policy retry; /* job level: default for every call */
     const cJSON *labels;          /* or NULL */
     /* "notify": {"url": "...", "on": ["succeeded", "failed"]} (issue 19) */
-    const char *notify_url; /* or NULL */
-    unsigned notify_on;     /* 1 << enum jd_job_state for the end states that send it */
-    const cJSON *input;     /* or NULL */
+    const char *notify_url;  /* or NULL */
+    unsigned notify_on;      /* 1 << enum jd_job_state for the end states that send it */
+    const char *traceparent; /* W3C trace context of the submit, or NULL (issue 19) */
+    const cJSON *input;      /* or NULL */
     /* PROCESS */
     const char *process, *method;
     /* TASK and WORKFLOW: the flattened steps (TASK: one CALL step "task") */

@@ -109,6 +109,20 @@ typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res)
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
                    jd_submit_done_fn done, void *arg, struct jd_error *err);
 
+/* A W3C traceparent ("00-<32 hex trace id>-<16 hex parent id>-<2 hex
+ * flags>"; lowercase; ids not all zero; version ff invalid; a later version
+ * may append "-..." fields, which are kept). */
+bool jd_traceparent_valid(const char *s);
+
+/* As jd_jobs_submit, with the W3C traceparent of the request (NULL: none;
+ * an invalid one is ignored, as the W3C spec asks). It is stored in the
+ * definition as "traceparent" unless the body has its own, and is not part
+ * of the Idempotency-Key fingerprint (a retried request with a new trace
+ * is the same request). */
+int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
+                          const char *idempotency_key, const char *traceparent,
+                          jd_submit_done_fn done, void *arg, struct jd_error *err);
+
 /* {"jobs":[def, def, ...]}: all valid or none accepted (the error pointer
  * says which, e.g. "/jobs/3/handler"); one commit. */
 int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_submit_done_fn done,

@@ -116,6 +116,10 @@ int jd_jobs_events_read(struct jd_jobs *j, const struct jd_events_sub *s, int64_
         jd_sb_string(&b, ev[i].queue);
         jd_sb_puts(&b, ",\"state\":");
         jd_sb_string(&b, jd_job_state_name(ev[i].state));
+        if (ev[i].traceparent) {
+            jd_sb_puts(&b, ",\"traceparent\":");
+            jd_sb_string(&b, ev[i].traceparent);
+        }
         jd_sb_puts(&b, ",\"data\":");
         jd_sb_json(&b, ev[i].data, "null");
         jd_sb_puts(&b, "}");

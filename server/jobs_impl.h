@@ -318,6 +318,12 @@ bool jobs_deleting_locked(struct jd_jobs *j, int64_t id);
 /* jobs_notify.c: send job id's webhook for its end state (without mu). */
 void jobs_notify_start(struct jd_jobs *j, int64_t id, enum jd_job_state state, const char *url);
 
+/* jobs_trace.c: args with the job's traceparent added for http (header)
+ * and exec (TRACEPARENT, if --exec-env-allow lets it through); a copy of
+ * args otherwise. Caller frees. */
+char *jobs_trace_args(const char *command, const char *args, const char *traceparent,
+                      const char *exec_env_allow);
+
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */
 int jobs_recover(struct jd_jobs *j, struct jd_error *err);

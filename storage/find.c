@@ -361,8 +361,34 @@ void jd_stream_events_free(struct jd_stream_event *rows, size_t n)
     for (size_t i = 0; i < n; i++) {
         free(rows[i].queue);
         free(rows[i].data);
+        free(rows[i].traceparent);
     }
     free(rows);
+}
+
+/* The traceparent of each matched event's job: one key lookup per job (the
+ * instr keeps jobs without one from paying for a JSON parse), after the
+ * scan, so skipped events cost nothing. */
+static int add_traceparents(struct jd_rconn *c, struct jd_stream_event *ev, size_t n)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(jd_rconn_db(c),
+                           "SELECT json_extract(definition, '$.traceparent') FROM job_definitions"
+                           " WHERE job_id = ?1 AND instr(definition, '\"traceparent\":') > 0",
+                           -1, &st, NULL) != SQLITE_OK)
+        return JD_EIO;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && ev[i].job_id == ev[i - 1].job_id) {
+            ev[i].traceparent = jd_xstrdup(ev[i - 1].traceparent);
+            continue;
+        }
+        sqlite3_bind_int64(st, 1, ev[i].job_id);
+        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+            ev[i].traceparent = jd_xstrdup((const char *)sqlite3_column_text(st, 0));
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return 0;
 }
 
 int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
@@ -407,6 +433,7 @@ int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
         goto done;
     }
     *next_after = last;
+    rc = add_traceparents(c, out, k);
 done:
     sqlite3_finalize(st);
     if (c)

@@ -311,6 +311,7 @@ struct jd_stream_event {
     int64_t id, job_id, seq, time_ms;
     enum jd_job_state state;
     char *queue, *data; /* malloc'd */
+    char *traceparent;  /* the job's W3C traceparent (malloc'd), or NULL */
 };
 /* Matching events, ascending id; *next_after is where the next call goes on
  * (past the non-matching events examined too, so a rare filter still moves

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A webhook receiver for test_webhooks.sh: verifies Jackdaw-Signature
+"""A webhook receiver for test_webhooks.sh and test_trace.sh: verifies Jackdaw-Signature
 (t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>) and logs one
 JSON line per request. /flaky answers 500 to its first request, /bad 400,
 anything else 200. Usage: webhook_receiver.py SECRET PORTFILE LOGFILE"""
@@ -30,7 +30,7 @@ class Handler(BaseHTTPRequestHandler):
         n = seen.get(self.path, 0) + 1
         seen[self.path] = n
         status = 500 if self.path == "/flaky" and n == 1 else 400 if self.path == "/bad" else 200
-        doc = json.loads(body)
+        doc = json.loads(body) if body else {}
         with open(LOGFILE, "a") as f:
             f.write(json.dumps({
                 "path": self.path, "n": n, "status": status,
@@ -38,7 +38,8 @@ class Handler(BaseHTTPRequestHandler):
                 "event": self.headers.get("Jackdaw-Event"),
                 "job_id": self.headers.get("Jackdaw-Job-Id"),
                 "body_event": doc.get("event"), "body_job": doc.get("job", {}).get("id"),
-                "ctype": self.headers.get("Content-Type")}) + "\n")
+                "ctype": self.headers.get("Content-Type"),
+                "traceparent": self.headers.get("traceparent")}) + "\n")
         self.send_response(status)
         self.send_header("Content-Length", "2")
         self.end_headers()

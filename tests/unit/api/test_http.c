@@ -221,6 +221,18 @@ int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, cha
     return 0;
 }
 
+int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len, const char *key,
+                          const char *traceparent, jd_submit_done_fn done, void *arg,
+                          struct jd_error *err)
+{
+    return jd_jobs_submit(j, body, len, key, done, arg, err);
+}
+
+bool jd_traceparent_valid(const char *s)
+{
+    return s != NULL;
+}
+
 int jd_jobs_delete(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)
 {
     return exists(id) ? JD_ECONFLICT : JD_ENOENT;
@@ -276,8 +288,7 @@ uint64_t jd_jobs_commits(struct jd_jobs *j)
 }
 
 int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
-                      void (*fn)(void *arg, int rc, int64_t version), void *arg,
-                      uint64_t *watch_id)
+                      void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
 {
     *watch_id = 0;
     return JD_ESHUTDOWN;
