@@ -43,6 +43,8 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
     r->row.priority = jb->priority;
     r->row.state = JD_JOB_QUEUED;
     r->row.definition = d->text;
+    /* borrowed from d, which the job keeps: indexed for GET /v1/jobs?handler= */
+    r->row.handler = d->shape == JD_JOBDEF_TASK && d->nsteps > 0 ? (char *)d->steps[0].call : NULL;
     r->row.run_at_ms = jb->run_at_ms;
     r->row.created_ms = now;
     if (key) {

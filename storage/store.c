@@ -71,6 +71,7 @@ void jd_job_clear(struct jd_job *j)
     free(j->error);
     free(j->idempotency_key);
     free(j->schedule_id);
+    free(j->handler);
     memset(j, 0, sizeof *j);
 }
 
@@ -648,6 +649,7 @@ static void row_to_job(sqlite3_stmt *st, struct jd_job *j)
     j->finished_ms = sqlite3_column_int64(st, 13);
     j->idempotency_key = col_text(st, 14);
     j->schedule_id = col_text(st, 15);
+    j->handler = NULL; /* written with the row, not read back (see struct jd_job) */
 }
 
 static void row_to_event(sqlite3_stmt *st, struct jd_job_event *e)

@@ -75,6 +75,8 @@ struct jd_job {
     int64_t created_ms, updated_ms, started_ms, finished_ms; /* 0: unset */
     char *idempotency_key;                                   /* or NULL */
     char *schedule_id; /* the schedule that created it, or NULL */
+    char *handler;     /* insert only: the top-level handler of a one-command job, or NULL
+                          (indexed for GET /v1/jobs?handler=; reads leave it NULL) */
 };
 void jd_job_clear(struct jd_job *j); /* frees the strings, zeroes the struct */
 

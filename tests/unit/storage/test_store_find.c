@@ -46,12 +46,16 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Insert a job with this definition and creation time; its id. */
+/* Insert a job with this definition and creation time; its id. The handler
+ * column is what the job layer passes: the definition's leading "handler". */
 static int64_t add(struct jd_store *s, const char *queue, const char *def, int64_t created)
 {
     struct jd_job j = make_job(jd_store_next_id(s), queue, NULL);
     j.definition = (char *)def;
     j.created_ms = created;
+    char handler[64] = "";
+    if (sscanf(def, "{\"handler\":\"%63[^\"]\"", handler) == 1)
+        j.handler = handler;
     struct tres r;
     assert_int_equal(insert_wait(s, &j, NULL, &r), 0);
     return j.id;
@@ -173,6 +177,7 @@ static void test_scan_budget_bounds_a_page(void **state)
     for (size_t i = 0; i < total; i++) {
         jobs[i] = make_job(jd_store_next_id(f->s), "big", NULL);
         jobs[i].definition = (char *)(i == 0 ? "{\"handler\":\"rare\"}" : "{\"handler\":\"echo\"}");
+        jobs[i].handler = (char *)(i == 0 ? "rare" : "echo");
         ws[i] = (struct jd_write){.op = JD_W_JOB_INSERT, .job = &jobs[i]};
         wp[i] = &ws[i];
     }
