@@ -309,6 +309,9 @@ struct jd_jobs_stats {
     uint64_t submitted, succeeded, failed, cancelled, running, waiting, queued_mem;
     uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */
     uint64_t duration_ms_sum;
+    /* issue 19: bulk operations running or waiting to run; webhook POST
+     * attempts and deliveries that ended delivered or failed */
+    uint64_t bulk_running, webhook_attempts, webhooks_delivered, webhooks_failed;
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

@@ -311,7 +311,8 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc);
 int jobs_filter_parse(const struct jd_jobs_list_query *q, struct jd_job_find *f,
                       char lab[][JOBS_LABEL_BUF], struct jd_error *err);
 void jobs_bulk_init(struct jd_jobs *j);
-void jobs_bulk_fini(struct jd_jobs *j); /* after drain: joins the thread */
+void jobs_bulk_fini(struct jd_jobs *j);        /* after drain: joins the thread */
+uint64_t jobs_bulk_running(struct jd_jobs *j); /* operations not finished (without mu) */
 /* Under mu: a delete of job id is being committed (a retry must wait). */
 bool jobs_deleting_locked(struct jd_jobs *j, int64_t id);
 

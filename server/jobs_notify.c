@@ -80,6 +80,9 @@ static void record(struct jd_jobs *j, int64_t id, enum jd_event_kind kind, cJSON
 static void on_attempt(void *arg, uint32_t attempt)
 {
     struct notify *n = arg;
+    pthread_mutex_lock(&n->j->mu);
+    n->j->st.webhook_attempts++;
+    pthread_mutex_unlock(&n->j->mu);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "command", "notify");
     cJSON_AddNumberToObject(d, "attempt", attempt);
@@ -90,6 +93,12 @@ static void on_attempt(void *arg, uint32_t attempt)
 static void on_done(void *arg, const struct jd_call_result *res)
 {
     struct notify *n = arg;
+    pthread_mutex_lock(&n->j->mu);
+    if (res->ok)
+        n->j->st.webhooks_delivered++;
+    else
+        n->j->st.webhooks_failed++;
+    pthread_mutex_unlock(&n->j->mu);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddBoolToObject(d, "notify", true);
     cJSON_AddNumberToObject(d, "attempt", res->attempt);

@@ -183,6 +183,8 @@ wait_op "$OP"
 check "bulk cancel ends: 10,000 matched, 10,000 cancelled" \
     eval 'body_has "\"state\":\"succeeded\"" && body_has "\"matched\":10000" && body_has "\"applied\":10000" && body_has "\"failed\":0"'
 echo "# bulk cancel of 10000: $(jq_n '(__import__("datetime").datetime.fromisoformat(d["finished_at"].replace("Z","+00:00")) - __import__("datetime").datetime.fromisoformat(d["created_at"].replace("Z","+00:00"))).total_seconds()') s"
+req GET /metrics
+check "/metrics: no bulk operation left running" body_has "jackdaw_bulk_operations_running 0"
 req GET /v1/queues
 COUNTS=$(python3 -c 'import json,sys
 for q in json.load(sys.stdin)["queues"]:

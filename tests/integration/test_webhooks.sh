@@ -73,6 +73,10 @@ sleep 0.5
 check "no webhook for an end state the job did not ask for" \
     eval '[ -z "$(hooks /never)" ] && req GET "/v1/jobs/$NEVER/events" && ! body_has "notify"'
 
+req GET /metrics
+check "/metrics counts attempts (4) and outcomes (2 delivered, 1 failed)" \
+    eval 'body_has "jackdaw_webhook_attempts_total 4" && body_has "jackdaw_webhooks_total{outcome=\"delivered\"} 2" && body_has "jackdaw_webhooks_total{outcome=\"failed\"} 1"'
+
 json_post /v1/jobs '{"handler":"echo","notify":{"url":"ftp://example.com/x"}}'
 check "a non-http url: 422 /notify/url" eval 'is_problem 422 && body_has "\"pointer\":\"/notify/url\""'
 json_post /v1/jobs "{\"handler\":\"echo\",\"notify\":{\"url\":\"$HOOK/x\",\"on\":[\"running\"]}}"
