@@ -323,6 +323,21 @@ static int seed_next_id(struct jd_store *s, struct jd_error *err)
         return jd_error_set(err, jd_store_sqlite_rc(rc), NULL, "database %s: reading ids: %s",
                             s->path, sqlite3_errmsg(s->wdb));
     atomic_init(&s->next_id, max + 1);
+    /* the same for event ids (GET /v1/events resumes by them) */
+    st = NULL;
+    rc = sqlite3_prepare_v2(s->wdb,
+                            "SELECT max(coalesce((SELECT max(id) FROM events), 0),"
+                            " coalesce((SELECT value FROM meta WHERE key = 'max_deleted_event_id'),"
+                            " 0))",
+                            -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        s->event_max = sqlite3_column_int64(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK)
+        return jd_error_set(err, jd_store_sqlite_rc(rc), NULL, "database %s: reading ids: %s",
+                            s->path, sqlite3_errmsg(s->wdb));
     return 0;
 }
 

@@ -423,6 +423,46 @@ static void test_event_stream_in_commit_order(void **state)
     jd_stream_events_free(ev, n);
 }
 
+/* Event ids only rise, also after the newest events were deleted (DELETE,
+ * retention) and across a restart: a stream resuming after id N never
+ * misses a later event that got a reused id <= N. */
+static void test_event_ids_are_never_reused(void **state)
+{
+    struct fx *f = *state;
+    int64_t a = add(f->s, "q", "{\"handler\":\"echo\"}", 1);
+    struct tres r;
+    assert_int_equal(change_state_wait(f->s, a, JD_JOB_SUCCEEDED, &r), 0);
+    int64_t high;
+    assert_int_equal(jd_store_event_last_id(f->s, &high), 0);
+    struct jd_write w = {.op = JD_W_JOB_DELETE, .job_id = a};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0); /* the newest events go */
+    int64_t b = add(f->s, "q", "{\"handler\":\"echo\"}", 2);
+    struct jd_event_find q = {.after_id = high, .limit = 10};
+    struct jd_stream_event *ev;
+    size_t n;
+    int64_t next;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, b);
+    assert_true(ev[0].id > high);
+    jd_stream_events_free(ev, n);
+    /* again, and then a restart */
+    assert_int_equal(change_state_wait(f->s, b, JD_JOB_FAILED, &r), 0);
+    assert_int_equal(jd_store_event_last_id(f->s, &high), 0);
+    w = (struct jd_write){.op = JD_W_JOB_DELETE, .job_id = b};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    jd_store_close(f->s);
+    struct jd_store_config cfg = {.path = f->path};
+    struct jd_error err;
+    assert_int_equal(jd_store_open(&cfg, &f->s, &err), 0);
+    int64_t c = add(f->s, "q", "{\"handler\":\"echo\"}", 3);
+    q.after_id = high;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, c);
+    jd_stream_events_free(ev, n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -433,6 +473,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_filter_uses_an_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_only_finished_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_event_stream_in_commit_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_ids_are_never_reused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
