@@ -200,6 +200,14 @@ stop_server
 start_server || exit 1
 req GET '/v1/jobs?label=team:pay&label=tier:gold'
 check "labels are found after a restart" eval '[ "$(ids_of)" = "$GOLD" ]'
+if [ "$(ids_of)" != "$GOLD" ]; then
+    # seen once in ~30 runs, cause not found yet: say whether it is lasting
+    sleep 1
+    req GET '/v1/jobs?label=team:pay&label=tier:gold'
+    echo "# the same query 1 s later: [$(ids_of)]; by one label: [$(req GET '/v1/jobs?label=team:pay' && ids_of)]"
+    req GET "/v1/jobs/$GOLD"
+    echo "# the job itself: status $STATUS"
+fi
 req GET "/v1/operations/$OP"
 check "operations are not kept over a restart" is_problem 404
 stop_server
