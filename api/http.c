@@ -67,6 +67,7 @@ void http_req_unref(struct jd_req *r)
     free(r->body);
     free(r->cb_json);
     free(r->sse_buf);
+    jd_jobs_events_sub_free(r->evsub);
     free(r);
 }
 

@@ -128,6 +128,7 @@ struct jd_req {
     jd_async_start_fn *offload_start; /* queued on the slow lane: what it runs */
     struct jd_req *onext;             /* the slow lane's queue (its mutex) */
     const char *idem_key;             /* Idempotency-Key (MHD's, valid until completion) */
+    const char *traceparent;          /* traceparent header if valid (MHD's, as idem_key) */
 
     /* parked list (under h->park_mu) */
     struct jd_req *pprev, *pnext;
@@ -148,6 +149,10 @@ struct jd_req {
     size_t sse_len, sse_off, sse_cap;
     bool sse_end;
     bool sse_heartbeat;
+    /* GET /v1/events as SSE: the stream's filter (owned; NULL for a job's
+     * stream), and the commit count read before the last refill */
+    struct jd_events_sub *evsub;
+    uint64_t ev_commits;
 };
 
 /* http.c: references, responses and request helpers (the request's MHD thread) */
@@ -239,6 +244,9 @@ enum MHD_Result route_job_retry(struct jd_req *r);
 enum MHD_Result route_job_delete(struct jd_req *r);
 enum MHD_Result route_jobs_bulk(struct jd_req *r);
 enum MHD_Result route_operation_get(struct jd_req *r);
+enum MHD_Result route_events(struct jd_req *r);
+/* park.c: stream r (its sse_* fields set, a parked slot taken) as SSE. */
+enum MHD_Result http_sse_start(struct jd_req *r);
 /* The repeated ?label= arguments of the request, at most max (borrowed);
  * their count, or max + 1 when there are more. */
 size_t http_query_labels(struct jd_req *r, const char **out, size_t max);

@@ -180,6 +180,16 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
            "Time from start to terminal state of finished jobs.");
     histogram(b, "jackdaw_job_duration_seconds", "", le, j->duration_hist, 12,
               (double)j->duration_ms_sum / 1e3);
+    scalar(b, "jackdaw_bulk_operations_running", "gauge",
+           "Bulk cancel/retry operations running or waiting to run.", j->bulk_running);
+    scalar(b, "jackdaw_webhook_attempts_total", "counter",
+           "Job webhook (notify) POST attempts, retries included.", j->webhook_attempts);
+    family(b, "jackdaw_webhooks_total", "counter",
+           "Job webhooks that ended: delivered (2xx/3xx) or failed (4xx, or retries used up).");
+    put(b, "jackdaw_webhooks_total{outcome=\"delivered\"} %llu\n",
+        (unsigned long long)j->webhooks_delivered);
+    put(b, "jackdaw_webhooks_total{outcome=\"failed\"} %llu\n",
+        (unsigned long long)j->webhooks_failed);
 }
 
 static void render_schedules(struct buf *b, const struct jd_schedules_stats *s)

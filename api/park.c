@@ -397,9 +397,37 @@ static bool sse_event(void *arg, int64_t seq, const char *kind, const char *even
     return r->sse_len < SSE_PAGE_BYTES;
 }
 
-/* Fill the buffer with the next page; sets sse_end when the job is terminal
- * and everything up to its final version has been written. */
-static void sse_refill(struct jd_req *r)
+#define SSE_EVENTS_PER_REFILL 256 /* bounds a global stream's buffer (~256 small events) */
+
+static void sse_global_event(void *arg, int64_t id, const char *event_json)
+{
+    sse_event(arg, id, "state", event_json);
+}
+
+/* GET /v1/events: the next transitions after sse_seq. Progress (sse_seq
+ * moving past events the filter skips) counts as news: the caller reads
+ * again rather than parks. */
+static bool sse_refill_global(struct jd_req *r)
+{
+    struct jd_jobs *j = http_jobs_of(r->h);
+    r->ev_commits = jd_jobs_commits(j); /* before the read: see jd_jobs_watch_any */
+    int64_t next = r->sse_seq;
+    int rc = jd_jobs_events_read(j, r->evsub, r->sse_seq, SSE_EVENTS_PER_REFILL, sse_global_event,
+                                 r, &next);
+    if (rc < 0) {
+        r->sse_end = true;
+        return false;
+    }
+    bool moved = next > r->sse_seq;
+    if (next > r->sse_seq)
+        r->sse_seq = next;
+    return moved;
+}
+
+/* Fill the buffer with what is new; sets sse_end when the job is terminal
+ * and everything up to its final version has been written. True when a
+ * global stream moved on without finding anything to send. */
+static bool sse_refill(struct jd_req *r)
 {
     struct jd_jobs *j = http_jobs_of(r->h);
     r->sse_len = r->sse_off = 0;
@@ -412,25 +440,28 @@ static void sse_refill(struct jd_req *r)
         sse_put(r, ": heartbeat\n\n", 13);
         r->sse_heartbeat = false;
     }
+    if (r->evsub)
+        return sse_refill_global(r);
     int rc = jd_jobs_events_each(j, r->job_id, r->sse_seq, SSE_PAGE_EVENTS, sse_event, r);
     if (rc < 0) {
         r->sse_end = true;
-        return;
+        return false;
     }
     if (rc == SSE_PAGE_EVENTS || r->sse_len >= SSE_PAGE_BYTES)
-        return; /* a full page: more may follow, look at the job once caught up */
+        return false; /* a full page: more may follow, look at the job once caught up */
     char *json = NULL;
     int64_t version = 0;
     bool terminal = false;
     if (jd_jobs_get_json(j, r->job_id, &json, &version, &terminal) != 0) {
         r->sse_end = true;
-        return;
+        return false;
     }
     free(json);
     if (terminal && r->sse_seq >= version) {
         sse_put(r, "event: end\ndata: {}\n\n", 21);
         r->sse_end = true;
     }
+    return false;
 }
 
 ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
@@ -461,8 +492,8 @@ ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (r->sse_end)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        sse_refill(r);
-        if (r->sse_len > 0 || r->sse_end)
+        bool moved = sse_refill(r);
+        if (r->sse_len > 0 || r->sse_end || moved)
             continue;
         if (atomic_load(&h->draining)) { /* seq_cst: see route_job_get */
             r->sse_end = true;
@@ -472,8 +503,10 @@ ssize_t http_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         http_arm(r);
         http_req_ref(r);
         uint64_t wid = 0;
-        int rc =
-            jd_jobs_watch(http_jobs_of(h), r->job_id, r->sse_seq, false, http_on_watch, r, &wid);
+        int rc = r->evsub
+                     ? jd_jobs_watch_any(http_jobs_of(h), r->ev_commits, http_on_watch, r, &wid)
+                     : jd_jobs_watch(http_jobs_of(h), r->job_id, r->sse_seq, false, http_on_watch,
+                                     r, &wid);
         if (rc != 0) {
             http_req_unref(r);
             r->sse_end = true;
@@ -565,4 +598,27 @@ void http_wake_all_parked(struct jd_http *h)
     }
     pthread_mutex_unlock(&h->park_mu);
     wake_chain(list, WAKE_SHUTDOWN); /* the list's references are ours now */
+}
+
+enum MHD_Result http_sse_start(struct jd_req *r)
+{
+    r->is_sse = true;
+    r->phase = PH_DONE;
+    http_req_ref(r); /* the response's reference, dropped by http_sse_free */
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 4096, http_sse_reader, r, http_sse_free);
+    if (resp == NULL) {
+        http_req_unref(r);
+        r->is_sse = false;
+        http_park_release(r);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    MHD_add_response_header(resp, "X-Request-Id", r->rid);
+    r->status = 200;
+    enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
 }

@@ -51,6 +51,8 @@
       JD_RF_V1 | JD_RF_JOBS | JD_RF_WRITE | JD_RF_JSON)                                            \
     X(JD_ROUTE_OPERATION_GET, JD_M_GET, "/v1/operations/{id}",       route_operation_get,          \
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
+    X(JD_ROUTE_EVENTS,       JD_M_GET,  "/v1/events",                route_events,                 \
+      JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_HANDLERS,     JD_M_GET,  "/v1/handlers",              route_handlers,               \
       JD_RF_V1 | JD_RF_JOBS)                                                                       \
     X(JD_ROUTE_QUEUES,       JD_M_GET,  "/v1/queues",                route_queues,                 \

@@ -176,26 +176,8 @@ enum MHD_Result route_job_events(struct jd_req *r)
     free(json);
     if (!http_parked_slot_take(r))
         return http_respond_problem(r, 429, "too many streaming connections", NULL);
-    r->is_sse = true;
     r->sse_seq = after;
-    r->phase = PH_DONE;
-    http_req_ref(r); /* the response's reference, dropped by http_sse_free */
-    struct MHD_Response *resp = MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, 4096, http_sse_reader, r, http_sse_free);
-    if (resp == NULL) {
-        http_req_unref(r);
-        r->is_sse = false;
-        http_park_release(r);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    MHD_add_response_header(resp, "X-Request-Id", r->rid);
-    r->status = 200;
-    enum MHD_Result ret = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    return ret;
+    return http_sse_start(r);
 }
 
 /* 201 with the job and its Location (Idempotent-Replayed when the key
@@ -239,8 +221,8 @@ static enum MHD_Result answer_batch(struct jd_req *r, const char *json)
 
 static int start_submit(struct jd_req *r, struct jd_error *err)
 {
-    return jd_jobs_submit(http_jobs_of(r->h), r->body ? r->body : "", r->len, r->idem_key,
-                          http_on_submit_done, r, err);
+    return jd_jobs_submit_traced(http_jobs_of(r->h), r->body ? r->body : "", r->len, r->idem_key,
+                                 r->traceparent, http_on_submit_done, r, err);
 }
 
 enum MHD_Result route_job_submit(struct jd_req *r)
@@ -255,6 +237,10 @@ enum MHD_Result route_job_submit(struct jd_req *r)
                                     "reserved for schedules",
                                     NULL);
     r->idem_key = key;
+    /* W3C trace context: an invalid traceparent is ignored, as the spec asks */
+    r->traceparent = http_header(r, "traceparent");
+    if (r->traceparent != NULL && !jd_traceparent_valid(r->traceparent))
+        r->traceparent = NULL;
     return http_async_run(r, start_submit, answer_submitted);
 }
 

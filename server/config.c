@@ -66,6 +66,9 @@ static const struct opt opts[] = {
     {"--http-allow", "JACKDAW_HTTP_ALLOW", OPT_STR, F(http_allow), "LIST",
      "hosts the http handler may call: HOST, HOST:PORT, [V6]:PORT, comma-separated (default: "
      "any but link-local)"},
+    {"--webhook-secret", "JACKDAW_WEBHOOK_SECRET", OPT_STR, F(webhook_secret), "SECRET",
+     "key of the HMAC-SHA256 signature on job webhooks (\"notify\"), header Jackdaw-Signature "
+     "(default: unsigned)"},
     {"--http-timeout", "JACKDAW_HTTP_TIMEOUT", OPT_DURATION, F(http_timeout_ms), "DURATION",
      "deadline of an http call whose args give no timeout_ms (default 60s)"},
     {"--retention", "JACKDAW_RETENTION", OPT_DURATION, F(retention_ms), "DURATION",
@@ -361,7 +364,9 @@ void jd_config_free(struct jd_config *c)
     free(c->http_allow);
     free(c->command_limits);
     c->command_limits = NULL;
+    free(c->webhook_secret);
     c->db = c->plugin_dir = c->token = c->exec_allow = c->exec_env_allow = c->http_allow = NULL;
+    c->webhook_secret = NULL;
 }
 
 void jd_config_usage(FILE *f, const char *argv0)

@@ -30,6 +30,7 @@ struct jd_config {
     char *exec_env_allow;          /* --exec-env-allow; NULL: any env name but the deny-list */
     int64_t exec_timeout_ms;       /* --exec-timeout; default deadline of exec, default 10 min */
     char *http_allow;              /* --http-allow; NULL: any host */
+    char *webhook_secret;          /* --webhook-secret; NULL: job webhooks are unsigned */
     int64_t http_timeout_ms;       /* --http-timeout; default deadline of http, default 60 s */
     int64_t retention_ms;          /* --retention; 0: keep terminal jobs forever */
     char *command_limits;          /* --command-limit "http=64,exec=8"; NULL: none */

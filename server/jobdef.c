@@ -617,14 +617,117 @@ static int parse_common(struct jd_jobdef *d, const cJSON *root, const char *base
     return 0;
 }
 
+static bool hex_run(const char *s, size_t n, bool *all_zero)
+{
+    *all_zero = true;
+    for (size_t i = 0; i < n; i++) {
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+        if (s[i] != '0')
+            *all_zero = false;
+    }
+    return true;
+}
+
+#define TRACEPARENT_MAX 512 /* version 00 is 55; later versions may add fields */
+
+bool jd_traceparent_valid(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    bool zero;
+    if (n < 55 || n > TRACEPARENT_MAX || s[2] != '-' || s[35] != '-' || s[52] != '-')
+        return false;
+    if (!hex_run(s, 2, &zero) || (s[0] == 'f' && s[1] == 'f'))
+        return false;
+    if (n != 55 && (strncmp(s, "00", 2) == 0 || s[55] != '-'))
+        return false; /* version 00 has exactly four fields */
+    if (!hex_run(s + 3, 32, &zero) || zero)
+        return false;
+    if (!hex_run(s + 36, 16, &zero) || zero)
+        return false;
+    return hex_run(s + 53, 2, &zero);
+}
+
+#define NOTIFY_URL_MAX 2048 /* as common browsers and servers cap URLs */
+
+/* "notify": a completion webhook. The URL is checked as an http call to it
+ * would be (scheme, --http-allow), so a job cannot name a host the http
+ * handler may not reach. */
+static int parse_notify(struct jd_jobdef *d, const cJSON *root, const char *base,
+                        const struct jd_registry *registry, struct jd_error *err)
+{
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(root, "notify");
+    if (!n)
+        return 0;
+    char p[JD_ERROR_PTR_MAX];
+    ptr_join(p, sizeof p, base, "notify");
+    static const char *const allowed[] = {"url", "on", NULL};
+    if (!cJSON_IsObject(n))
+        return jd_error_set(err, JD_EINVAL, p,
+                            "notify is {\"url\": \"https://...\", \"on\": [\"succeeded\", "
+                            "\"failed\"]}");
+    int rc = check_members(n, p, allowed, "notify", err);
+    if (rc)
+        return rc;
+    const cJSON *url = cJSON_GetObjectItemCaseSensitive(n, "url");
+    char up[JD_ERROR_PTR_MAX];
+    ptr_join(up, sizeof up, p, "url");
+    if (!cJSON_IsString(url) || strlen(url->valuestring) > NOTIFY_URL_MAX ||
+        (strncmp(url->valuestring, "http://", 7) != 0 &&
+         strncmp(url->valuestring, "https://", 8) != 0))
+        return jd_error_set(err, JD_EINVAL, up,
+                            "url must be an http:// or https:// URL of at most %d characters",
+                            NOTIFY_URL_MAX);
+    if (registry) {
+        if (!jd_registry_command(registry, "http"))
+            return jd_error_set(err, JD_EINVAL, up,
+                                "notify needs the http handler, which is not loaded");
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "method", "POST");
+        cJSON_AddStringToObject(a, "url", url->valuestring);
+        char *text = cJSON_PrintUnformatted(a);
+        cJSON_Delete(a);
+        struct jd_error e2;
+        jd_error_clear(&e2);
+        rc = jd_registry_validate(registry, "http", text, "", &e2);
+        free(text);
+        if (rc)
+            return jd_error_set(err, rc, up, "%s", e2.message);
+    }
+    d->notify_url = url->valuestring;
+    d->notify_on = (1u << JD_JOB_SUCCEEDED) | (1u << JD_JOB_FAILED);
+    const cJSON *on = cJSON_GetObjectItemCaseSensitive(n, "on");
+    if (on) {
+        char op[JD_ERROR_PTR_MAX];
+        ptr_join(op, sizeof op, p, "on");
+        if (!cJSON_IsArray(on) || cJSON_GetArraySize(on) < 1 || cJSON_GetArraySize(on) > 3)
+            return jd_error_set(err, JD_EINVAL, op, "on is a list of succeeded, failed, cancelled");
+        d->notify_on = 0;
+        int i = 0;
+        for (const cJSON *e = on->child; e; e = e->next, i++) {
+            int st = cJSON_IsString(e) ? jd_job_state_parse(e->valuestring) : -1;
+            if (st < 0 || !jd_job_state_terminal((enum jd_job_state)st)) {
+                char ep[JD_ERROR_PTR_MAX], num[12];
+                snprintf(num, sizeof num, "%d", i);
+                ptr_join(ep, sizeof ep, op, num);
+                return jd_error_set(err, JD_EINVAL, ep,
+                                    "on is a list of succeeded, failed, cancelled");
+            }
+            d->notify_on |= 1u << st;
+        }
+    }
+    return 0;
+}
+
 /* jd_jobdef_from_json; batch as in struct vctx. */
 static int from_json(cJSON *root, const char *base, const struct jd_job_limits *limits,
                      const struct jd_registry *registry, struct batch_budget *batch,
                      struct jd_jobdef **out, struct jd_error *err)
 {
-    static const char *const allowed[] = {"handler",    "args",  "steps",    "process",  "method",
-                                          "input",      "queue", "priority", "delay_ms", "run_at",
-                                          "timeout_ms", "retry", "labels",   "unique",   NULL};
+    static const char *const allowed[] = {"handler",     "args",  "steps",    "process",  "method",
+                                          "input",       "queue", "priority", "delay_ms", "run_at",
+                                          "timeout_ms",  "retry", "labels",   "unique",   "notify",
+                                          "traceparent", NULL};
     struct jd_job_limits l = jd_jobdef_limits(limits);
     struct jd_jobdef *d = jd_xcalloc(1, sizeof *d);
     d->root = root;
@@ -660,6 +763,19 @@ static int from_json(cJSON *root, const char *base, const struct jd_job_limits *
     }
     if ((rc = parse_common(d, root, base, err)))
         goto fail;
+    if ((rc = parse_notify(d, root, base, registry, err)))
+        goto fail;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "traceparent");
+    if (tp) {
+        ptr_join(p, sizeof p, base, "traceparent");
+        if (!cJSON_IsString(tp) || !jd_traceparent_valid(tp->valuestring)) {
+            rc = jd_error_set(err, JD_EINVAL, p,
+                              "traceparent must be a W3C traceparent such as "
+                              "\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"");
+            goto fail;
+        }
+        d->traceparent = tp->valuestring;
+    }
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(root, "args");
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(root, "method");
     struct vctx v = {.d = d, .limits = &l, .registry = registry, .batch = batch};

@@ -89,6 +89,10 @@ struct jd_jobdef {
     bool unique_while_queued;          /* "while": "queued" (default "active") */
     int64_t unique_for_ms;             /* hold at most this long after submit; 0: no bound */
     enum jd_unique_conflict unique_on; /* "on_conflict" */
+    /* "notify": {"url": "...", "on": ["succeeded", "failed"]} (issue 19) */
+    const char *notify_url;  /* or NULL */
+    unsigned notify_on;      /* 1 << enum jd_job_state for the end states that send it */
+    const char *traceparent; /* W3C trace context of the submit, or NULL (issue 19) */
     /* PROCESS */
     const char *process, *method;
     /* TASK and WORKFLOW: the flattened steps (TASK: one CALL step "task") */

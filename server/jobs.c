@@ -206,6 +206,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     j->exec_allow = jd_xstrdup(cfg->exec_allow);
     j->http_allow = jd_xstrdup(cfg->http_allow);
     j->exec_env_allow = jd_xstrdup(cfg->exec_env_allow);
+    j->webhook_secret = jd_xstrdup(cfg->webhook_secret);
     if (cfg->exec_timeout_ms > 0)
         snprintf(j->exec_timeout, sizeof j->exec_timeout, "%" PRId64, cfg->exec_timeout_ms);
     if (cfg->http_timeout_ms > 0)
@@ -294,6 +295,7 @@ fail:
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);
+    free(j->webhook_secret);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -408,6 +410,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);
+    free(j->webhook_secret);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);

@@ -49,13 +49,14 @@ struct jd_job_limits {
 struct jd_jobs_config {
     struct jd_store *store; /* borrowed, open; outlives the job layer */
     /* The layer creates and owns the scheduler and the plugin registry. */
-    unsigned workers;          /* scheduler workers; 0: one per core */
-    bool pin_workers;          /* pin each worker to one CPU (jd_sched_config) */
-    unsigned blocking_threads; /* blocking pool bound; 0: scheduler default */
-    const char *plugin_dir;    /* load every .so in it; NULL: none */
-    const char *exec_allow;    /* plugin config "exec_allow" (NULL: exec unusable) */
-    const char *http_allow;    /* plugin config "http_allow" (NULL: any host) */
-    size_t output_cap;         /* plugin config "output_cap"; 0: 64 KiB */
+    unsigned workers;           /* scheduler workers; 0: one per core */
+    bool pin_workers;           /* pin each worker to one CPU (jd_sched_config) */
+    unsigned blocking_threads;  /* blocking pool bound; 0: scheduler default */
+    const char *plugin_dir;     /* load every .so in it; NULL: none */
+    const char *exec_allow;     /* plugin config "exec_allow" (NULL: exec unusable) */
+    const char *http_allow;     /* plugin config "http_allow" (NULL: any host) */
+    const char *webhook_secret; /* HMAC key of job webhooks ("notify"); NULL: unsigned */
+    size_t output_cap;          /* plugin config "output_cap"; 0: 64 KiB */
     /* More plugin config: exec's env names and the default deadlines. */
     const char *exec_env_allow; /* "exec_env_allow" (NULL: exec's deny-list) */
     int64_t exec_timeout_ms;    /* "exec_timeout_ms"; 0: exec's own default (10 min) */
@@ -139,6 +140,20 @@ typedef void (*jd_submit_done_fn)(void *arg, const struct jd_submit_result *res)
  */
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
                    jd_submit_done_fn done, void *arg, struct jd_error *err);
+
+/* A W3C traceparent ("00-<32 hex trace id>-<16 hex parent id>-<2 hex
+ * flags>"; lowercase; ids not all zero; version ff invalid; a later version
+ * may append "-..." fields, which are kept). */
+bool jd_traceparent_valid(const char *s);
+
+/* As jd_jobs_submit, with the W3C traceparent of the request (NULL: none;
+ * an invalid one is ignored, as the W3C spec asks). It is stored in the
+ * definition as "traceparent" unless the body has its own, and is not part
+ * of the Idempotency-Key fingerprint (a retried request with a new trace
+ * is the same request). */
+int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
+                          const char *idempotency_key, const char *traceparent,
+                          jd_submit_done_fn done, void *arg, struct jd_error *err);
 
 /* {"jobs":[def, def, ...]}: all valid or none accepted (the error pointer
  * says which, e.g. "/jobs/3/handler"); one commit. */
@@ -317,12 +332,50 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
  * withdrawn ids are fine (false). */
 bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id);
 
+/* ---- the global event stream (GET /v1/events) ---- */
+
+/* Filters: any may be NULL / 0. */
+struct jd_events_query {
+    const char *queue;
+    const char *state; /* one state or a comma-separated list ("succeeded,failed") */
+    const char *labels[JD_JOBS_LABEL_FILTERS]; /* "key:value" each; all must match */
+    size_t n_labels;
+};
+struct jd_events_sub; /* a parsed filter owning its strings */
+/* JD_EINVAL with err (a pointer such as "/state", "/label/1") for a bad filter.
+ * Free with jd_jobs_events_sub_free. */
+int jd_jobs_events_sub(const struct jd_events_query *q, struct jd_events_sub **out,
+                       struct jd_error *err);
+void jd_jobs_events_sub_free(struct jd_events_sub *s);
+/* fn(arg, id, event_json) for every matching transition with id > after,
+ * ascending, at most limit (1..1000). *next is where to go on (it moves
+ * past non-matching events too). Event JSON: {"id":"..","job_id":"..",
+ * "seq":n,"time":"..","queue":"..","state":"..","data":{..}}. Returns the
+ * number delivered or a JD_E* code. */
+int jd_jobs_events_read(struct jd_jobs *j, const struct jd_events_sub *s, int64_t after,
+                        unsigned limit, void (*fn)(void *arg, int64_t id, const char *event_json),
+                        void *arg, int64_t *next);
+/* The newest event id: where a live stream without a resume point starts. */
+int jd_jobs_events_tail(struct jd_jobs *j, int64_t *id);
+/* How many job records have committed (and had their callbacks run). Read
+ * it before reading events; jd_jobs_watch_any then fires once any commit
+ * came after that read, so no event is missed between read and watch. */
+uint64_t jd_jobs_commits(struct jd_jobs *j);
+/* As jd_jobs_watch, for a commit of any job after since_commits (version:
+ * the new count). Withdraw with jd_jobs_unwatch. */
+int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
+                      void (*fn)(void *arg, int rc, int64_t version), void *arg,
+                      uint64_t *watch_id);
+
 struct jd_jobs_stats {
     uint64_t submitted, succeeded, failed, cancelled, running, waiting, queued_mem;
     uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */
     uint64_t duration_ms_sum;
     uint64_t quarantined; /* jobs failed at start after crashing the process (max_replays) */
     uint64_t heap_trims;  /* freed heap given back after a large drain (jobs_table.c) */
+    /* issue 19: bulk operations running or waiting to run; webhook POST
+     * attempts and deliveries that ended delivered or failed */
+    uint64_t bulk_running, webhook_attempts, webhooks_delivered, webhooks_failed;
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

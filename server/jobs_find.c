@@ -515,6 +515,17 @@ int jd_jobs_bulk_start(struct jd_jobs *j, enum jd_bulk_kind kind, const char *bo
     return 0;
 }
 
+uint64_t jobs_bulk_running(struct jd_jobs *j)
+{
+    struct jobs_bulk *b = j->bulk;
+    uint64_t n = 0;
+    pthread_mutex_lock(&b->mu);
+    for (size_t i = 0; i < b->n; i++)
+        n += b->ops[i]->state == OP_RUNNING;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}
+
 int jd_jobs_operation_json(struct jd_jobs *j, const char *id, char **json)
 {
     struct jobs_bulk *b = j->bulk;

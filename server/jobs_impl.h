@@ -252,7 +252,9 @@ struct jd_jobs {
     /* Jobs in the table, and the most since memory was last given back to
      * the system (jobs_trim_due_locked). */
     size_t live, live_peak;
-    bool trim_tail; /* a trim happened; one more when the table empties */
+    bool trim_tail;       /* a trim happened; one more when the table empties */
+    uint64_t commits;     /* job records committed (their callbacks run): GET /v1/events */
+    char *webhook_secret; /* or NULL (jobs_notify.c) */
 };
 
 struct idem {
@@ -400,9 +402,19 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc);
 int jobs_filter_parse(const struct jd_jobs_list_query *q, struct jd_job_find *f,
                       char lab[][JOBS_LABEL_BUF], struct jd_error *err);
 void jobs_bulk_init(struct jd_jobs *j);
-void jobs_bulk_fini(struct jd_jobs *j); /* after drain: joins the thread */
+void jobs_bulk_fini(struct jd_jobs *j);        /* after drain: joins the thread */
+uint64_t jobs_bulk_running(struct jd_jobs *j); /* operations not finished (without mu) */
 /* Under mu: a delete of job id is being committed (a retry must wait). */
 bool jobs_deleting_locked(struct jd_jobs *j, int64_t id);
+
+/* jobs_notify.c: send job id's webhook for its end state (without mu). */
+void jobs_notify_start(struct jd_jobs *j, int64_t id, enum jd_job_state state, const char *url);
+
+/* jobs_trace.c: args with the job's traceparent added for http (header)
+ * and exec (TRACEPARENT, if --exec-env-allow lets it through); a copy of
+ * args otherwise. Caller frees. */
+char *jobs_trace_args(const char *command, const char *args, const char *traceparent,
+                      const char *exec_env_allow);
 
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */

@@ -142,6 +142,7 @@ void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out)
                 out->running++;
         }
     pthread_mutex_unlock(&j->mu);
+    out->bulk_running = jobs_bulk_running(j); /* its own lock, not under mu */
 }
 
 struct jd_sched *jd_jobs_sched(struct jd_jobs *j)

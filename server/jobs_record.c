@@ -255,6 +255,9 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct batch *batch = r->batch; /* its last record frees every record */
     char *insert_json = NULL;
     bool trim = false;
+    char *notify_url = NULL;
+    int64_t notify_id = 0;
+    enum jd_job_state notify_state = JD_JOB_SUCCEEDED;
 
     if (r->submit_done && !r->no_json && rc == 0 && w->op == JD_W_JOB_INSERT &&
         r->row.id == w->job_id) {
@@ -324,6 +327,12 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
             break;
         }
         final_stats_locked(j, jb, w->state);
+        if (jb->def && jb->def->notify_url && (jb->def->notify_on & (1u << w->state)) &&
+            !j->stopping) {
+            notify_id = jb->id;
+            notify_state = w->state;
+            notify_url = jd_xstrdup(jb->def->notify_url);
+        }
         jobs_job_remove(j, jb);
         trim = jobs_trim_due_locked(j);
         jobs_admit_locked(j, &start);
@@ -359,6 +368,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     pthread_mutex_unlock(&j->mu);
 
     jobs_watches_fire(j, fires, 0);
+    if (notify_url) { /* the end is durable: tell the job's webhook (a registry call: without mu) */
+        jobs_notify_start(j, notify_id, notify_state, notify_url);
+        free(notify_url);
+    }
 
     if (r->submit_done) {
         struct jd_submit_result res = {.rc = rc, .job_id = w->job_id};

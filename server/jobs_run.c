@@ -559,7 +559,8 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     c->token = token;
     c->refs = 2;
     c->command = jd_xstrdup(cmd);
-    c->args = jd_xstrdup(y->args ? y->args : "{}");
+    c->args = jobs_trace_args(cmd, y->args ? y->args : "{}", jb->def ? jb->def->traceparent : NULL,
+                              j->exec_env_allow);
     c->next = jb->calls;
     jb->calls = c;
     uint32_t first = rc ? rc->attempt + 1 : 1;

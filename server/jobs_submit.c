@@ -63,6 +63,8 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
     r->row.priority = jb->priority;
     r->row.state = JD_JOB_QUEUED;
     r->row.definition = d->text;
+    /* borrowed from d, which the job keeps: indexed for GET /v1/jobs?handler= */
+    r->row.handler = d->shape == JD_JOBDEF_TASK && d->nsteps > 0 ? (char *)d->steps[0].call : NULL;
     r->row.run_at_ms = jb->run_at_ms;
     r->row.created_ms = now;
     if (key) {
@@ -140,6 +142,13 @@ static bool replaceable(const struct job *h)
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
                    jd_submit_done_fn done, void *arg, struct jd_error *err)
 {
+    return jd_jobs_submit_traced(j, body, len, idempotency_key, NULL, done, arg, err);
+}
+
+int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
+                          const char *idempotency_key, const char *traceparent,
+                          jd_submit_done_fn done, void *arg, struct jd_error *err)
+{
     jd_error_clear(err);
     struct jd_jobdef *d = NULL;
     int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
@@ -147,6 +156,13 @@ int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *
         return rc;
     char fp[JD_SHA256_HEX_LEN + 1];
     fingerprint(d->text, fp);
+    if (traceparent && !d->traceparent && jd_traceparent_valid(traceparent)) {
+        /* After the fingerprint: the trace is not part of the request's identity. */
+        cJSON *t = cJSON_AddStringToObject(d->root, "traceparent", traceparent);
+        d->traceparent = t ? t->valuestring : NULL;
+        free(d->text);
+        d->text = cJSON_PrintUnformatted(d->root);
+    }
     if (idempotency_key) {
         int64_t existing = 0;
         char *efp = NULL;

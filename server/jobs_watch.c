@@ -29,6 +29,19 @@ static _Thread_local unsigned tls_in_watch_fn;
 void jobs_watches_collect(struct jd_jobs *j, int64_t job_id, int64_t version, bool terminal,
                           struct fire **list)
 {
+    /* Watches on any job (job_id 0, the global event stream) fire on every
+     * commit a job record makes; commits counts them. */
+    j->commits++;
+    for (struct watch *w = j->watches[jobs_bucket(0)]; w; w = w->next) {
+        if (!w->fired && w->job_id == 0 && (int64_t)j->commits > w->since) {
+            w->fired = true;
+            struct fire *f = jd_xcalloc(1, sizeof *f);
+            f->w = w;
+            f->version = (int64_t)j->commits;
+            f->next = *list;
+            *list = f;
+        }
+    }
     for (struct watch *w = j->watches[jobs_bucket(job_id)]; w; w = w->next) {
         if (!w->fired && w->job_id == job_id && version > w->since &&
             (!w->terminal_only || terminal)) {
@@ -82,6 +95,25 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc)
     }
 }
 
+/* Under mu: add a pending watch on job id (0: any job). */
+static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_only,
+                             void (*fn)(void *arg, int rc, int64_t version), void *arg,
+                             uint64_t *watch_id)
+{
+    struct watch *w = jd_xcalloc(1, sizeof *w);
+    unsigned b = jobs_bucket(id);
+    w->id = (++j->next_watch << WATCH_ID_SHIFT) | b; /* unwatch finds the bucket */
+    w->job_id = id;
+    w->since = since;
+    w->terminal_only = terminal_only;
+    w->fn = fn;
+    w->arg = arg;
+    w->next = j->watches[b];
+    j->watches[b] = w;
+    if (watch_id)
+        *watch_id = w->id;
+}
+
 int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
                   void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
 {
@@ -119,18 +151,37 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
         fn(arg, JD_ESHUTDOWN, version);
         return 0;
     }
-    struct watch *w = jd_xcalloc(1, sizeof *w);
-    unsigned b = jobs_bucket(id);
-    w->id = (++j->next_watch << WATCH_ID_SHIFT) | b; /* unwatch finds the bucket */
-    w->job_id = id;
-    w->since = since_version;
-    w->terminal_only = terminal_only;
-    w->fn = fn;
-    w->arg = arg;
-    w->next = j->watches[b];
-    j->watches[b] = w;
+    watch_add_locked(j, id, since_version, terminal_only, fn, arg, watch_id);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+uint64_t jd_jobs_commits(struct jd_jobs *j)
+{
+    pthread_mutex_lock(&j->mu);
+    uint64_t n = j->commits;
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
+                      void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
+{
     if (watch_id)
-        *watch_id = w->id;
+        *watch_id = 0;
+    pthread_mutex_lock(&j->mu);
+    if (j->commits > since_commits) {
+        int64_t v = (int64_t)j->commits;
+        pthread_mutex_unlock(&j->mu);
+        fn(arg, 0, v);
+        return 0;
+    }
+    if (j->drained) {
+        pthread_mutex_unlock(&j->mu);
+        fn(arg, JD_ESHUTDOWN, 0);
+        return 0;
+    }
+    watch_add_locked(j, 0, (int64_t)since_commits, false, fn, arg, watch_id); /* 0: any job */
     pthread_mutex_unlock(&j->mu);
     return 0;
 }

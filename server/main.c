@@ -138,6 +138,7 @@ int main(int argc, char **argv)
         .exec_env_allow = cfg.exec_env_allow,
         .exec_timeout_ms = cfg.exec_timeout_ms,
         .http_allow = cfg.http_allow,
+        .webhook_secret = cfg.webhook_secret,
         .http_timeout_ms = cfg.http_timeout_ms,
         .max_replays = cfg.max_replays ? (int)cfg.max_replays : -1, /* at most 10^6 */
         .command_limits = cfg.command_limits,

@@ -211,6 +211,20 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
     return 0;
 }
 
+/* Prepare q on c and bind its parameters; 0 or JD_EIO. */
+static int prepare_bound(struct jd_rconn *c, const struct jd_find_sql *q, sqlite3_stmt **st)
+{
+    if (sqlite3_prepare_v2(jd_rconn_db(c), q->sql, -1, st, NULL) != SQLITE_OK)
+        return JD_EIO;
+    for (int i = 0; i < q->n; i++) {
+        if (q->b[i].text)
+            sqlite3_bind_text(*st, i + 1, q->b[i].text, -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_int64(*st, i + 1, q->b[i].i);
+    }
+    return 0;
+}
+
 int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_only,
                       struct jd_job **rows, size_t *n, struct jd_job_find_cursor *next)
 {
@@ -228,20 +242,11 @@ int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_
     bool in_tx = false;
     if ((rc = jd_rconn_get(s, &c)) != 0)
         goto done;
-    sqlite3 *db = jd_rconn_db(c);
     if ((rc = jd_rconn_tx(c, true)) != 0)
         goto done;
     in_tx = true;
-    if (sqlite3_prepare_v2(db, q.sql, -1, &st, NULL) != SQLITE_OK) {
-        rc = JD_EIO;
+    if ((rc = prepare_bound(c, &q, &st)) != 0)
         goto done;
-    }
-    for (int i = 0; i < q.n; i++) {
-        if (q.b[i].text)
-            sqlite3_bind_text(st, i + 1, q.b[i].text, -1, SQLITE_STATIC);
-        else
-            sqlite3_bind_int64(st, i + 1, q.b[i].i);
-    }
     /* Keep up to limit + 1 matches: the extra one says a next page exists. */
     struct jd_job_find_cursor last = {0};
     size_t scanned = 0;
@@ -305,4 +310,161 @@ done:
     *rows = out;
     *n = k;
     return 0;
+}
+
+/* ---- the global event stream ---- */
+
+int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out)
+{
+    memset(out, 0, sizeof *out);
+    if (f->limit < 1 || f->limit > 1000 || f->after_id < 0 || f->n_labels > JD_FIND_MAX_LABELS ||
+        f->state_mask >= (1u << JD_JOB_NSTATES))
+        return JD_EINVAL;
+    struct sqlbuf q = {.len = 0};
+    /* m: a state event of a job that still exists, and the filters */
+    put(&q, "SELECT e.id, e.job_id, e.seq, e.time_ms, e.data, j.queue, j.state,"
+            " (e.kind = 0 AND j.id IS NOT NULL");
+    if (f->queue) {
+        put(&q, " AND j.queue = ?");
+        bind_text(out, f->queue);
+    }
+    if (f->state_mask) {
+        put(&q, " AND json_extract(e.data, '$.state') IN (");
+        bool first = true;
+        for (int st = 0; st < JD_JOB_NSTATES; st++)
+            if (f->state_mask & (1u << st)) {
+                put(&q, first ? "?" : ", ?");
+                bind_text(out, jd_job_state_name((enum jd_job_state)st));
+                first = false;
+            }
+        put(&q, ")");
+    }
+    for (size_t i = 0; i < f->n_labels; i++) {
+        if (!f->label_key[i] || !f->label_value[i])
+            return JD_EINVAL;
+        put(&q, " AND EXISTS (SELECT 1 FROM job_labels x WHERE x.key = ? AND x.value = ?"
+                " AND x.job_id = e.job_id)");
+        bind_text(out, f->label_key[i]);
+        bind_text(out, f->label_value[i]);
+    }
+    put(&q, "), json_extract(e.data, '$.state')"
+            " FROM events e LEFT JOIN jobs j ON j.id = e.job_id"
+            " WHERE e.id > ? ORDER BY e.id LIMIT ?");
+    bind_int(out, f->after_id);
+    bind_int(out, JD_FIND_SCAN);
+    out->sql = jd_xstrdup(q.s);
+    return 0;
+}
+
+void jd_stream_events_free(struct jd_stream_event *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(rows[i].queue);
+        free(rows[i].data);
+        free(rows[i].traceparent);
+    }
+    free(rows);
+}
+
+/* The traceparent of each matched event's job: one key lookup per job (the
+ * instr keeps jobs without one from paying for a JSON parse), after the
+ * scan, so skipped events cost nothing. */
+static int add_traceparents(struct jd_rconn *c, struct jd_stream_event *ev, size_t n)
+{
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(jd_rconn_db(c),
+                           "SELECT json_extract(definition, '$.traceparent') FROM job_definitions"
+                           " WHERE job_id = ?1 AND instr(definition, '\"traceparent\":') > 0",
+                           -1, &st, NULL) != SQLITE_OK)
+        return JD_EIO;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && ev[i].job_id == ev[i - 1].job_id) {
+            ev[i].traceparent = jd_xstrdup(ev[i - 1].traceparent);
+            continue;
+        }
+        sqlite3_bind_int64(st, 1, ev[i].job_id);
+        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+            ev[i].traceparent = jd_xstrdup((const char *)sqlite3_column_text(st, 0));
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
+                          struct jd_stream_event **rows, size_t *n, int64_t *next_after)
+{
+    *rows = NULL;
+    *n = 0;
+    *next_after = f->after_id;
+    struct jd_find_sql q;
+    int rc = jd_event_sql_build(f, &q);
+    if (rc)
+        return rc;
+    struct jd_rconn *c = NULL;
+    sqlite3_stmt *st = NULL;
+    struct jd_stream_event *out = jd_xcalloc(f->limit, sizeof *out);
+    size_t k = 0;
+    int64_t last = f->after_id;
+    if ((rc = jd_rconn_get(s, &c)) != 0)
+        goto done;
+    if ((rc = prepare_bound(c, &q, &st)) != 0)
+        goto done;
+    int src;
+    while (k < f->limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        last = sqlite3_column_int64(st, 0);
+        if (!sqlite3_column_int(st, 7))
+            continue;
+        struct jd_stream_event *e = &out[k++];
+        e->id = last;
+        e->job_id = sqlite3_column_int64(st, 1);
+        e->seq = sqlite3_column_int64(st, 2);
+        e->time_ms = sqlite3_column_int64(st, 3);
+        const unsigned char *t = sqlite3_column_text(st, 4);
+        e->data = jd_xstrdup(t ? (const char *)t : "{}");
+        t = sqlite3_column_text(st, 5);
+        e->queue = jd_xstrdup(t ? (const char *)t : "");
+        t = sqlite3_column_text(st, 8);
+        int ps = t ? jd_job_state_parse((const char *)t) : -1;
+        e->state = ps >= 0 ? (enum jd_job_state)ps : (enum jd_job_state)sqlite3_column_int(st, 6);
+    }
+    if (k < f->limit && src != SQLITE_DONE) {
+        rc = jd_store_sqlite_rc(src) ? jd_store_sqlite_rc(src) : JD_EIO;
+        goto done;
+    }
+    *next_after = last;
+    rc = add_traceparents(c, out, k);
+done:
+    sqlite3_finalize(st);
+    if (c)
+        jd_rconn_put(s, c);
+    free(q.sql);
+    if (rc) {
+        jd_stream_events_free(out, k);
+        *next_after = f->after_id;
+        return rc;
+    }
+    *rows = out;
+    *n = k;
+    return 0;
+}
+
+int jd_store_event_last_id(struct jd_store *s, int64_t *id)
+{
+    *id = 0;
+    struct jd_rconn *c = NULL;
+    int rc = jd_rconn_get(s, &c);
+    if (rc)
+        return rc;
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(jd_rconn_db(c), "SELECT max(id) FROM events", -1, &st, NULL) !=
+        SQLITE_OK)
+        rc = JD_EIO;
+    else if (sqlite3_step(st) == SQLITE_ROW)
+        *id = sqlite3_column_int64(st, 0);
+    else
+        rc = JD_EIO;
+    sqlite3_finalize(st);
+    jd_rconn_put(s, c);
+    return rc;
 }

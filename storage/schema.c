@@ -181,7 +181,8 @@ static const char *const migrations[] = {
      * the WHEN clauses keep jobs without labels from paying for a JSON
      * parse. jobs.handler is the top-level "handler" of a single-call job
      * (NULL for workflows and process jobs, so the partial index costs them
-     * nothing). Existing jobs are backfilled here. */
+     * nothing; the writer stores it with the row, as the job layer names
+     * it, so no JSON is parsed for it). Existing jobs are backfilled here. */
     "CREATE TABLE job_labels ("
     "  key TEXT NOT NULL,"
     "  value TEXT NOT NULL,"
@@ -196,11 +197,6 @@ static const char *const migrations[] = {
     "  INSERT OR IGNORE INTO job_labels(key, value, job_id)"
     "    SELECT key, value, new.job_id FROM json_each(new.definition, '$.labels')"
     "    WHERE type = 'text';"
-    "END;"
-    "CREATE TRIGGER job_handler_insert AFTER INSERT ON job_definitions"
-    "  WHEN instr(new.definition, '\"handler\":') > 0 BEGIN"
-    "  UPDATE jobs SET handler = json_extract(new.definition, '$.handler')"
-    "    WHERE id = new.job_id AND json_type(new.definition, '$.handler') = 'text';"
     "END;"
     "CREATE TRIGGER job_labels_delete BEFORE DELETE ON job_definitions"
     "  WHEN instr(old.definition, '\"labels\":') > 0 BEGIN"

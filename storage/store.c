@@ -73,6 +73,7 @@ void jd_job_clear(struct jd_job *j)
     free(j->error);
     free(j->idempotency_key);
     free(j->schedule_id);
+    free(j->handler);
     memset(j, 0, sizeof *j);
 }
 
@@ -324,6 +325,21 @@ static int seed_next_id(struct jd_store *s, struct jd_error *err)
         return jd_error_set(err, jd_store_sqlite_rc(rc), NULL, "database %s: reading ids: %s",
                             s->path, sqlite3_errmsg(s->wdb));
     atomic_init(&s->next_id, max + 1);
+    /* the same for event ids (GET /v1/events resumes by them) */
+    st = NULL;
+    rc = sqlite3_prepare_v2(s->wdb,
+                            "SELECT max(coalesce((SELECT max(id) FROM events), 0),"
+                            " coalesce((SELECT value FROM meta WHERE key = 'max_deleted_event_id'),"
+                            " 0))",
+                            -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        s->event_max = sqlite3_column_int64(st, 0);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK)
+        return jd_error_set(err, jd_store_sqlite_rc(rc), NULL, "database %s: reading ids: %s",
+                            s->path, sqlite3_errmsg(s->wdb));
     return 0;
 }
 
@@ -697,6 +713,7 @@ static void row_to_job(sqlite3_stmt *st, struct jd_job *j)
     j->idempotency_key = col_text(st, 14);
     j->schedule_id = col_text(st, 15);
     j->crashes = (uint32_t)sqlite3_column_int64(st, 16);
+    j->handler = NULL; /* written with the row, not read back (see struct jd_job) */
 }
 
 static void row_to_event(sqlite3_stmt *st, struct jd_job_event *e)

@@ -78,6 +78,8 @@ struct jd_job {
     char *idempotency_key;                                   /* or NULL */
     char *schedule_id; /* the schedule that created it, or NULL */
     uint32_t crashes;  /* times in a row the process died while it was being run */
+    char *handler;     /* insert only: the top-level handler of a one-command job, or NULL
+                          (indexed for GET /v1/jobs?handler=; reads leave it NULL) */
 };
 void jd_job_clear(struct jd_job *j); /* frees the strings, zeroes the struct */
 
@@ -350,6 +352,38 @@ int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_
                       struct jd_job **rows, size_t *n, struct jd_job_find_cursor *next);
 /* Whether the find is ordered by creation time (its cursor then needs both fields). */
 bool jd_store_find_by_created(const struct jd_job_find *f);
+
+/*
+ * The global stream of job transitions (GET /v1/events): every state
+ * event of every job in commit order. events.id is assigned by the one
+ * writer in commit order, so a reader that has seen id N has seen every
+ * committed event up to N. Filters are checked per event through the jobs
+ * primary key and the job_labels key; a call examines at most JD_FIND_SCAN
+ * events. Events of deleted jobs (retention, DELETE) are gone with them.
+ */
+struct jd_event_find {
+    int64_t after_id;    /* only events with id > after_id */
+    const char *queue;   /* or NULL */
+    unsigned state_mask; /* 1 << enum jd_job_state for the states wanted; 0: any */
+    size_t n_labels;
+    const char *label_key[JD_FIND_MAX_LABELS], *label_value[JD_FIND_MAX_LABELS];
+    unsigned limit; /* 1..1000 */
+};
+struct jd_stream_event {
+    int64_t id, job_id, seq, time_ms;
+    enum jd_job_state state;
+    char *queue, *data; /* malloc'd */
+    char *traceparent;  /* the job's W3C traceparent (malloc'd), or NULL */
+};
+/* Matching events, ascending id; *next_after is where the next call goes on
+ * (past the non-matching events examined too, so a rare filter still moves
+ * forward); equal to after_id when there was nothing newer. Free with
+ * jd_stream_events_free. */
+int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
+                          struct jd_stream_event **rows, size_t *n, int64_t *next_after);
+void jd_stream_events_free(struct jd_stream_event *rows, size_t n);
+/* The newest event id (0 when there is none): where a live stream starts. */
+int jd_store_event_last_id(struct jd_store *s, int64_t *id);
 
 /* Events with seq > after_seq, ascending, at most limit (1..10000). */
 int jd_store_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsigned limit,

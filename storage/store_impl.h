@@ -41,6 +41,7 @@ enum {
     JD_WS_RET_DEL_DEF,
     JD_WS_RET_DEL_IDEM,
     JD_WS_RET_MAX_ID,
+    JD_WS_RET_MAX_EVENT, /* issue 19: event ids never reused */
     JD_WS_SCHED_UPSERT,
     JD_WS_SCHED_UPDATE,
     JD_WS_SCHED_EVENT,
@@ -87,6 +88,11 @@ struct jd_store {
     bool writer_started;
     int64_t retention_due_ms; /* wall ms of the next retention pass */
     bool queue_retention;     /* some queue has its own retention: pass per (queue, state) */
+    /* The last events.id handed out. The writer gives every event an
+     * explicit id above it, so ids rise in commit order even after the
+     * newest events were deleted (retention, DELETE), which SQLite's own
+     * max(rowid) + 1 would hand out again: GET /v1/events resumes by id. */
+    int64_t event_max;
 
     /* ---- producers -> writer ---- */
     /* Treiber stack of submitted records, newest first; the writer takes it
@@ -173,6 +179,7 @@ struct jd_find_sql {
     } b[JD_FIND_MAX_BINDS];
 };
 int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out);
+int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out);
 
 /* Map a SQLite result code to a JD_E* code. */
 int jd_store_sqlite_rc(int rc);

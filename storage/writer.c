@@ -63,16 +63,16 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_IDEM_GET] = "SELECT job_id FROM idempotency WHERE key = ?1",
     [JD_WS_JOB_INSERT] = "INSERT INTO jobs(id, queue, priority, state, run_at_ms,"
                          " attempts, version, created_ms, updated_ms, started_ms, finished_ms,"
-                         " idempotency_key, schedule_id)"
-                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9, ?10)",
+                         " idempotency_key, schedule_id, handler)"
+                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9, ?10, ?11)",
     [JD_WS_DEF_INSERT] = "INSERT INTO job_definitions(job_id, definition) VALUES (?1, ?2)",
     /* A change that sets no field (a history append); changes that set
      * fields use update_stmt(), one statement per JD_SET_* combination, so
      * an append never rewrites the state indexes or fires the count trigger. */
     [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = ?3, updated_ms = ?2 WHERE id = ?1",
     [JD_WS_VERSION_GET] = "SELECT version, state, queue FROM jobs WHERE id = ?1",
-    [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-                           " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, id)"
+                           " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [JD_WS_QUEUE_UPSERT] = "INSERT INTO queues(name, paused) VALUES (?1, ?2)"
                            " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
     [JD_WS_RET_SELECT] = "SELECT id, idempotency_key FROM jobs"
@@ -83,6 +83,10 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_RET_DEL_IDEM] = "DELETE FROM idempotency WHERE key = ?1 AND job_id = ?2",
     [JD_WS_RET_MAX_ID] = "INSERT INTO meta(key, value) VALUES ('max_deleted_id', ?1)"
                          " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
+    /* with every deletion of events: the newest event id so far, so a restart
+     * after the newest events were deleted still hands out higher ones */
+    [JD_WS_RET_MAX_EVENT] = "INSERT INTO meta(key, value) VALUES ('max_deleted_event_id', ?1)"
+                            " ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)",
     [JD_WS_SCHED_UPSERT] =
         "INSERT INTO schedules(id, definition, paused, retired, next_fire_ms, anchor_ms,"
         " created_ms, updated_ms) VALUES (?1, ?2, ?3, ?7, ?4, ?6, ?5, ?5) ON CONFLICT(id) DO"
@@ -210,6 +214,9 @@ static int append_event(struct jd_store *s, int64_t job_id, int64_t seq, int64_t
     sqlite3_bind_int(st, 4, (int)kind);
     sqlite3_bind_int64(st, 5, tag);
     bind_text(st, 6, data);
+    /* An id never handed out before (see jd_store.event_max); one consumed
+     * by a rolled-back transaction leaves a gap, which readers do not mind. */
+    sqlite3_bind_int64(st, 7, ++s->event_max);
     int rc = run(st);
     return rc == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
 }
@@ -437,6 +444,7 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
     sqlite3_bind_int64(st, 8, jd_job_state_terminal(j->state) ? created : 0);
     bind_text(st, 9, j->idempotency_key);
     bind_text(st, 10, j->schedule_id);
+    bind_text(st, 11, j->handler);
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
     st = s->wst[JD_WS_DEF_INSERT];
@@ -763,10 +771,10 @@ static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcach
     if (vc) /* a change earlier in this batch must not write the row back */
         vc_slot(vc, w->job_id)->dirty = false;
     static const int dels[] = {JD_WS_RET_DEL_EVENTS, JD_WS_RET_DEL_DEF, JD_WS_RET_DEL_TASKS,
-                               JD_WS_RET_MAX_ID};
+                               JD_WS_RET_MAX_ID, JD_WS_RET_MAX_EVENT};
     for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
         st = s->wst[dels[i]];
-        sqlite3_bind_int64(st, 1, w->job_id);
+        sqlite3_bind_int64(st, 1, dels[i] == JD_WS_RET_MAX_EVENT ? s->event_max : w->job_id);
         if (run(st) != SQLITE_DONE) {
             free(key);
             return record_error(sqlite3_extended_errcode(s->wdb));
@@ -1203,6 +1211,10 @@ static bool retention_step(struct jd_store *s)
     if (n > 0) {
         sqlite3_stmt *st = s->wst[JD_WS_RET_MAX_ID];
         sqlite3_bind_int64(st, 1, max_id);
+        if (run(st) != SQLITE_DONE)
+            goto fail;
+        st = s->wst[JD_WS_RET_MAX_EVENT];
+        sqlite3_bind_int64(st, 1, s->event_max);
         if (run(st) != SQLITE_DONE)
             goto fail;
     }

@@ -6,7 +6,7 @@
 # matching one ends cancelled, the new ones are untouched); bulk retry;
 # nothing matching (200, 0); GET /v1/operations/{id}; DELETE of a finished
 # job (and 409 for a live one); labels survive a restart. Prints TAP.
-# shellcheck disable=SC2016,SC2034
+# shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
 
@@ -183,6 +183,8 @@ wait_op "$OP"
 check "bulk cancel ends: 10,000 matched, 10,000 cancelled" \
     eval 'body_has "\"state\":\"succeeded\"" && body_has "\"matched\":10000" && body_has "\"applied\":10000" && body_has "\"failed\":0"'
 echo "# bulk cancel of 10000: $(jq_n '(__import__("datetime").datetime.fromisoformat(d["finished_at"].replace("Z","+00:00")) - __import__("datetime").datetime.fromisoformat(d["created_at"].replace("Z","+00:00"))).total_seconds()') s"
+req GET /metrics
+check "/metrics: no bulk operation left running" body_has "jackdaw_bulk_operations_running 0"
 req GET /v1/queues
 COUNTS=$(python3 -c 'import json,sys
 for q in json.load(sys.stdin)["queues"]:
@@ -198,6 +200,14 @@ stop_server
 start_server || exit 1
 req GET '/v1/jobs?label=team:pay&label=tier:gold'
 check "labels are found after a restart" eval '[ "$(ids_of)" = "$GOLD" ]'
+if [ "$(ids_of)" != "$GOLD" ]; then
+    # seen once in ~30 runs, cause not found yet: say whether it is lasting
+    sleep 1
+    req GET '/v1/jobs?label=team:pay&label=tier:gold'
+    echo "# the same query 1 s later: [$(ids_of)]; by one label: [$(req GET '/v1/jobs?label=team:pay' && ids_of)]"
+    req GET "/v1/jobs/$GOLD"
+    echo "# the job itself: status $STATUS"
+fi
 req GET "/v1/operations/$OP"
 check "operations are not kept over a restart" is_problem 404
 stop_server

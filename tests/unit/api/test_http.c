@@ -223,6 +223,18 @@ int jd_jobs_list_json(struct jd_jobs *j, const struct jd_jobs_list_query *q, cha
     return 0;
 }
 
+int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len, const char *key,
+                          const char *traceparent, jd_submit_done_fn done, void *arg,
+                          struct jd_error *err)
+{
+    return jd_jobs_submit(j, body, len, key, done, arg, err);
+}
+
+bool jd_traceparent_valid(const char *s)
+{
+    return s != NULL;
+}
+
 int jd_jobs_delete(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)
 {
     return exists(id) ? JD_ECONFLICT : JD_ENOENT;
@@ -239,6 +251,49 @@ int jd_jobs_bulk_start(struct jd_jobs *j, enum jd_bulk_kind kind, const char *bo
 int jd_jobs_operation_json(struct jd_jobs *j, const char *id, char **json)
 {
     return JD_ENOENT;
+}
+
+/* GET /v1/events: a stream with no events, never woken */
+struct jd_events_sub {
+    int unused;
+};
+
+int jd_jobs_events_sub(const struct jd_events_query *q, struct jd_events_sub **out,
+                       struct jd_error *err)
+{
+    *out = calloc(1, sizeof **out);
+    return 0;
+}
+
+void jd_jobs_events_sub_free(struct jd_events_sub *s)
+{
+    free(s);
+}
+
+int jd_jobs_events_read(struct jd_jobs *j, const struct jd_events_sub *s, int64_t after,
+                        unsigned limit, void (*fn)(void *arg, int64_t id, const char *event_json),
+                        void *arg, int64_t *next)
+{
+    *next = after;
+    return 0;
+}
+
+int jd_jobs_events_tail(struct jd_jobs *j, int64_t *id)
+{
+    *id = 0;
+    return 0;
+}
+
+uint64_t jd_jobs_commits(struct jd_jobs *j)
+{
+    return 0;
+}
+
+int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
+                      void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
+{
+    *watch_id = 0;
+    return JD_ESHUTDOWN;
 }
 
 int jd_jobs_events_json(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigned limit,

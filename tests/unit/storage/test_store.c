@@ -998,6 +998,7 @@ static void test_retention_deletes_old_terminal_jobs_and_their_history(void **st
         char key[32];
         snprintf(key, sizeof key, "old-%d", i);
         struct jd_job j = make_job(jd_store_next_id(f->s), "ret", i == 0 ? key : NULL);
+        j.definition = (char *)"{\"handler\":\"echo\",\"labels\":{\"team\":\"old\"}}";
         old_ids[i] = j.id;
         assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
         struct jd_write w = {.op = JD_W_JOB_CHANGE,
@@ -1036,6 +1037,16 @@ static void test_retention_deletes_old_terminal_jobs_and_their_history(void **st
     jd_job_events_free(ev, n);
     int64_t id;
     assert_int_equal(jd_store_idem_lookup(f->s, "old-0", &id, NULL), JD_ENOENT);
+    /* their label rows went with them (no index entries left behind) */
+    struct jd_job_find lf = {.state = -1, .limit = 10, .n_labels = 1};
+    lf.label_key[0] = "team";
+    lf.label_value[0] = "old";
+    struct jd_job *lrows;
+    struct jd_job_find_cursor lnext;
+    assert_int_equal(jd_store_job_find(f->s, &lf, true, &lrows, &n, &lnext), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(lnext.id, 0); /* nothing left to examine either */
+    jd_jobs_free(lrows, n);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(jd_store_job_get(f->s, keep[i], &got), 0);
         jd_job_clear(&got);

@@ -46,12 +46,16 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Insert a job with this definition and creation time; its id. */
+/* Insert a job with this definition and creation time; its id. The handler
+ * column is what the job layer passes: the definition's leading "handler". */
 static int64_t add(struct jd_store *s, const char *queue, const char *def, int64_t created)
 {
     struct jd_job j = make_job(jd_store_next_id(s), queue, NULL);
     j.definition = (char *)def;
     j.created_ms = created;
+    char handler[64] = "";
+    if (sscanf(def, "{\"handler\":\"%63[^\"]\"", handler) == 1)
+        j.handler = handler;
     struct tres r;
     assert_int_equal(insert_wait(s, &j, NULL, &r), 0);
     return j.id;
@@ -173,6 +177,7 @@ static void test_scan_budget_bounds_a_page(void **state)
     for (size_t i = 0; i < total; i++) {
         jobs[i] = make_job(jd_store_next_id(f->s), "big", NULL);
         jobs[i].definition = (char *)(i == 0 ? "{\"handler\":\"rare\"}" : "{\"handler\":\"echo\"}");
+        jobs[i].handler = (char *)(i == 0 ? "rare" : "echo");
         ws[i] = (struct jd_write){.op = JD_W_JOB_INSERT, .job = &jobs[i]};
         wp[i] = &ws[i];
     }
@@ -213,10 +218,9 @@ static void test_bad_filters_are_refused(void **state)
 
 /* ---- plans: every combination of filters ---- */
 
-static void check_plan(sqlite3 *db, const struct jd_job_find *f)
+/* Fail on a table scan or a sort in q's plan; frees q.sql. */
+static void check_sql_plan(sqlite3 *db, struct jd_find_sql q)
 {
-    struct jd_find_sql q;
-    assert_int_equal(jd_find_sql_build(f, &q), 0);
     char *sql = jd_xasprintf("EXPLAIN QUERY PLAN %s", q.sql);
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
@@ -229,6 +233,13 @@ static void check_plan(sqlite3 *db, const struct jd_job_find *f)
     sqlite3_finalize(st);
     free(sql);
     free(q.sql);
+}
+
+static void check_plan(sqlite3 *db, const struct jd_job_find *f)
+{
+    struct jd_find_sql q;
+    assert_int_equal(jd_find_sql_build(f, &q), 0);
+    check_sql_plan(db, q);
 }
 
 static void check_every_shape(sqlite3 *db)
@@ -268,6 +279,29 @@ static void check_every_shape(sqlite3 *db)
     }
 }
 
+static void check_event_plans(sqlite3 *db)
+{
+    for (unsigned m = 0; m < 16; m++) {
+        struct jd_event_find f = {.after_id = 5, .limit = 10};
+        if (m & 1)
+            f.queue = "q";
+        if (m & 2)
+            f.state_mask = (1u << JD_JOB_SUCCEEDED) | (1u << JD_JOB_FAILED);
+        if (m & 4) {
+            f.label_key[f.n_labels] = "team";
+            f.label_value[f.n_labels++] = "billing";
+        }
+        if (m & 8)
+            while (f.n_labels < JD_FIND_MAX_LABELS) {
+                f.label_key[f.n_labels] = "tier";
+                f.label_value[f.n_labels++] = "gold";
+            }
+        struct jd_find_sql q;
+        assert_int_equal(jd_event_sql_build(&f, &q), 0);
+        check_sql_plan(db, q);
+    }
+}
+
 static void test_every_filter_uses_an_index(void **state)
 {
     struct fx *f = *state;
@@ -281,8 +315,10 @@ static void test_every_filter_uses_an_index(void **state)
     sqlite3 *db;
     assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
     check_every_shape(db);
+    check_event_plans(db);
     assert_int_equal(sqlite3_exec(db, "ANALYZE", NULL, NULL, NULL), SQLITE_OK);
     check_every_shape(db);
+    check_event_plans(db);
     sqlite3_close(db);
 }
 
@@ -337,6 +373,96 @@ static void test_delete_only_finished_jobs(void **state)
     sqlite3_close(db);
 }
 
+static void test_event_stream_in_commit_order(void **state)
+{
+    struct fx *f = *state;
+    int64_t a = add(f->s, "q", "{\"handler\":\"echo\",\"labels\":{\"team\":\"billing\"}}", 1);
+    int64_t b = add(f->s, "r", "{\"handler\":\"echo\"}", 2);
+    struct tres r;
+    assert_int_equal(event_wait(f->s, a, JD_EVK_DISPATCH, 1, "{}", &r), 0);
+    struct jd_write w = {.op = JD_W_JOB_CHANGE,
+                         .job_id = a,
+                         .set = JD_SET_STATE,
+                         .state = JD_JOB_SUCCEEDED,
+                         .kind = JD_EVK_STATE,
+                         .data = "{\"state\":\"succeeded\"}"};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    struct jd_event_find q = {.limit = 100};
+    struct jd_stream_event *ev;
+    size_t n;
+    int64_t next;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 3); /* the dispatch is not a transition */
+    assert_int_equal(ev[0].job_id, a);
+    assert_int_equal(ev[1].job_id, b);
+    assert_int_equal(ev[2].job_id, a);
+    assert_int_equal(ev[2].state, JD_JOB_SUCCEEDED);
+    assert_true(ev[0].id < ev[1].id && ev[1].id < ev[2].id);
+    int64_t last;
+    assert_int_equal(jd_store_event_last_id(f->s, &last), 0);
+    assert_int_equal(next, last);
+    jd_stream_events_free(ev, n);
+    /* filters */
+    q = (struct jd_event_find){.limit = 100, .state_mask = 1u << JD_JOB_SUCCEEDED, .n_labels = 1};
+    q.label_key[0] = "team";
+    q.label_value[0] = "billing";
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, a);
+    jd_stream_events_free(ev, n);
+    q = (struct jd_event_find){.limit = 100, .queue = "r"};
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, b);
+    /* nothing newer: next stays */
+    q.after_id = last;
+    jd_stream_events_free(ev, n);
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(next, last);
+    jd_stream_events_free(ev, n);
+}
+
+/* Event ids only rise, also after the newest events were deleted (DELETE,
+ * retention) and across a restart: a stream resuming after id N never
+ * misses a later event that got a reused id <= N. */
+static void test_event_ids_are_never_reused(void **state)
+{
+    struct fx *f = *state;
+    int64_t a = add(f->s, "q", "{\"handler\":\"echo\"}", 1);
+    struct tres r;
+    assert_int_equal(change_state_wait(f->s, a, JD_JOB_SUCCEEDED, &r), 0);
+    int64_t high;
+    assert_int_equal(jd_store_event_last_id(f->s, &high), 0);
+    struct jd_write w = {.op = JD_W_JOB_DELETE, .job_id = a};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0); /* the newest events go */
+    int64_t b = add(f->s, "q", "{\"handler\":\"echo\"}", 2);
+    struct jd_event_find q = {.after_id = high, .limit = 10};
+    struct jd_stream_event *ev;
+    size_t n;
+    int64_t next;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, b);
+    assert_true(ev[0].id > high);
+    jd_stream_events_free(ev, n);
+    /* again, and then a restart */
+    assert_int_equal(change_state_wait(f->s, b, JD_JOB_FAILED, &r), 0);
+    assert_int_equal(jd_store_event_last_id(f->s, &high), 0);
+    w = (struct jd_write){.op = JD_W_JOB_DELETE, .job_id = b};
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    jd_store_close(f->s);
+    struct jd_store_config cfg = {.path = f->path};
+    struct jd_error err;
+    assert_int_equal(jd_store_open(&cfg, &f->s, &err), 0);
+    int64_t c = add(f->s, "q", "{\"handler\":\"echo\"}", 3);
+    q.after_id = high;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].job_id, c);
+    jd_stream_events_free(ev, n);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -346,6 +472,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_filters_are_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_filter_uses_an_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_only_finished_jobs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_stream_in_commit_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_event_ids_are_never_reused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

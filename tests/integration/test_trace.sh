@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# W3C trace context against the real server (issue 19): a valid
+# traceparent header on submit is stored on the job, sent on its http calls
+# (header) and exec calls (TRACEPARENT), and shown in GET /v1/events; an
+# invalid header is ignored (as the spec asks); an invalid "traceparent"
+# member in the body is 422; the header is not part of the Idempotency-Key
+# fingerprint. Prints TAP.
+# shellcheck disable=SC2016,SC2034,SC2119
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+python3 tests/integration/webhook_receiver.py unused "$WORK/port" "$WORK/hooks.log" &
+RECV_PID=$!
+trap 'kill "$RECV_PID" 2>/dev/null; cleanup' EXIT
+for _ in $(seq 1 100); do [ -s "$WORK/port" ] && break; sleep 0.05; done
+HOOK=http://127.0.0.1:$(cat "$WORK/port")
+: >>"$WORK/hooks.log"
+
+TP=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+submit() { req POST /v1/jobs -H 'Content-Type: application/json' --data-binary "$1" "${@:2}"; }
+stored_tp() { python3 -c 'import json,sys; print(json.load(sys.stdin)["definition"].get("traceparent",""))' <<<"$BODY"; }
+
+start_server --exec-allow /usr/bin/env || exit 1
+
+submit "{\"handler\":\"http\",\"args\":{\"url\":\"$HOOK/traced\",\"method\":\"POST\",\"body\":{}}}" \
+    -H "traceparent: $TP"
+H=$(location_id)
+check "a valid traceparent header is stored on the job" eval 'status_is 201 && [ "$(stored_tp)" = "$TP" ]'
+wait_job "$H"
+check "the http call carries it as the traceparent header" \
+    eval 'grep -F "\"path\": \"/traced\"" "$WORK/hooks.log" | grep -qF "\"traceparent\": \"$TP\""'
+
+submit '{"handler":"exec","args":{"argv":["/usr/bin/env"]}}' -H "traceparent: $TP"
+E=$(location_id)
+wait_job "$E"
+check "the exec call gets TRACEPARENT in its environment" body_has "TRACEPARENT=$TP"
+
+req GET '/v1/events?after=0&state=succeeded'
+check "GET /v1/events shows the job's traceparent" \
+    eval 'body_has "\"job_id\":\"$E\"" && body_has "\"traceparent\":\"$TP\""'
+
+for bad in 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7 \
+    ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 \
+    00-00000000000000000000000000000000-00f067aa0ba902b7-01 \
+    00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01 \
+    00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra; do
+    submit '{"handler":"echo","args":{}}' -H "traceparent: $bad"
+    check "an invalid traceparent header is ignored: ${bad:0:12}..." \
+        eval 'status_is 201 && [ -z "$(stored_tp)" ]'
+done
+FUTURE=01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future
+submit '{"handler":"echo","args":{}}' -H "traceparent: $FUTURE"
+check "a later version's extra fields are accepted" eval '[ "$(stored_tp)" = "$FUTURE" ]'
+
+submit '{"handler":"echo","args":{},"traceparent":"nope"}'
+check "an invalid traceparent member in the body: 422 /traceparent" \
+    eval 'is_problem 422 && body_has "\"pointer\":\"/traceparent\""'
+submit "{\"handler\":\"echo\",\"args\":{},\"traceparent\":\"$TP\"}" \
+    -H 'traceparent: 00-11111111111111111111111111111111-2222222222222222-01'
+check "the body's own traceparent wins over the header" eval '[ "$(stored_tp)" = "$TP" ]'
+
+submit '{"handler":"echo","args":{"k":1}}' -H 'Idempotency-Key: trace-1' -H "traceparent: $TP"
+FIRST=$(location_id)
+submit '{"handler":"echo","args":{"k":1}}' -H 'Idempotency-Key: trace-1' \
+    -H 'traceparent: 00-11111111111111111111111111111111-2222222222222222-01'
+check "a retried request with a new trace is the same request (Idempotent-Replayed)" \
+    eval 'status_is 201 && header_has "Idempotent-Replayed: true" && [ "$(location_id)" = "$FIRST" ]'
+stop_server
+finish
