@@ -540,6 +540,8 @@ enum {
     RS_QUEUED_SAME,
     RS_QUEUED_LOWER,
     RS_QUEUED_LATER,
+    RS_RUNNING,
+    RS_WAITING,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -610,6 +612,14 @@ static const char *const read_sql[RS_N] = {
                         " WHERE j.state = 0 AND j.run_at_ms > j.created_ms"
                         " AND (j.run_at_ms, j.id) > (?1, ?2) AND j.run_at_ms <= ?3"
                         " ORDER BY j.run_at_ms, j.id LIMIT ?4",
+    /* Started jobs (recovery with the window): each state's range of
+     * jobs_state is in id order; jd_store_recover_started merges the two. */
+    [RS_RUNNING] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_state"
+                   " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state = 1"
+                   " ORDER BY j.id",
+    [RS_WAITING] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_state"
+                   " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state = 2"
+                   " ORDER BY j.id",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -950,21 +960,34 @@ int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_i
     return read_two_ints(s, RS_OLDEST_QUEUED, queue, job_id, created_ms);
 }
 
-/* Steps js (bound by the caller) and calls fn for each row with its
+/* Steps the nst (1 or 2) statements js, bound by the caller and each
+ * ascending by job id, merged by id, and calls fn for each row with its
  * events of kind > 0 (RS_RECOVER_EVENTS), as jd_store_recover documents.
  * *rows counts the rows handed to fn. Returns the SQLite rc of the read
  * (SQLITE_DONE when it ended or fn stopped it); *stop_rc is fn's non-zero
  * return, if any. Resets js. */
-static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *js, jd_store_job_fn fn,
-                                 void *arg, size_t *rows, int *stop_rc)
+static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *const *js, int nst,
+                                 jd_store_job_fn fn, void *arg, size_t *rows, int *stop_rc)
 {
     sqlite3_stmt *es = c->st[RS_RECOVER_EVENTS];
     size_t cap = 16;
     struct jd_job_event *ev = jd_xcalloc(cap, sizeof *ev);
-    int src;
-    while ((src = sqlite3_step(js)) == SQLITE_ROW) {
+    int src[2] = {SQLITE_DONE, SQLITE_DONE}, out = SQLITE_DONE;
+    for (int i = 0; i < nst; i++)
+        src[i] = sqlite3_step(js[i]);
+    for (;;) {
+        int pick = -1;
+        for (int i = 0; i < nst; i++) {
+            if (src[i] != SQLITE_ROW && src[i] != SQLITE_DONE)
+                out = src[i];
+            else if (src[i] == SQLITE_ROW && (pick < 0 || sqlite3_column_int64(js[i], 0) <
+                                                              sqlite3_column_int64(js[pick], 0)))
+                pick = i;
+        }
+        if (out != SQLITE_DONE || pick < 0)
+            break;
         struct jd_job job;
-        row_to_job(js, &job);
+        row_to_job(js[pick], &job);
         sqlite3_bind_int64(es, 1, job.id);
         size_t k = 0;
         int erc;
@@ -984,17 +1007,17 @@ static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *js, jd_store_
             free(ev[i].data);
         jd_job_clear(&job);
         if (erc != SQLITE_DONE) {
-            src = erc;
+            out = erc;
             break;
         }
-        if (*stop_rc) {
-            src = SQLITE_DONE;
+        if (*stop_rc)
             break;
-        }
+        src[pick] = sqlite3_step(js[pick]);
     }
     free(ev);
-    sqlite3_reset(js);
-    return src;
+    for (int i = 0; i < nst; i++)
+        sqlite3_reset(js[i]);
+    return out;
 }
 
 /* A read connection in a read transaction, so jobs and their events come
@@ -1026,7 +1049,10 @@ static int read_end(struct jd_store *s, struct jd_rconn *c, int src, int stop_rc
     return rc;
 }
 
-int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
+/* Recovery reads: the statements `which` (nst of them, unbound), merged
+ * by id, each job with its events, in one snapshot. */
+static int recover_read(struct jd_store *s, const int *which, int nst, jd_store_job_fn fn,
+                        void *arg)
 {
     struct jd_rconn *c;
     int rc = read_begin(s, &c);
@@ -1034,8 +1060,23 @@ int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
         return rc;
     size_t rows = 0;
     int stop_rc = 0;
-    int src = read_jobs_with_events(c, c->st[RS_ACTIVE], fn, arg, &rows, &stop_rc);
+    sqlite3_stmt *js[2];
+    for (int i = 0; i < nst; i++)
+        js[i] = c->st[which[i]];
+    int src = read_jobs_with_events(c, js, nst, fn, arg, &rows, &stop_rc);
     return read_end(s, c, src, stop_rc);
+}
+
+int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
+{
+    static const int which[] = {RS_ACTIVE};
+    return recover_read(s, which, 1, fn, arg);
+}
+
+int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg)
+{
+    static const int which[] = {RS_RUNNING, RS_WAITING};
+    return recover_read(s, which, 2, fn, arg);
 }
 
 int jd_store_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,
@@ -1057,7 +1098,7 @@ int jd_store_queued_page(struct jd_store *s, const char *queue, struct jd_queued
         sqlite3_bind_int64(st, 3, after.id);
         sqlite3_bind_int64(st, 4, due_ms);
         sqlite3_bind_int64(st, 5, (int64_t)(limit - *n));
-        src = read_jobs_with_events(c, st, fn, arg, n, &stop_rc);
+        src = read_jobs_with_events(c, &st, 1, fn, arg, n, &stop_rc);
         sqlite3_clear_bindings(st);
     }
     return read_end(s, c, src, stop_rc);
@@ -1080,7 +1121,7 @@ int jd_store_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t a
     sqlite3_bind_int64(st, 2, after_id);
     sqlite3_bind_int64(st, 3, until_ms);
     sqlite3_bind_int64(st, 4, limit);
-    int src = read_jobs_with_events(c, st, fn, arg, n, &stop_rc);
+    int src = read_jobs_with_events(c, &st, 1, fn, arg, n, &stop_rc);
     sqlite3_clear_bindings(st);
     return read_end(s, c, src, stop_rc);
 }

@@ -383,6 +383,11 @@ typedef int (*jd_store_job_fn)(void *arg, const struct jd_job *job,
                                const struct jd_job_event *events, size_t n);
 int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg);
 
+/* The started (running and waiting) jobs only, as jd_store_recover reads
+ * them (ascending id, same fn and return): recovery with the queued-job
+ * window, which pages queued jobs in per queue instead. */
+int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg);
+
 /* The queued-job window (issue 17, item 4). A queued job's place in its
  * queue's run order: priority descending, then id ascending (the order of
  * the ready lists in server/jobs_admit.c). JD_QUEUED_START ranks before

@@ -886,6 +886,37 @@ static void test_recover_returns_non_terminal_jobs_with_their_history(void **sta
     assert_int_equal(log.n, 1);
 }
 
+static void test_recover_started_merges_running_and_waiting_by_id(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    /* states by id: waiting, queued, running, succeeded, waiting, running */
+    static const enum jd_job_state st[] = {JD_JOB_WAITING,   JD_JOB_QUEUED,  JD_JOB_RUNNING,
+                                           JD_JOB_SUCCEEDED, JD_JOB_WAITING, JD_JOB_RUNNING};
+    int64_t id[6];
+    for (int i = 0; i < 6; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+        id[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+        if (st[i] != JD_JOB_QUEUED)
+            assert_int_equal(change_state_wait(f->s, j.id, st[i], &r), 0);
+    }
+    assert_int_equal(event_wait(f->s, id[4], JD_EVK_MESSAGE, 0, "{\"topic\":\"t\"}", &r), 0);
+    struct rec_log log;
+    memset(&log, 0, sizeof log);
+    assert_int_equal(jd_store_recover_started(f->s, rec_fn, &log), 0);
+    assert_int_equal(log.n, 4);
+    const int want[] = {0, 2, 4, 5};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(log.ids[i], id[want[i]]);
+    assert_int_equal(log.nev[2], 1);
+    assert_int_equal(log.kinds[2][0], JD_EVK_MESSAGE);
+    memset(&log, 0, sizeof log);
+    log.stop_after = 3;
+    assert_int_equal(jd_store_recover_started(f->s, rec_fn, &log), -77);
+    assert_int_equal(log.n, 3);
+}
+
 /* ---- the queued-job window (issue 17 item 4) ---- */
 
 struct page_log {
@@ -1273,6 +1304,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_queue_counts_include_paused_and_empty_queues, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_recover_returns_non_terminal_jobs_with_their_history,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_started_merges_running_and_waiting_by_id,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_queued_page_reads_a_queue_in_run_order_across_pages,
                                         setup, teardown),
