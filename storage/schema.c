@@ -260,6 +260,17 @@ static const char *const migrations[] = {
     "DROP TABLE events;"
     "ALTER TABLE events_v4 RENAME TO events;"
     "CREATE UNIQUE INDEX events_job_seq ON events(job_id, seq);",
+
+    /* 10 (the queued-job window, issue 17 item 4): the store pages queued
+     * jobs into memory in each queue's run order (priority descending,
+     * then id), and those scheduled for later by the time they are due.
+     * run_at_ms rides in jobs_queued so a page skips the jobs not yet due
+     * without reading their rows. A job submitted without a delay has
+     * run_at_ms == created_ms, so jobs_queued_later holds only the delayed
+     * (and retried) ones. Both are partial: a job leaves them as it starts. */
+    "CREATE INDEX jobs_queued ON jobs(queue, priority DESC, id, run_at_ms) WHERE state = 0;"
+    "CREATE INDEX jobs_queued_later ON jobs(run_at_ms, id)"
+    "  WHERE state = 0 AND run_at_ms > created_ms;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -553,6 +553,11 @@ enum {
     RS_RCMD_LIST,
     RS_TASK_STATE,
     RS_TASK_CLAIMED,
+    RS_QUEUED_SAME,
+    RS_QUEUED_LOWER,
+    RS_QUEUED_LATER,
+    RS_RUNNING,
+    RS_WAITING,
     RS_BEGIN,
     RS_COMMIT,
     RS_N
@@ -606,6 +611,31 @@ static const char *const read_sql[RS_N] = {
                      " FROM remote_commands ORDER BY name",
     [RS_TASK_STATE] = "SELECT state, job_id FROM tasks WHERE id = ?1",
     [RS_TASK_CLAIMED] = "SELECT 1 FROM tasks WHERE job_id = ?1 AND tag = ?2 AND attempt = ?3",
+    /* A page of a queue's queued jobs in run order after (?2 priority, ?3
+     * id): the rest of ?2's priority, then the lower ones. Split in two
+     * because one range over (priority DESC, id ASC) is not expressible as
+     * a row value; each half is one range of jobs_queued, no sort. */
+    [RS_QUEUED_SAME] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_queued"
+                       " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                       " WHERE j.queue = ?1 AND j.state = 0 AND j.priority = ?2 AND j.id > ?3"
+                       " AND j.run_at_ms <= ?4 ORDER BY j.id LIMIT ?5",
+    [RS_QUEUED_LOWER] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_queued"
+                        " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                        " WHERE j.queue = ?1 AND j.state = 0 AND j.priority < ?2"
+                        " AND j.run_at_ms <= ?4 ORDER BY j.priority DESC, j.id LIMIT ?5",
+    [RS_QUEUED_LATER] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_queued_later"
+                        " CROSS JOIN job_definitions d ON d.job_id = j.id"
+                        " WHERE j.state = 0 AND j.run_at_ms > j.created_ms"
+                        " AND (j.run_at_ms, j.id) > (?1, ?2) AND j.run_at_ms <= ?3"
+                        " ORDER BY j.run_at_ms, j.id LIMIT ?4",
+    /* Started jobs (recovery with the window): each state's range of
+     * jobs_state is in id order; jd_store_recover_started merges the two. */
+    [RS_RUNNING] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_state"
+                   " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state = 1"
+                   " ORDER BY j.id",
+    [RS_WAITING] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_state"
+                   " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state = 2"
+                   " ORDER BY j.id",
     [RS_BEGIN] = "BEGIN",
     [RS_COMMIT] = "COMMIT",
 };
@@ -947,30 +977,34 @@ int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_i
     return read_two_ints(s, RS_OLDEST_QUEUED, queue, job_id, created_ms);
 }
 
-int jd_store_recover(struct jd_store *s,
-                     int (*fn)(void *arg, const struct jd_job *job,
-                               const struct jd_job_event *events, size_t n),
-                     void *arg)
+/* Steps the nst (1 or 2) statements js, bound by the caller and each
+ * ascending by job id, merged by id, and calls fn for each row with its
+ * events of kind > 0 (RS_RECOVER_EVENTS), as jd_store_recover documents.
+ * *rows counts the rows handed to fn. Returns the SQLite rc of the read
+ * (SQLITE_DONE when it ended or fn stopped it); *stop_rc is fn's non-zero
+ * return, if any. Resets js. */
+static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *const *js, int nst,
+                                 jd_store_job_fn fn, void *arg, size_t *rows, int *stop_rc)
 {
-    struct jd_rconn *c;
-    int rc = rconn_get(s, &c);
-    if (rc)
-        return rc;
-    /* One read transaction: jobs and their events from the same snapshot. */
-    int src = sqlite3_step(c->st[RS_BEGIN]);
-    sqlite3_reset(c->st[RS_BEGIN]);
-    if (src != SQLITE_DONE) {
-        rconn_put(s, c);
-        return step_rc(src);
-    }
-    sqlite3_stmt *js = c->st[RS_ACTIVE], *es = c->st[RS_RECOVER_EVENTS];
+    sqlite3_stmt *es = c->st[RS_RECOVER_EVENTS];
     size_t cap = 16;
     struct jd_job_event *ev = jd_xcalloc(cap, sizeof *ev);
-    bool stopped = false;
-    int stop_rc = 0;
-    while (!stopped && (src = sqlite3_step(js)) == SQLITE_ROW) {
+    int src[2] = {SQLITE_DONE, SQLITE_DONE}, out = SQLITE_DONE;
+    for (int i = 0; i < nst; i++)
+        src[i] = sqlite3_step(js[i]);
+    for (;;) {
+        int pick = -1;
+        for (int i = 0; i < nst; i++) {
+            if (src[i] != SQLITE_ROW && src[i] != SQLITE_DONE)
+                out = src[i];
+            else if (src[i] == SQLITE_ROW && (pick < 0 || sqlite3_column_int64(js[i], 0) <
+                                                              sqlite3_column_int64(js[pick], 0)))
+                pick = i;
+        }
+        if (out != SQLITE_DONE || pick < 0)
+            break;
         struct jd_job job;
-        row_to_job(js, &job);
+        row_to_job(js[pick], &job);
         sqlite3_bind_int64(es, 1, job.id);
         size_t k = 0;
         int erc;
@@ -982,27 +1016,131 @@ int jd_store_recover(struct jd_store *s,
             row_to_event(es, &ev[k++]);
         }
         sqlite3_reset(es);
-        if (erc != SQLITE_DONE) {
-            src = erc;
-        } else if ((stop_rc = fn(arg, &job, ev, k)) != 0) {
-            stopped = true;
-            src = SQLITE_DONE;
+        if (erc == SQLITE_DONE) {
+            (*rows)++;
+            *stop_rc = fn(arg, &job, ev, k);
         }
         for (size_t i = 0; i < k; i++)
             free(ev[i].data);
         jd_job_clear(&job);
-        if (erc != SQLITE_DONE)
+        if (erc != SQLITE_DONE) {
+            out = erc;
             break;
+        }
+        if (*stop_rc)
+            break;
+        src[pick] = sqlite3_step(js[pick]);
     }
     free(ev);
-    rc = step_rc(src);
+    for (int i = 0; i < nst; i++)
+        sqlite3_reset(js[i]);
+    return out;
+}
+
+/* A read connection in a read transaction, so jobs and their events come
+ * from one snapshot (ended by read_end): 0 or a JD_E* code. */
+static int read_begin(struct jd_store *s, struct jd_rconn **out)
+{
+    struct jd_rconn *c;
+    int rc = rconn_get(s, &c);
+    if (rc)
+        return rc;
+    int src = sqlite3_step(c->st[RS_BEGIN]);
+    sqlite3_reset(c->st[RS_BEGIN]);
+    if (src != SQLITE_DONE) {
+        rconn_put(s, c);
+        return step_rc(src);
+    }
+    *out = c;
+    return 0;
+}
+
+static int read_end(struct jd_store *s, struct jd_rconn *c, int src, int stop_rc)
+{
+    int rc = step_rc(src);
     if (rc == 0 && stop_rc < 0)
         rc = stop_rc; /* the callback's own error */
-    sqlite3_reset(js);
     sqlite3_step(c->st[RS_COMMIT]);
     sqlite3_reset(c->st[RS_COMMIT]);
     rconn_put(s, c);
     return rc;
+}
+
+/* Recovery reads: the statements `which` (nst of them, unbound), merged
+ * by id, each job with its events, in one snapshot. */
+static int recover_read(struct jd_store *s, const int *which, int nst, jd_store_job_fn fn,
+                        void *arg)
+{
+    struct jd_rconn *c;
+    int rc = read_begin(s, &c);
+    if (rc)
+        return rc;
+    size_t rows = 0;
+    int stop_rc = 0;
+    sqlite3_stmt *js[2];
+    for (int i = 0; i < nst; i++)
+        js[i] = c->st[which[i]];
+    int src = read_jobs_with_events(c, js, nst, fn, arg, &rows, &stop_rc);
+    return read_end(s, c, src, stop_rc);
+}
+
+int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
+{
+    static const int which[] = {RS_ACTIVE};
+    return recover_read(s, which, 1, fn, arg);
+}
+
+int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg)
+{
+    static const int which[] = {RS_RUNNING, RS_WAITING};
+    return recover_read(s, which, 2, fn, arg);
+}
+
+int jd_store_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,
+                         int64_t due_ms, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n)
+{
+    *n = 0;
+    if (!queue || limit < 1 || limit > JD_QUEUED_PAGE_MAX)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = read_begin(s, &c);
+    if (rc)
+        return rc;
+    int src = SQLITE_DONE, stop_rc = 0;
+    static const int which[2] = {RS_QUEUED_SAME, RS_QUEUED_LOWER};
+    for (int i = 0; i < 2 && src == SQLITE_DONE && !stop_rc && *n < limit; i++) {
+        sqlite3_stmt *st = c->st[which[i]];
+        sqlite3_bind_text(st, 1, queue, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, after.priority);
+        sqlite3_bind_int64(st, 3, after.id);
+        sqlite3_bind_int64(st, 4, due_ms);
+        sqlite3_bind_int64(st, 5, (int64_t)(limit - *n));
+        src = read_jobs_with_events(c, &st, 1, fn, arg, n, &stop_rc);
+        sqlite3_clear_bindings(st);
+    }
+    return read_end(s, c, src, stop_rc);
+}
+
+int jd_store_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t after_id,
+                          int64_t until_ms, unsigned limit, jd_store_job_fn fn, void *arg,
+                          size_t *n)
+{
+    *n = 0;
+    if (limit < 1 || limit > JD_QUEUED_PAGE_MAX)
+        return JD_EINVAL;
+    struct jd_rconn *c;
+    int rc = read_begin(s, &c);
+    if (rc)
+        return rc;
+    int stop_rc = 0;
+    sqlite3_stmt *st = c->st[RS_QUEUED_LATER];
+    sqlite3_bind_int64(st, 1, after_run_at_ms);
+    sqlite3_bind_int64(st, 2, after_id);
+    sqlite3_bind_int64(st, 3, until_ms);
+    sqlite3_bind_int64(st, 4, limit);
+    int src = read_jobs_with_events(c, &st, 1, fn, arg, n, &stop_rc);
+    sqlite3_clear_bindings(st);
+    return read_end(s, c, src, stop_rc);
 }
 
 /* The text columns of a read statement's rows, two (cols 2) or one per

@@ -413,10 +413,44 @@ int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, c
  * and its events of kind dispatch, complete, message and cancel, ascending
  * seq. Borrowed for the call. Stops early if fn returns non-zero
  * (returning that value if it is negative, else 0). */
-int jd_store_recover(struct jd_store *s,
-                     int (*fn)(void *arg, const struct jd_job *job,
-                               const struct jd_job_event *events, size_t n),
-                     void *arg);
+typedef int (*jd_store_job_fn)(void *arg, const struct jd_job *job,
+                               const struct jd_job_event *events, size_t n);
+int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg);
+
+/* The started (running and waiting) jobs only, as jd_store_recover reads
+ * them (ascending id, same fn and return): recovery with the queued-job
+ * window, which pages queued jobs in per queue instead. */
+int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg);
+
+/* The queued-job window (issue 17, item 4). A queued job's place in its
+ * queue's run order: priority descending, then id ascending (the order of
+ * the ready lists in server/jobs_admit.c). JD_QUEUED_START ranks before
+ * every job. */
+struct jd_queued_pos {
+    int64_t priority, id;
+};
+#define JD_QUEUED_START ((struct jd_queued_pos){INT64_MAX, 0})
+#define JD_QUEUED_PAGE_MAX 10000
+
+/* At most limit (1..JD_QUEUED_PAGE_MAX) queued jobs of queue ranked after
+ * `after`, in run order, leaving out those with run_at_ms > due_ms (pass
+ * INT64_MAX for all; the left-out ones come through jd_store_queued_later).
+ * fn as for jd_store_recover (each job with its events of kind > 0, one
+ * snapshot for the page); *n counts the jobs handed to fn. The job's
+ * priority and id are the next page's `after`. Jobs not yet due are
+ * skipped inside the index (run_at_ms is one of its columns), without
+ * reading their rows. 0, fn's negative return, or a JD_E* code. */
+int jd_store_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,
+                         int64_t due_ms, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+
+/* At most limit (1..JD_QUEUED_PAGE_MAX) queued jobs of every queue that
+ * were scheduled for later (run_at_ms > created_ms: a delay, a run_at or a
+ * retry), ordered by (run_at_ms, id) after (after_run_at_ms, after_id)
+ * and due by until_ms. fn, *n and the return as jd_store_queued_page. With
+ * limit 1 and until_ms INT64_MAX it finds the next one due. */
+int jd_store_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t after_id,
+                          int64_t until_ms, unsigned limit, jd_store_job_fn fn, void *arg,
+                          size_t *n);
 
 /* Unique keys held (recovery): fn(arg, key, job_id, expires_ms) for each,
  * borrowed for the call. 0 or a JD_E* code. */

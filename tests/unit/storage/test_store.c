@@ -886,6 +886,210 @@ static void test_recover_returns_non_terminal_jobs_with_their_history(void **sta
     assert_int_equal(log.n, 1);
 }
 
+static void test_recover_started_merges_running_and_waiting_by_id(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    /* states by id: waiting, queued, running, succeeded, waiting, running */
+    static const enum jd_job_state st[] = {JD_JOB_WAITING,   JD_JOB_QUEUED,  JD_JOB_RUNNING,
+                                           JD_JOB_SUCCEEDED, JD_JOB_WAITING, JD_JOB_RUNNING};
+    int64_t id[6];
+    for (int i = 0; i < 6; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+        id[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+        if (st[i] != JD_JOB_QUEUED)
+            assert_int_equal(change_state_wait(f->s, j.id, st[i], &r), 0);
+    }
+    assert_int_equal(event_wait(f->s, id[4], JD_EVK_MESSAGE, 0, "{\"topic\":\"t\"}", &r), 0);
+    struct rec_log log;
+    memset(&log, 0, sizeof log);
+    assert_int_equal(jd_store_recover_started(f->s, rec_fn, &log), 0);
+    assert_int_equal(log.n, 4);
+    const int want[] = {0, 2, 4, 5};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(log.ids[i], id[want[i]]);
+    assert_int_equal(log.nev[2], 1);
+    assert_int_equal(log.kinds[2][0], JD_EVK_MESSAGE);
+    memset(&log, 0, sizeof log);
+    log.stop_after = 3;
+    assert_int_equal(jd_store_recover_started(f->s, rec_fn, &log), -77);
+    assert_int_equal(log.n, 3);
+}
+
+/* ---- the queued-job window (issue 17 item 4) ---- */
+
+struct page_log {
+    int64_t ids[64], prio[64], run_at[64];
+    size_t nev[64];
+    int n;
+    int stop_at;
+};
+
+static int page_fn(void *arg, const struct jd_job *job, const struct jd_job_event *ev, size_t n)
+{
+    struct page_log *l = arg;
+    (void)ev;
+    assert_true(l->n < 64);
+    assert_int_equal(job->state, JD_JOB_QUEUED);
+    assert_non_null(job->definition);
+    l->ids[l->n] = job->id;
+    l->prio[l->n] = job->priority;
+    l->run_at[l->n] = job->run_at_ms;
+    l->nev[l->n] = n;
+    l->n++;
+    return l->stop_at && l->n >= l->stop_at ? -5 : 0;
+}
+
+static int64_t insert_queued(struct jd_store *s, const char *queue, int64_t prio, int64_t created,
+                             int64_t run_at)
+{
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(s), queue, NULL);
+    j.priority = prio;
+    j.created_ms = created;
+    j.run_at_ms = run_at;
+    assert_int_equal(insert_wait(s, &j, NULL, &r), 0);
+    return j.id;
+}
+
+/* Reads the whole queue a page of `limit` at a time into l. */
+static void read_queue_in_pages(struct jd_store *s, const char *queue, int64_t due, unsigned limit,
+                                struct page_log *l)
+{
+    memset(l, 0, sizeof *l);
+    struct jd_queued_pos after = JD_QUEUED_START;
+    for (;;) {
+        int before = l->n;
+        size_t n;
+        assert_int_equal(jd_store_queued_page(s, queue, after, due, limit, page_fn, l, &n), 0);
+        assert_int_equal((int)n, l->n - before);
+        assert_true(n <= limit);
+        if (n == 0)
+            break;
+        after.priority = l->prio[l->n - 1];
+        after.id = l->ids[l->n - 1];
+    }
+}
+
+static void test_queued_page_reads_a_queue_in_run_order_across_pages(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    /* q: priorities 0, 5, -3, 5, 0, 9, 0, -3 in id order; one started,
+     * one finished, one delayed; another queue interleaved */
+    static const int64_t prios[] = {0, 5, -3, 5, 0, 9, 0, -3};
+    int64_t id[8];
+    for (int i = 0; i < 8; i++) {
+        id[i] = insert_queued(f->s, "q", prios[i], 1000, 1000);
+        insert_queued(f->s, "other", 100, 1000, 1000);
+    }
+    int64_t started = insert_queued(f->s, "q", 50, 1000, 1000);
+    assert_int_equal(change_state_wait(f->s, started, JD_JOB_RUNNING, &r), 0);
+    int64_t done = insert_queued(f->s, "q", 50, 1000, 1000);
+    assert_int_equal(change_state_wait(f->s, done, JD_JOB_SUCCEEDED, &r), 0);
+    int64_t later = insert_queued(f->s, "q", 5, 1000, 9000);
+    /* a message to a queued job comes with it */
+    assert_int_equal(event_wait(f->s, id[2], JD_EVK_MESSAGE, 0, "{\"topic\":\"t\"}", &r), 0);
+
+    /* run order: 9, then 5 by id (the delayed one last), 0 by id, -3 by id */
+    const int64_t want[] = {id[5], id[1], id[3], later, id[0], id[4], id[6], id[2], id[7]};
+    const size_t nwant = sizeof want / sizeof want[0];
+    struct page_log l;
+    for (unsigned limit = 1; limit <= 10; limit++) {
+        read_queue_in_pages(f->s, "q", INT64_MAX, limit, &l);
+        assert_int_equal(l.n, (int)nwant);
+        for (size_t i = 0; i < nwant; i++)
+            assert_int_equal(l.ids[i], want[i]);
+    }
+    assert_int_equal(l.nev[7], 1); /* id[2]'s message */
+    assert_int_equal(l.nev[0], 0);
+
+    /* not yet due: left out, the order of the rest unchanged */
+    read_queue_in_pages(f->s, "q", 8999, 2, &l);
+    assert_int_equal(l.n, (int)nwant - 1);
+    for (int i = 0, k = 0; i < (int)nwant; i++)
+        if (want[i] != later)
+            assert_int_equal(l.ids[k++], want[i]);
+
+    /* a page starts strictly after its cursor */
+    size_t n;
+    memset(&l, 0, sizeof l);
+    struct jd_queued_pos at = {5, id[3]};
+    assert_int_equal(jd_store_queued_page(f->s, "q", at, INT64_MAX, 2, page_fn, &l, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(l.ids[0], later);
+    assert_int_equal(l.ids[1], id[0]);
+
+    /* the callback stops a page; its error is returned */
+    memset(&l, 0, sizeof l);
+    l.stop_at = 2;
+    assert_int_equal(
+        jd_store_queued_page(f->s, "q", JD_QUEUED_START, INT64_MAX, 5, page_fn, &l, &n), -5);
+    assert_int_equal(l.n, 2);
+
+    /* a job that starts leaves the order; an unknown queue has none */
+    assert_int_equal(change_state_wait(f->s, id[5], JD_JOB_RUNNING, &r), 0);
+    read_queue_in_pages(f->s, "q", INT64_MAX, 4, &l);
+    assert_int_equal(l.n, (int)nwant - 1);
+    assert_int_equal(l.ids[0], id[1]);
+    read_queue_in_pages(f->s, "nope", INT64_MAX, 4, &l);
+    assert_int_equal(l.n, 0);
+
+    /* bad arguments */
+    assert_int_equal(
+        jd_store_queued_page(f->s, "q", JD_QUEUED_START, INT64_MAX, 0, page_fn, &l, &n), JD_EINVAL);
+    assert_int_equal(jd_store_queued_page(f->s, "q", JD_QUEUED_START, INT64_MAX,
+                                          JD_QUEUED_PAGE_MAX + 1, page_fn, &l, &n),
+                     JD_EINVAL);
+    assert_int_equal(
+        jd_store_queued_page(f->s, NULL, JD_QUEUED_START, INT64_MAX, 5, page_fn, &l, &n),
+        JD_EINVAL);
+}
+
+static void test_queued_later_reads_delayed_jobs_by_due_time(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    insert_queued(f->s, "a", 0, 1000, 1000); /* not delayed */
+    int64_t a3 = insert_queued(f->s, "a", 0, 1000, 3000);
+    int64_t b2 = insert_queued(f->s, "b", 7, 1000, 2000);
+    int64_t a2 = insert_queued(f->s, "a", -1, 1000, 2000);
+    int64_t b9 = insert_queued(f->s, "b", 0, 1000, 9000);
+    int64_t gone = insert_queued(f->s, "b", 0, 1000, 1500);
+    assert_int_equal(change_state_wait(f->s, gone, JD_JOB_CANCELLED, &r), 0);
+
+    struct page_log l;
+    memset(&l, 0, sizeof l);
+    size_t n;
+    /* all, one page */
+    assert_int_equal(jd_store_queued_later(f->s, 0, 0, INT64_MAX, 10, page_fn, &l, &n), 0);
+    assert_int_equal(n, 4);
+    const int64_t want[] = {b2, a2, a3, b9};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(l.ids[i], want[i]);
+    /* pages of one, from a cursor, bounded by the due time */
+    memset(&l, 0, sizeof l);
+    int64_t at = 0, aid = 0;
+    for (;;) {
+        assert_int_equal(jd_store_queued_later(f->s, at, aid, 3000, 1, page_fn, &l, &n), 0);
+        if (n == 0)
+            break;
+        at = l.run_at[l.n - 1];
+        aid = l.ids[l.n - 1];
+    }
+    assert_int_equal(l.n, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(l.ids[i], want[i]);
+    /* the next one due after the horizon */
+    memset(&l, 0, sizeof l);
+    assert_int_equal(jd_store_queued_later(f->s, 3000, a3, INT64_MAX, 1, page_fn, &l, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(l.ids[0], b9);
+    assert_int_equal(l.run_at[0], 9000);
+    assert_int_equal(jd_store_queued_later(f->s, 0, 0, INT64_MAX, 0, page_fn, &l, &n), JD_EINVAL);
+}
+
 static void test_ids_survive_reopen_and_are_never_reused(void **state)
 {
     struct fx *f = *state;
@@ -900,7 +1104,7 @@ static void test_ids_survive_reopen_and_are_never_reused(void **state)
     f->s = NULL;
     assert_int_equal(fx_open(f, false, 0), 0);
     assert_true(jd_store_next_id(f->s) > last);
-    assert_int_equal(jd_store_schema_version(), 9);
+    assert_int_equal(jd_store_schema_version(), 10);
 }
 
 static void test_stats_count_commits_records_and_latency(void **state)
@@ -1112,6 +1316,12 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_recover_returns_non_terminal_jobs_with_their_history,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_started_merges_running_and_waiting_by_id,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queued_page_reads_a_queue_in_run_order_across_pages,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queued_later_reads_delayed_jobs_by_due_time, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ids_survive_reopen_and_are_never_reused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_stats_count_commits_records_and_latency, setup,

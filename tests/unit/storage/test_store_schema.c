@@ -163,6 +163,12 @@ static void test_old_version_file_is_migrated_with_its_data(void **state)
     int active = 0;
     assert_int_equal(jd_store_recover(s, count_active, &active), 0);
     assert_int_equal(active, 3);
+    /* the queued-job window's index holds the old queued rows (schema 10) */
+    int queued = 0;
+    assert_int_equal(
+        jd_store_queued_page(s, "a", JD_QUEUED_START, INT64_MAX, 10, count_active, &queued, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(queued, 2);
     assert_true(jd_store_next_id(s) > 13);
     /* and the triggers keep counting after the migration */
     struct tres r;
