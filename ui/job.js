@@ -104,9 +104,10 @@ export function render(main, params) {
     const last = [...events].reverse().find((e) => e.kind === "progress");
     prog.hidden = false;
     replace(prog, h("div", { class: "spread" }, h("h2", {}, "Progress", last ? [" ", stepName(last.tag)] : null),
-      last ? h("span", { class: "muted small" }, last.data?.worker ? `from ${last.data.worker}, ` : "", timeEl(last.time, true)) : null),
-      f === null ? null : h("progress", { max: "1", value: String(f), "aria-label": `${Math.round(f * 100)} %` }),
-      f === null ? null : h("span", { class: "small" }, ` ${Math.round(f * 100)} %`),
+      last ? h("span", { class: "muted small" }, last.data?.worker ? `from ${last.data.worker} at ` : "at ",
+        h("time", { datetime: last.time, title: last.time }, new Date(last.time).toLocaleTimeString())) : null),
+      f === null ? null : h("div", { class: "bar" }, h("progress", { max: "1", value: String(f), "aria-label": `${Math.round(f * 100)} %` }),
+        h("span", { class: "small" }, `${Math.round(f * 100)} %`)),
       typeof p === "object" && p !== null ? jsonBlock(p) : h("p", { class: "mono", "data-progress": "" }, JSON.stringify(p)));
   }
 

@@ -362,6 +362,21 @@ async function mainPhase() {
       const shotRemote = await shoot(page, "job-remote");
       tap(shotRemote <= 0, "job (remote): no horizontal scrolling at 390 px", `overflows by ${shotRemote}px`);
       await cleanCheck(page, "job (remote)");
+      await check("job: progress that reads as a fraction shows as a bar; it goes when the task ends", async () => {
+        // A claim loop of our own (a second worker, "ui-test/1").
+        assert((await api("PUT", "/v1/commands/ui.resize", {})).status === 201, "PUT /v1/commands/ui.resize");
+        const id = await submit({ handler: "ui.resize", args: { w: 640 }, queue: "remote" });
+        const c = await api("POST", "/v1/tasks/claim", { commands: ["ui.resize"], worker: "ui-test/1", max: 1, wait_ms: 5000, lease_ms: 60000 });
+        const t = c.json?.tasks?.[0];
+        assert(t && t.job_id === id, `claim: ${c.status} ${JSON.stringify(c.json)}`);
+        await go(page, `#/jobs/${id}`);
+        await page.waitForSelector("h1 .state");
+        assert((await api("POST", `/v1/tasks/${t.id}/heartbeat`, { progress: { done: 3, total: 10 } })).status === 200, "heartbeat");
+        await page.waitForFunction(() => document.querySelector("#progress:not([hidden]) progress")?.value === 0.3 &&
+          /30 %/.test(document.querySelector("#progress").textContent) && /ui-test\/1/.test(document.querySelector("#progress").textContent), { timeout: 8000 });
+        assert((await api("POST", `/v1/tasks/${t.id}/complete`, { result: { w: 640 } })).status === 200, "complete");
+        await page.waitForFunction(() => document.querySelector("h1 .state")?.dataset.state === "succeeded" && document.querySelector("#progress").hidden, { timeout: 8000 });
+      });
       await check("jobs: a label filter is sent to the server and stays live", async () => {
         const id = await submit({ handler: "echo", args: {}, labels: { team: "z", env: "prod" } });
         await go(page, "#/jobs?label=team%3Dz%2C%20env%3Dprod");
