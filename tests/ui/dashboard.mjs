@@ -411,6 +411,12 @@ function startWorker() {
   const w = spawn("python3", [path, "--url", BASE, "--commands", "py.sleep", "--concurrency", "1",
     "--lease-ms", "3000", "--wait-ms", "1000"], { stdio: ["ignore", "ignore", "pipe"] });
   w.stderr.on("data", (d) => { if (process.env.JD_VERBOSE) process.stderr.write(d); });
+  w.on("error", (e) => console.log(`# cannot start the example worker: ${e.message}`));
+  // It would claim forever against a stopped server: it ends with us,
+  // however we end (test_ui.sh's timeout sends SIGTERM).
+  const end = () => { try { w.kill("SIGKILL"); } catch { /* gone */ } };
+  process.on("exit", end);
+  for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => { end(); process.exit(1); });
   return w;
 }
 
