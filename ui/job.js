@@ -9,6 +9,19 @@ import { what, duration, labelsEl } from "./jobs.js";
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const SHOWN = 500; // timeline rows kept on the page; older ones are summarised
 
+// 0..1 from a progress value that reads as one: a number (0..1, or a
+// percentage up to 100), or {percent}, {fraction}, {done|current, total}.
+function fraction(p) {
+  const ok = (x) => (typeof x === "number" && isFinite(x) ? Math.min(Math.max(x, 0), 1) : null);
+  if (typeof p === "number") return ok(p > 1 ? p / 100 : p);
+  if (!p || typeof p !== "object") return null;
+  if (typeof p.percent === "number") return ok(p.percent / 100);
+  if (typeof p.fraction === "number") return ok(p.fraction);
+  const done = p.done ?? p.current;
+  if (typeof done === "number" && typeof p.total === "number" && p.total > 0) return ok(done / p.total);
+  return null;
+}
+
 export function render(main, params) {
   const id = params.get("id");
   if (!/^[0-9]+$/.test(id)) {
@@ -23,7 +36,8 @@ export function render(main, params) {
   const tl = h("ol", { class: "timeline", id: "timeline", "aria-live": "polite" });
   const tlNote = h("p", { class: "muted" });
   const live = h("span", { class: "live" }, "connecting");
-  replace(main, title, actions,
+  const prog = h("section", { class: "progress-box", id: "progress", "aria-label": "Progress", hidden: true });
+  replace(main, title, actions, prog,
     h("div", { class: "grid" },
       h("section", { class: "panel", "aria-label": "Facts" }, h("h2", {}, "Details"), facts),
       h("section", { class: "panel", "aria-label": "Steps", id: "steps-panel" }, steps)),
@@ -78,6 +92,23 @@ export function render(main, params) {
       d.input !== undefined ? [h("h2", {}, "Input"), jsonBlock(d.input)] : null,
       jsonBlock(d, "Definition", 0));
     drawSteps();
+    drawProgress();
+  }
+
+  // A running remote step's latest progress (the worker's heartbeat), as a
+  // bar when it reads as a fraction, and as JSON.
+  function drawProgress() {
+    if (job.progress === undefined || TERMINAL.has(job.state)) { prog.hidden = true; return; }
+    const p = job.progress;
+    const f = fraction(p);
+    const last = [...events].reverse().find((e) => e.kind === "progress");
+    prog.hidden = false;
+    replace(prog, h("div", { class: "spread" }, h("h2", {}, "Progress", last ? [" ", stepName(last.tag)] : null),
+      last ? h("span", { class: "muted small" }, last.data?.worker ? `from ${last.data.worker} at ` : "at ",
+        h("time", { datetime: last.time, title: last.time }, new Date(last.time).toLocaleTimeString())) : null),
+      f === null ? null : h("div", { class: "bar" }, h("progress", { max: "1", value: String(f), "aria-label": `${Math.round(f * 100)} %` }),
+        h("span", { class: "small" }, `${Math.round(f * 100)} %`)),
+      typeof p === "object" && p !== null ? jsonBlock(p) : h("p", { class: "mono", "data-progress": "" }, JSON.stringify(p)));
   }
 
   // The buttons and the message form are made once and shown or hidden as
@@ -202,6 +233,8 @@ export function render(main, params) {
       case "dispatch": return [stepName(e.tag), `${d.command}`, d.attempt > 1 ? ` (attempt ${d.attempt})` : ""];
       case "complete": return [stepName(e.tag), d.error ? h("span", { class: "error" }, `error: ${d.error.message || JSON.stringify(d.error)}`) : h("span", { class: "muted" }, JSON.stringify(d.result ?? null).slice(0, 160))];
       case "message": return `topic "${d.topic}"`;
+      case "progress": return [stepName(e.tag), h("span", { class: "progress-data" }, JSON.stringify(d.progress ?? null).slice(0, 160)),
+        d.worker ? h("span", { class: "muted" }, ` · ${d.worker}`) : null];
       default: return h("span", { class: "muted" }, JSON.stringify(d).slice(0, 160));
     }
   }

@@ -66,6 +66,23 @@ function renderSummary(el, queues, stats) {
     tile("Failed (all time)", `${sum.failed}`, `${sum.succeeded} succeeded, ${sum.cancelled} cancelled`));
 }
 
+// The queue's controls (PUT /v1/queues/{q}) where set, with the live
+// numbers they cap: jobs holding a running slot (active), starts the rate
+// allows now.
+function controlChips(q) {
+  const out = [];
+  const chip = (key, label, value, title) => h("span", { class: "control", "data-control": key, title },
+    h("span", { class: "k" }, label), " ", h("strong", {}, value));
+  if (q.max_running)
+    out.push(chip("max_running", "running", `${q.active ?? 0} of max ${q.max_running}`, "jobs of this queue holding a running slot, and its max_running"));
+  if (q.rate)
+    out.push(chip("rate", "rate", [`${q.rate.limit} per ${q.rate.per}`, q.rate_available !== undefined ?
+      h("span", { class: "k" }, ` · ${q.rate_available} now`) : null], "starts allowed per period · starts allowed now"));
+  if (q.retention)
+    out.push(chip("retention", "retention", Object.entries(q.retention).map(([k, v]) => `${k} ${v}`).join(", "), "retention of ended jobs"));
+  return out;
+}
+
 function queueCard(name, refresh) {
   const title = h("span", {}, name);
   const paused = h("span");
@@ -73,8 +90,9 @@ function queueCard(name, refresh) {
   const counts = h("div", { class: "counts" });
   const chart = h("div");
   const foot = h("div", { class: "muted" });
+  const controls = h("div", { class: "controls" });
   const el = h("section", { class: "panel queue-card", "data-queue": name, "aria-label": `Queue ${name}` },
-    h("div", { class: "spread" }, h("h2", {}, title, paused), btn), counts, chart,
+    h("div", { class: "spread" }, h("h2", {}, title, paused), btn), controls, counts, chart,
     h("div", { class: "legend" }, h("span", {}, h("i", { class: "ok" }), "succeeded"),
       h("span", {}, h("i", { class: "bad" }), "failed"), h("span", {}, h("i", { class: "cx" }), "cancelled")),
     foot);
@@ -95,6 +113,7 @@ function queueCard(name, refresh) {
       class: "count", href: `#/jobs?queue=${encodeURIComponent(name)}&state=${st}`, "data-count": st,
       "aria-label": `${q.counts[st] || 0} ${st} in ${name}`,
     }, h("span", { class: "n" }, `${q.counts[st] || 0}`), h("span", { class: "l" }, badge(st)))));
+    replace(controls, controlChips(q));
     replace(chart, barChart(s, STEP, SECONDS));
     const tot = s?.totals || { succeeded: 0, failed: 0, cancelled: 0 };
     const ended = tot.succeeded + tot.failed + tot.cancelled;

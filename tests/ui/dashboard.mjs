@@ -7,6 +7,8 @@
 // Every page is also checked for console errors and CSP violations, and
 // screenshotted at 1280 and 390 px wide into SHOTS_DIR.
 import puppeteer from "puppeteer-core";
+import { spawn } from "node:child_process";
+import { fileURLToPath } from "node:url";
 
 const [phase, BASE, SHOTS] = process.argv.slice(2);
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
@@ -155,6 +157,13 @@ async function mainPhase() {
       const id = await submit({ handler: "echo", args: {}, queue: "held" });
       await page.waitForFunction((id) => document.querySelector('[data-queue="held"] [data-oldest] a')?.textContent === `#${id}`, { timeout: 8000 }, id);
     });
+    await check("overview: a queue's controls (max_running, rate) shown as set with PUT /v1/queues/{q}", async () => {
+      const r = await api("PUT", "/v1/queues/mail", { max_running: 3, rate: { limit: 20, per: "1s" } });
+      assert(r.status === 200, `PUT /v1/queues/mail: ${r.status} ${JSON.stringify(r.json)}`);
+      await page.waitForFunction(() => /max 3/.test(document.querySelector('[data-queue="mail"] [data-control="max_running"]')?.textContent || "") &&
+        /20 per 1s/.test(document.querySelector('[data-queue="mail"] [data-control="rate"]')?.textContent || ""), { timeout: 8000 });
+      assert(!(await page.$('[data-queue="default"] [data-control="max_running"]')), "a queue without controls shows max_running");
+    });
     const shotOverview = await shoot(page, "overview");
     tap(shotOverview <= 0, "overview: no horizontal scrolling at 390 px", `overflows by ${shotOverview}px`);
     await check("overview: pause a queue from the UI, it shows as paused and the API agrees", async () => {
@@ -300,21 +309,85 @@ async function mainPhase() {
     tap(shotSched <= 0, "schedules: no horizontal scrolling at 390 px", `overflows by ${shotSched}px`);
     await cleanCheck(page, "schedules");
 
-    // ---- workers and commands ----
+    // ---- workers and commands: a real worker (examples/workers/python) ----
     await go(page, "#/workers");
-    await check("workers: plugins listed; commands and workers shown, or 'not available' where the server lacks the routes", async () => {
+    await check("workers: plugins listed; no remote command yet", async () => {
       await page.waitForSelector("#plugins-table");
       assert((await text(page, "#plugins-table")).includes("echo"), "no echo plugin");
-      for (const key of ["commands", "workers"]) {
-        const status = (await api("GET", `/v1/${key}`)).status;
-        if (status === 404) await page.waitForSelector(`[data-na="${key}"]`, { timeout: 8000 });
-        else await page.waitForSelector(`#${key}-table, #${key} p.muted`, { timeout: 8000 });
-      }
+      await page.waitForSelector("#commands-none, #workers-none", { timeout: 8000 });
     });
-    const shotWorkers = await shoot(page, "workers");
-    tap(shotWorkers <= 0, "workers: no horizontal scrolling at 390 px", `overflows by ${shotWorkers}px`);
-    // The 404s of absent routes are the browser's log of answers the page handles.
-    await cleanCheck(page, "workers", /status of 404 .*\/v1\/(commands|workers)\)$/);
+    const worker = startWorker();
+    try {
+      const remote = [];
+      await check("workers: a worker's command, with its depth, in flight and the worker serving it", async () => {
+        await until("the worker to register py.sleep", async () => (await api("GET", "/v1/commands/py.sleep")).status === 200);
+        // One slot: one task in flight, two waiting.
+        for (let i = 0; i < 3; i++) remote.push(await submit({ handler: "py.sleep", args: { first_seconds: 60 }, queue: "remote" }));
+        await until("the worker to claim one", async () => (await api("GET", "/v1/commands/py.sleep")).json.in_flight === 1);
+        const row = 'tr[data-command="py.sleep"]';
+        await page.waitForFunction((row) => document.querySelector(`${row} [data-field="waiting"]`)?.textContent === "2" &&
+          document.querySelector(`${row} [data-field="in_flight"]`)?.textContent === "1", { timeout: 8000 }, row);
+        const w = (await api("GET", "/v1/workers")).json.workers;
+        assert(w.length === 1, `workers: ${JSON.stringify(w)}`);
+        await page.waitForFunction((row, name) => document.querySelector(`${row} [data-field="workers"]`)?.textContent.includes(name), { timeout: 8000 }, row, w[0].name);
+        assert((await text(page, row)).includes("sleeps args.seconds"), "no description");
+        assert(!/^—$/.test((await text(page, `${row} td[data-label="Oldest waiting"]`)).trim()), "no oldest waiting age");
+        // The command's name opens its jobs (GET /v1/jobs?handler=).
+        await page.click(`${row} td[data-label="Command"] a`);
+        await page.waitForFunction((want) => { const r = [...document.querySelectorAll("#jobs-table tbody tr")].map((x) => x.dataset.job); return r.length === 3 && want.every((w) => r.includes(w)); }, { timeout: 8000 }, remote);
+        await go(page, "#/workers");
+        await page.waitForSelector(row);
+      });
+      await check("workers: the worker listed with its command, its task in flight and when it was last seen", async () => {
+        const name = (await api("GET", "/v1/workers")).json.workers[0].name;
+        const row = `tr[data-worker="${name}"]`;
+        await page.waitForFunction((row) => document.querySelector(`${row} [data-field="in_flight"]`)?.textContent === "1", { timeout: 8000 }, row);
+        const t = await text(page, row);
+        assert(t.includes("py.sleep") && /ago/.test(t), t);
+      });
+      const shotWorkers = await shoot(page, "workers");
+      tap(shotWorkers <= 0, "workers: no horizontal scrolling at 390 px", `overflows by ${shotWorkers}px`);
+      await cleanCheck(page, "workers");
+
+      await check("job: a running remote task shows the worker's progress, and progress events in the timeline", async () => {
+        const id = await until("a job with progress", async () => {
+          for (const r of remote) if ((await api("GET", `/v1/jobs/${r}`)).json.progress) return r;
+          return null;
+        });
+        await go(page, `#/jobs/${id}`);
+        await page.waitForFunction(() => /left_s/.test(document.querySelector("#progress:not([hidden])")?.textContent || ""), { timeout: 8000 });
+        await page.waitForFunction(() => /left_s/.test(document.querySelector("#timeline li.k-progress")?.textContent || ""), { timeout: 8000 });
+        await page.waitForFunction(() => /from \S+\/\d+/.test(document.querySelector("#progress")?.textContent || ""), { timeout: 8000 });
+      });
+      const shotRemote = await shoot(page, "job-remote");
+      tap(shotRemote <= 0, "job (remote): no horizontal scrolling at 390 px", `overflows by ${shotRemote}px`);
+      await cleanCheck(page, "job (remote)");
+      await check("job: progress that reads as a fraction shows as a bar; it goes when the task ends", async () => {
+        // A claim loop of our own (a second worker, "ui-test/1").
+        assert((await api("PUT", "/v1/commands/ui.resize", {})).status === 201, "PUT /v1/commands/ui.resize");
+        const id = await submit({ handler: "ui.resize", args: { w: 640 }, queue: "remote" });
+        const c = await api("POST", "/v1/tasks/claim", { commands: ["ui.resize"], worker: "ui-test/1", max: 1, wait_ms: 5000, lease_ms: 60000 });
+        const t = c.json?.tasks?.[0];
+        assert(t && t.job_id === id, `claim: ${c.status} ${JSON.stringify(c.json)}`);
+        await go(page, `#/jobs/${id}`);
+        await page.waitForSelector("h1 .state");
+        assert((await api("POST", `/v1/tasks/${t.id}/heartbeat`, { progress: { done: 3, total: 10 } })).status === 200, "heartbeat");
+        await page.waitForFunction(() => document.querySelector("#progress:not([hidden]) progress")?.value === 0.3 &&
+          /30 %/.test(document.querySelector("#progress").textContent) && /ui-test\/1/.test(document.querySelector("#progress").textContent), { timeout: 8000 });
+        assert((await api("POST", `/v1/tasks/${t.id}/complete`, { result: { w: 640 } })).status === 200, "complete");
+        await page.waitForFunction(() => document.querySelector("h1 .state")?.dataset.state === "succeeded" && document.querySelector("#progress").hidden, { timeout: 8000 });
+      });
+      await check("jobs: a label filter is sent to the server and stays live", async () => {
+        const id = await submit({ handler: "echo", args: {}, labels: { team: "z", env: "prod" } });
+        await go(page, "#/jobs?label=team%3Dz%2C%20env%3Dprod");
+        await page.waitForFunction((id) => { const r = [...document.querySelectorAll("#jobs-table tbody tr")].map((x) => x.dataset.job); return r.length === 1 && r[0] === id; }, { timeout: 8000 }, id);
+        const id2 = await submit({ handler: "echo", args: {}, labels: { team: "z", env: "prod" } });
+        await page.waitForFunction((id) => document.querySelector("#jobs-table tbody tr")?.dataset.job === id, { timeout: 8000 }, id2);
+      });
+      for (const r of remote) await api("POST", `/v1/jobs/${r}/cancel`);
+    } finally {
+      worker.kill("SIGKILL");
+    }
 
     await check("dark mode follows prefers-color-scheme", async () => {
       await page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
@@ -329,6 +402,22 @@ async function mainPhase() {
   } finally {
     await browser.close();
   }
+}
+
+// The Python example worker, serving py.sleep with one slot; heartbeats
+// (with progress) every second.
+function startWorker() {
+  const path = fileURLToPath(new URL("../../examples/workers/python/worker.py", import.meta.url));
+  const w = spawn("python3", [path, "--url", BASE, "--commands", "py.sleep", "--concurrency", "1",
+    "--lease-ms", "3000", "--wait-ms", "1000"], { stdio: ["ignore", "ignore", "pipe"] });
+  w.stderr.on("data", (d) => { if (process.env.JD_VERBOSE) process.stderr.write(d); });
+  w.on("error", (e) => console.log(`# cannot start the example worker: ${e.message}`));
+  // It would claim forever against a stopped server: it ends with us,
+  // however we end (test_ui.sh's timeout sends SIGTERM).
+  const end = () => { try { w.kill("SIGKILL"); } catch { /* gone */ } };
+  process.on("exit", end);
+  for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => { end(); process.exit(1); });
+  return w;
 }
 
 async function tokenPhase() {
