@@ -219,6 +219,14 @@ static enum MHD_Result answer_batch(struct jd_req *r, const char *json)
     return http_respond_json(r, 201, json ? json : "{}", NULL, NULL);
 }
 
+/* The traceparent header, or NULL when absent or invalid (the W3C spec
+ * asks that an invalid one be ignored). */
+static const char *trace_header(struct jd_req *r)
+{
+    const char *tp = http_header(r, "traceparent");
+    return tp != NULL && jd_traceparent_valid(tp) ? tp : NULL;
+}
+
 static int start_submit(struct jd_req *r, struct jd_error *err)
 {
     return jd_jobs_submit_traced(http_jobs_of(r->h), r->body ? r->body : "", r->len, r->idem_key,
@@ -237,21 +245,19 @@ enum MHD_Result route_job_submit(struct jd_req *r)
                                     "reserved for schedules",
                                     NULL);
     r->idem_key = key;
-    /* W3C trace context: an invalid traceparent is ignored, as the spec asks */
-    r->traceparent = http_header(r, "traceparent");
-    if (r->traceparent != NULL && !jd_traceparent_valid(r->traceparent))
-        r->traceparent = NULL;
+    r->traceparent = trace_header(r);
     return http_async_run(r, start_submit, answer_submitted);
 }
 
 static int start_batch(struct jd_req *r, struct jd_error *err)
 {
-    return jd_jobs_submit_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
-                                http_on_submit_done, r, err);
+    return jd_jobs_submit_batch_traced(http_jobs_of(r->h), r->body ? r->body : "", r->len,
+                                       r->traceparent, http_on_submit_done, r, err);
 }
 
 enum MHD_Result route_job_batch(struct jd_req *r)
 {
+    r->traceparent = trace_header(r);
     return http_async_run(r, start_batch, answer_batch);
 }
 

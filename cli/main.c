@@ -125,15 +125,38 @@ static int get_job(const char *id, int64_t wait_ms, int waiting)
 }
 
 static const char usage_submit[] =
-    "usage: jackdaw submit FILE|- [--wait [DUR]]\n"
+    "usage: jackdaw submit FILE|- [--wait [DUR]] [--traceparent TP]\n"
     "Submit the job in FILE (or stdin for -), e.g. {\"handler\":\"echo\",\"args\":{}}.\n"
     "Prints the new job's id (--json: the job). --wait (default 1h) waits for it\n"
     "to end and prints it; exit 4 when it failed or was cancelled, 5 when the\n"
-    "wait ended first.\n";
+    "wait ended first. --traceparent TP stores the W3C trace context TP on the\n"
+    "job (over the file's own), e.g. --traceparent \"$TRACEPARENT\" inside a\n"
+    "program that `jackdaw work` runs.\n";
+
+/* body with its "traceparent" member set to tp (the server checks it: 422
+ * at /traceparent when malformed). A body that is not a JSON object is
+ * returned as it is, for the server to refuse. Takes and returns a
+ * malloc'd string. */
+static char *with_traceparent(char *body, const char *tp)
+{
+    cJSON *o = cJSON_Parse(body);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return body;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "traceparent");
+    cJSON_AddStringToObject(o, "traceparent", tp);
+    char *out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!out)
+        return body;
+    free(body);
+    return out;
+}
 
 static int cmd_submit(int argc, char **argv)
 {
-    const char *file = NULL;
+    const char *file = NULL, *traceparent = NULL;
     int waiting = 0;
     int64_t wait_ms = 3600 * 1000;
     for (int i = 1; i < argc; i++) {
@@ -144,6 +167,8 @@ static int cmd_submit(int argc, char **argv)
             if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9')
                 if (jd_cli_parse_dur(argv[++i], &wait_ms) != 0)
                     return JD_EX_USAGE;
+        } else if (strcmp(argv[i], "--traceparent") == 0 && i + 1 < argc) {
+            traceparent = argv[++i];
         } else if (!file) {
             file = argv[i];
         } else {
@@ -155,6 +180,8 @@ static int cmd_submit(int argc, char **argv)
     char *body = jd_cli_read_file(file);
     if (!body)
         return JD_EX_USAGE;
+    if (traceparent)
+        body = with_traceparent(body, traceparent);
     cJSON *job = NULL;
     char *raw = NULL;
     int ex = jd_cli_call("POST", "/v1/jobs", body, 60, &job, &raw);

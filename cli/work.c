@@ -4,7 +4,8 @@
  * task's args as JSON on stdin, and reports its stdout as the result (JSON
  * when it parses, else the text as a JSON string) or its non-zero exit as a
  * failure (75, EX_TEMPFAIL, is retryable; other codes are not; the tail of
- * stderr goes into the message).
+ * stderr goes into the message). A task's "traceparent" (W3C trace context
+ * of its job) is the program's TRACEPARENT variable.
  *
  * Concurrency: a small pool of threads, one per slot (--concurrency). Each
  * slot is a plain loop (claim one, spawn, poll the child's pipes with the
@@ -126,9 +127,31 @@ static void out_add(struct run *r, const char *d, size_t n)
     r->out_len += n;
 }
 
+/* The program's environment: ours with TRACEPARENT set to the task's W3C
+ * trace context, or without TRACEPARENT when the task has none (the
+ * program's parent span is its job's, never one this worker inherited).
+ * The array borrows environ's strings (no thread changes environ); free it
+ * and *own. */
+static char **task_env(const char *traceparent, char **own)
+{
+    size_t n = 0, k = 0;
+    while (environ[n])
+        n++;
+    char **env = jd_xcalloc(n + 2, sizeof *env);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "TRACEPARENT=", 12) != 0)
+            env[k++] = environ[i];
+    *own = traceparent ? jd_xasprintf("TRACEPARENT=%s", traceparent) : NULL;
+    if (*own)
+        env[k++] = *own;
+    return env;
+}
+
 /* Run the program for one task, heartbeating; fills r. Returns 0, or -1 when
- * the program could not be started (r->tail says why). */
-static int run_task(const struct work_cfg *w, const char *tid, const char *args, struct run *r)
+ * the program could not be started (r->tail says why). traceparent: the
+ * task's, or NULL. */
+static int run_task(const struct work_cfg *w, const char *tid, const char *args,
+                    const char *traceparent, struct run *r)
 {
     int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int ret = -1;
@@ -146,7 +169,11 @@ static int run_task(const struct work_cfg *w, const char *tid, const char *args,
     sigemptyset(&none);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-    int e = posix_spawnp(&pid, w->prog[0], &fa, &at, w->prog, environ);
+    char *tp_var;
+    char **env = task_env(traceparent, &tp_var);
+    int e = posix_spawnp(&pid, w->prog[0], &fa, &at, w->prog, env);
+    free(env);
+    free(tp_var);
     if (e != 0) {
         r->tail_len =
             (size_t)snprintf(r->tail, sizeof r->tail, "cannot run %s: %s", w->prog[0], strerror(e));
@@ -303,7 +330,8 @@ static void *slot_main(void *arg)
             const cJSON *a = cJSON_GetObjectItem(t, "args");
             char *args = a ? cJSON_PrintUnformatted(a) : jd_xstrdup("null");
             struct run run = {0};
-            int started = run_task(w, etid, args, &run) == 0;
+            const char *tp = cJSON_GetStringValue(cJSON_GetObjectItem(t, "traceparent"));
+            int started = run_task(w, etid, args, tp, &run) == 0;
             if (!run.abandoned)
                 report_task(w, etid, &run, started);
             free(run.out);

@@ -18,7 +18,8 @@
     "tail of stderr. Heartbeats every third of the lease (default 60s); a cancelled\n"             \
     "job's program gets SIGTERM (SIGKILL 5 s later). SIGTERM/SIGINT drain: stop\n"                 \
     "claiming, finish running tasks, exit 0 (idle slots stop within 5 s).\n"                       \
-    "--concurrency N (1..256, default 1) runs up to N programs at once.\n"
+    "--concurrency N (1..256, default 1) runs up to N programs at once. A task\n"                  \
+    "whose job has a W3C traceparent gives it to PROGRAM as TRACEPARENT.\n"
 
 /* Run the worker; returns the exit code. conn is borrowed. */
 int jd_work_main(const struct jd_cli_conn *conn, int argc, char **argv);

@@ -159,6 +159,12 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
  * says which, e.g. "/jobs/3/handler"); one commit. */
 int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_submit_done_fn done,
                          void *arg, struct jd_error *err);
+/* As jd_jobs_submit_batch, with the request's W3C traceparent (NULL:
+ * none; an invalid one is ignored): stored on each job of the batch that
+ * has no "traceparent" of its own. */
+int jd_jobs_submit_batch_traced(struct jd_jobs *j, const char *body, size_t len,
+                                const char *traceparent, jd_submit_done_fn done, void *arg,
+                                struct jd_error *err);
 
 /* A job whose insert commits together with the caller's own write records
  * (e.g. a schedule's fire: its row update and history event), all or

@@ -415,6 +415,10 @@ void jobs_notify_start(struct jd_jobs *j, int64_t id, enum jd_job_state state, c
  * args otherwise. Caller frees. */
 char *jobs_trace_args(const char *command, const char *args, const char *traceparent,
                       const char *exec_env_allow);
+/* The traceparent of job id (a copy, caller frees), or NULL when it has
+ * none or is not in the table. Takes mu: call without it (and without the
+ * tasks layer's tmu, which comes after mu). */
+char *jobs_trace_of_job(struct jd_jobs *j, int64_t id);
 
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */

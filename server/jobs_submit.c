@@ -139,6 +139,17 @@ static bool replaceable(const struct job *h)
            !h->finished;
 }
 
+/* The request's traceparent (if valid) into d, unless d has its own. */
+static void add_trace(struct jd_jobdef *d, const char *traceparent)
+{
+    if (!traceparent || d->traceparent || !jd_traceparent_valid(traceparent))
+        return;
+    cJSON *t = cJSON_AddStringToObject(d->root, "traceparent", traceparent);
+    d->traceparent = t ? t->valuestring : NULL;
+    free(d->text);
+    d->text = cJSON_PrintUnformatted(d->root);
+}
+
 int jd_jobs_submit(struct jd_jobs *j, const char *body, size_t len, const char *idempotency_key,
                    jd_submit_done_fn done, void *arg, struct jd_error *err)
 {
@@ -156,13 +167,7 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
         return rc;
     char fp[JD_SHA256_HEX_LEN + 1];
     fingerprint(d->text, fp);
-    if (traceparent && !d->traceparent && jd_traceparent_valid(traceparent)) {
-        /* After the fingerprint: the trace is not part of the request's identity. */
-        cJSON *t = cJSON_AddStringToObject(d->root, "traceparent", traceparent);
-        d->traceparent = t ? t->valuestring : NULL;
-        free(d->text);
-        d->text = cJSON_PrintUnformatted(d->root);
-    }
+    add_trace(d, traceparent); /* after the fingerprint: not part of the request's identity */
     if (idempotency_key) {
         int64_t existing = 0;
         char *efp = NULL;
@@ -305,12 +310,21 @@ int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_
 int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_submit_done_fn done,
                          void *arg, struct jd_error *err)
 {
+    return jd_jobs_submit_batch_traced(j, body, len, NULL, done, arg, err);
+}
+
+int jd_jobs_submit_batch_traced(struct jd_jobs *j, const char *body, size_t len,
+                                const char *traceparent, jd_submit_done_fn done, void *arg,
+                                struct jd_error *err)
+{
     jd_error_clear(err);
     struct jd_jobdef **defs = NULL;
     size_t n = 0;
     int rc = jd_jobdef_parse_batch(body, len, &j->limits, j->reg, &defs, &n, err);
     if (rc)
         return rc;
+    for (size_t k = 0; k < n; k++)
+        add_trace(defs[k], traceparent);
     for (size_t k = 0; k < n; k++) {
         if (!defs[k]->has_unique)
             continue;

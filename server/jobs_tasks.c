@@ -93,6 +93,7 @@ struct task {
     int64_t job_id;
     uint32_t tag, attempt;
     char *args, *key, *worker;
+    char *traceparent; /* the job's W3C trace context, or NULL (issue 19) */
     enum tstate st;
     bool live; /* in the hashes */
     int refs;  /* the hashes; a claim being committed */
@@ -372,6 +373,7 @@ static void task_free(struct task *k)
     free(k->args);
     free(k->key);
     free(k->worker);
+    free(k->traceparent);
     free(k);
 }
 
@@ -874,6 +876,7 @@ static void remote_handle(const struct jd_call_info *info)
     k->attempt = info->attempt;
     k->args = jd_xstrdup(info->args_json ? info->args_json : "{}");
     k->key = jd_xstrdup(info->idempotency_key);
+    k->traceparent = jobs_trace_of_job(j, job_id); /* takes mu: before tmu */
     k->created_ms = jd_wall_ms();
     k->refs = 1;
     pthread_mutex_lock(&t->mu);
@@ -1092,6 +1095,10 @@ static void render_task(struct jd_sbuf *b, const struct task *k)
     jd_sb_number(b, k->attempt);
     jd_sb_puts(b, ",\"idempotency_key\":");
     jd_sb_string(b, k->key);
+    if (k->traceparent) { /* the job's, unchanged: child spans are the worker's */
+        jd_sb_puts(b, ",\"traceparent\":");
+        jd_sb_string(b, k->traceparent);
+    }
     jd_sb_puts(b, ",\"lease_expires_at\":\"");
     jd_sb_puts(b, t);
     jd_sb_puts(b, "\"}");

@@ -2,11 +2,14 @@
  * W3C trace context on the calls a job makes: a job with a "traceparent"
  * (its own member, or the submit request's header) passes it to http calls
  * as the traceparent header and to exec calls as the TRACEPARENT variable,
- * unless the call's args already set one. The same value is passed on (no
- * new span id: Jackdaw does not record spans), so the receiver's spans are
- * children of the submitter's.
+ * unless the call's args already set one; a remote command's task shows it
+ * as its "traceparent" member (jobs_tasks.c reads it with
+ * jobs_trace_of_job when the task is made). The same value is passed on
+ * (no new span id: Jackdaw does not record spans), so the receiver's spans
+ * are children of the submitter's.
  *
- * Threading: any thread; pure functions.
+ * Threading: any thread; jobs_trace_args is pure, jobs_trace_of_job takes
+ * mu.
  */
 #include "server/jobs_impl.h"
 
@@ -57,4 +60,13 @@ char *jobs_trace_args(const char *command, const char *args, const char *tracepa
     char *out = cJSON_PrintUnformatted(a);
     cJSON_Delete(a);
     return out;
+}
+
+char *jobs_trace_of_job(struct jd_jobs *j, int64_t id)
+{
+    pthread_mutex_lock(&j->mu);
+    const struct job *jb = jobs_job_find(j, id);
+    char *tp = jb && jb->def && jb->def->traceparent ? jd_xstrdup(jb->def->traceparent) : NULL;
+    pthread_mutex_unlock(&j->mu);
+    return tp;
 }

@@ -185,11 +185,14 @@ case "$in" in
 *temp*) echo "try later" >&2; exit 75 ;;
 *bad*) echo "no such thing" >&2; exit 3 ;;
 *text*) echo plain words ;;
+*trace*) echo "\"${TRACEPARENT:-none}\"" ;;
 *) echo "$in" ;;
 esac
 SH
 chmod +x "$WORK/prog.sh"
-"$JDC" work --command clitest --concurrency 2 --lease 3s -- "$WORK/prog.sh" 2>"$WORK/work.err" &
+# The worker's own TRACEPARENT never reaches a program: only a task's does.
+TRACEPARENT=00-99999999999999999999999999999999-9999999999999999-01 \
+    "$JDC" work --command clitest --concurrency 2 --lease 3s -- "$WORK/prog.sh" 2>"$WORK/work.err" &
 WPID=$!
 for a in '{"n":1}' '{"text":1}' '{"bad":1}'; do
     echo "{\"handler\":\"clitest\",\"args\":$a}" >"$WORK/t.json"
@@ -202,6 +205,17 @@ OUT="$WORK/res.{\"text\":1}"
 check "work: text stdout is wrapped as a string" py "j['output'] == 'plain words'"
 OUT="$WORK/res.{\"bad\":1}"
 check "work: a non-zero exit fails with the stderr tail" py "j['state'] == 'failed' and 'no such thing' in json.dumps(j['error'])"
+TP=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+echo '{"handler":"clitest","args":{"trace":1}}' >"$WORK/t.json"
+run submit "$WORK/t.json" --traceparent "$TP" --wait 20s --json
+check "submit --traceparent: stored on the job; work gives it to the program as TRACEPARENT" \
+    py "j['definition']['traceparent'] == '$TP' and j['output'] == '$TP'"
+run submit "$WORK/t.json" --wait 20s --json
+check "work: a task without a traceparent runs without TRACEPARENT" \
+    py "j['state'] == 'succeeded' and 'traceparent' not in j['definition'] and j['output'] == 'none'"
+run submit "$WORK/t.json" --traceparent nope
+check "submit --traceparent with a malformed one: exit 1, 422 at /traceparent" \
+    eval 'rc_is 1 && err_has /traceparent'
 OUT=$WORK/out
 kill -TERM "$WPID"
 wait "$WPID"

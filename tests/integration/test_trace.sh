@@ -4,7 +4,10 @@
 # (header) and exec calls (TRACEPARENT), and shown in GET /v1/events; an
 # invalid header is ignored (as the spec asks); an invalid "traceparent"
 # member in the body is 422; the header is not part of the Idempotency-Key
-# fingerprint. Prints TAP.
+# fingerprint; a remote command's claimed task carries the job's
+# traceparent (and none when the job has none, even after a restart); the
+# header on POST /v1/jobs/batch applies to each job that has none of its
+# own. Prints TAP.
 # shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -65,5 +68,46 @@ submit '{"handler":"echo","args":{"k":1}}' -H 'Idempotency-Key: trace-1' \
     -H 'traceparent: 00-11111111111111111111111111111111-2222222222222222-01'
 check "a retried request with a new trace is the same request (Idempotent-Replayed)" \
     eval 'status_is 201 && header_has "Idempotent-Replayed: true" && [ "$(location_id)" = "$FIRST" ]'
+
+# remote commands: the claimed task carries the job's traceparent, unchanged
+claim_tp() {
+    req POST /v1/tasks/claim -H 'Content-Type: application/json' \
+        --data-binary '{"commands":["traced"],"max":1,"lease_ms":30000}'
+    python3 -c 'import json,sys; t=json.load(sys.stdin)["tasks"]; print(t[0]["job_id"], t[0].get("traceparent", "-"), t[0]["id"]) if t else print("none")' <<<"$BODY"
+}
+req PUT /v1/commands/traced -H 'Content-Type: application/json' --data-binary '{}'
+submit '{"handler":"traced","args":{}}' -H "traceparent: $TP"
+R1=$(location_id)
+read -r JID GOT T1 <<<"$(claim_tp)"
+check "a claimed task carries its job's traceparent" eval '[ "$JID" = "$R1" ] && [ "$GOT" = "$TP" ]'
+submit '{"handler":"traced","args":{}}'
+R2=$(location_id)
+read -r JID GOT T2 <<<"$(claim_tp)"
+check "a task whose job has no traceparent has no traceparent member" \
+    eval '[ "$JID" = "$R2" ] && [ "$GOT" = "-" ] && ! body_has traceparent'
+req POST "/v1/tasks/$T2/complete" -H 'Content-Type: application/json' --data-binary '{"result":1}'
+
+# after a restart the claimed task is offered again (attempt + 1): still traced
+stop_server
+start_server --exec-allow /usr/bin/env || exit 1
+read -r JID GOT T1 <<<"$(claim_tp)"
+check "after a restart the task offered again still carries the traceparent" \
+    eval '[ "$JID" = "$R1" ] && [ "$GOT" = "$TP" ]'
+req POST "/v1/tasks/$T1/complete" -H 'Content-Type: application/json' --data-binary '{"result":1}'
+
+# batch: the header applies to each job without a traceparent of its own
+OWN=00-11111111111111111111111111111111-2222222222222222-01
+req POST /v1/jobs/batch -H 'Content-Type: application/json' -H "traceparent: $TP" --data-binary \
+    "{\"jobs\":[{\"handler\":\"echo\",\"args\":{}},{\"handler\":\"echo\",\"args\":{},\"traceparent\":\"$OWN\"}]}"
+batch_tps() { python3 -c 'import json,sys; print(" ".join(j["definition"].get("traceparent","-") for j in json.load(sys.stdin)["jobs"]))' <<<"$BODY"; }
+check "batch: the header is stored on a job without its own, a job's own wins" \
+    eval 'status_is 201 && [ "$(batch_tps)" = "$TP $OWN" ]'
+req POST /v1/jobs/batch -H 'Content-Type: application/json' -H 'traceparent: nope' \
+    --data-binary '{"jobs":[{"handler":"echo","args":{}}]}'
+check "batch: an invalid header is ignored" eval 'status_is 201 && [ "$(batch_tps)" = "-" ]'
+req POST /v1/jobs/batch -H 'Content-Type: application/json' --data-binary \
+    '{"jobs":[{"handler":"echo","args":{}},{"handler":"echo","args":{},"traceparent":"nope"}]}'
+check "batch: an invalid traceparent member is 422 at /jobs/1/traceparent" \
+    eval 'is_problem 422 && body_has "\"pointer\":\"/jobs/1/traceparent\""'
 stop_server
 finish

@@ -3,7 +3,8 @@
 # only, and examples/workers/node/worker.mjs, Node's fetch) against a real
 # server: they register their commands, jobs that call them succeed (one
 # workflow uses both), failures reach the job (retryable ones retried),
-# progress shows on the job, a worker SIGKILLed mid-task has its task
+# progress shows on the job, a traced job's traceparent reaches the
+# handler, a worker SIGKILLed mid-task has its task
 # offered again after the lease (attempt 2, served by another worker), and
 # SIGTERM drains a worker to exit 0.
 # shellcheck disable=SC2016,SC2034,SC2119
@@ -74,6 +75,19 @@ if [ $HAVE_NODE = 1 ]; then
 else
     echo "# skip: no Node 18+ (the Node worker's checks)"
 fi
+
+# ---- the job's traceparent reaches the handler (the worker logs it) ----
+TP=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+traced() { # lang command
+    LANG_=$1 CMD_=$2
+    req POST /v1/jobs -H "$J" -H "traceparent: $TP" --data-binary "{\"handler\":\"$2\",\"args\":{\"text\":\"t\"}}"
+    JOB=$(py "print(j['id'])")
+    wait_job "$JOB"
+    check "$1: a traced job's task gives the handler its traceparent" \
+        eval 'py "assert j[\"state\"]==\"succeeded\"" && grep -q "$CMD_ traceparent $TP" "$WORK/$LANG_.log"'
+}
+traced py py.upper
+[ $HAVE_NODE = 1 ] && traced node node.reverse
 
 # ---- a worker SIGKILLed mid-task: its task is offered again after the lease ----
 kill_mid_task() { # lang cmd worker...

@@ -15,6 +15,12 @@
 // decides); anything else thrown fails the step. Effects are at-least-once:
 // task.idempotency_key ("<job_id>:<tag>") is the same for every attempt.
 //
+// Tracing: task.traceparent is the job's W3C trace context (undefined when
+// the job has none), exactly as the submitter sent it; Jackdaw records no
+// spans, so start your handler's span as its child, e.g. with OpenTelemetry:
+//   const ctx = propagation.extract(context.active(), { traceparent: task.traceparent });
+//   tracer.startActiveSpan(task.command, {}, ctx, async (span) => { ...; span.end(); });
+//
 // Concurrency: N independent async loops (claim one, run, report). SIGTERM
 // or SIGINT: stop claiming, finish the running tasks, exit 0.
 import os from "node:os";
@@ -130,6 +136,8 @@ class Worker {
   }
 
   async runOne(t) {
+    // where a traced worker starts its span (see the top)
+    if (t.traceparent) log(`task ${t.id} ${t.command} traceparent ${t.traceparent}`);
     const ac = new AbortController();
     const task = { ...t, signal: ac.signal, progress: undefined };
     const beat = setInterval(async () => {

@@ -16,6 +16,12 @@ any other exception fails the step. Effects are at-least-once: use
 task.idempotency_key ("<job_id>:<tag>", the same for every attempt) to make
 them safe to repeat.
 
+Tracing: task.traceparent is the job's W3C trace context (None when the
+job has none), exactly as the submitter sent it; Jackdaw records no spans,
+so start your handler's span as its child, e.g. with OpenTelemetry:
+    ctx = TraceContextTextMapPropagator().extract({"traceparent": task.traceparent})
+    with tracer.start_as_current_span(task.command, context=ctx): ...
+
 One thread per slot (--concurrency): claim one task, run it, report,
 repeat. SIGTERM/SIGINT: stop claiming, finish the running tasks, exit 0.
 """
@@ -59,6 +65,7 @@ class Task:
         self.job_id = t["job_id"]
         self.attempt = t["attempt"]
         self.idempotency_key = t["idempotency_key"]
+        self.traceparent = t.get("traceparent")  # the job's W3C trace context, or None
         self.cancelled = threading.Event()  # the job was cancelled, or the lease lost
         self.progress = None  # set it; the next heartbeat reports it
 
@@ -153,6 +160,8 @@ class Worker:
     def run_one(self, t):
         task = Task(t)
         fn = COMMANDS[task.command][0]
+        if task.traceparent:  # where a traced worker starts its span (see the top)
+            log("task", task.id, task.command, "traceparent", task.traceparent)
         done = threading.Event()
         hb = threading.Thread(target=self.heartbeat, args=(task, done), daemon=True)
         hb.start()

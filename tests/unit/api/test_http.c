@@ -193,6 +193,13 @@ int jd_jobs_submit_batch(struct jd_jobs *j, const char *body, size_t len, jd_sub
     return jd_jobs_submit(j, body, len, NULL, done, arg, err);
 }
 
+int jd_jobs_submit_batch_traced(struct jd_jobs *j, const char *body, size_t len,
+                                const char *traceparent, jd_submit_done_fn done, void *arg,
+                                struct jd_error *err)
+{
+    return jd_jobs_submit(j, body, len, NULL, done, arg, err);
+}
+
 int jd_jobs_validate(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err)
 {
     return 0;
