@@ -126,9 +126,36 @@ static void out_add(struct run *r, const char *d, size_t n)
     r->out_len += n;
 }
 
+/* The program's environment: the task's key, attempt and job first (getenv
+ * takes the first match, so ours win over inherited ones), then ours.
+ * Returns a NULL-ended array of strings; free with env_free. */
+static char **task_env(const cJSON *t)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = jd_xcalloc(n + 4, sizeof *env);
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(t, "idempotency_key"));
+    const char *job = cJSON_GetStringValue(cJSON_GetObjectItem(t, "job_id"));
+    const cJSON *att = cJSON_GetObjectItem(t, "attempt");
+    env[0] = jd_xasprintf("JACKDAW_IDEMPOTENCY_KEY=%s", key ? key : "");
+    env[1] = jd_xasprintf("JACKDAW_ATTEMPT=%d", cJSON_IsNumber(att) ? att->valueint : 0);
+    env[2] = jd_xasprintf("JACKDAW_JOB_ID=%s", job ? job : "");
+    memcpy(env + 3, environ, n * sizeof *env); /* borrowed; env_free keeps them */
+    return env;
+}
+
+static void env_free(char **env)
+{
+    for (int k = 0; k < 3; k++)
+        free(env[k]);
+    free(env);
+}
+
 /* Run the program for one task, heartbeating; fills r. Returns 0, or -1 when
  * the program could not be started (r->tail says why). */
-static int run_task(const struct work_cfg *w, const char *tid, const char *args, struct run *r)
+static int run_task(const struct work_cfg *w, const char *tid, const char *args, char **env,
+                    struct run *r)
 {
     int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int ret = -1;
@@ -146,7 +173,7 @@ static int run_task(const struct work_cfg *w, const char *tid, const char *args,
     sigemptyset(&none);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-    int e = posix_spawnp(&pid, w->prog[0], &fa, &at, w->prog, environ);
+    int e = posix_spawnp(&pid, w->prog[0], &fa, &at, w->prog, env);
     if (e != 0) {
         r->tail_len =
             (size_t)snprintf(r->tail, sizeof r->tail, "cannot run %s: %s", w->prog[0], strerror(e));
@@ -303,7 +330,9 @@ static void *slot_main(void *arg)
             const cJSON *a = cJSON_GetObjectItem(t, "args");
             char *args = a ? cJSON_PrintUnformatted(a) : jd_xstrdup("null");
             struct run run = {0};
-            int started = run_task(w, etid, args, &run) == 0;
+            char **env = task_env(t);
+            int started = run_task(w, etid, args, env, &run) == 0;
+            env_free(env);
             if (!run.abandoned)
                 report_task(w, etid, &run, started);
             free(run.out);
