@@ -337,6 +337,13 @@ static struct trec *trec_new(struct jd_jobs *j, enum jd_write_op op)
     return r;
 }
 
+struct trec *tasks_barrier(struct jd_jobs *j)
+{
+    struct trec *r = trec_new(j, JD_W_TASK_PUT);
+    jd_store_write_barrier(&r->w);
+    return r;
+}
+
 void tasks_trec_free(struct trec *r)
 {
     free(r->s1);

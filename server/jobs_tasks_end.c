@@ -241,7 +241,15 @@ static int end_task(struct jd_jobs *j, const char *id, const struct outcome_in *
         else
             k->cmd->failed++;
     }
-    struct trec *r = tasks_row(j, k, hrc == 0 ? JD_TASK_COMPLETED : JD_TASK_CANCELLED);
+    /* A completion writes no task row: the job's complete event (recorded
+     * by host->complete, just before) is the record, and the barrier
+     * answers once it is committed. The task's row stays "claimed", which
+     * the store reads as completed by that event (jd_store_task_state);
+     * replay only asks whether the attempt was claimed. A failure, rarer,
+     * keeps its row: a retried one leaves no event that says it ended. */
+    struct trec *r = hrc == 0 && oi->ok
+                         ? tasks_barrier(j)
+                         : tasks_row(j, k, hrc == 0 ? JD_TASK_COMPLETED : JD_TASK_CANCELLED);
     tasks_unref(k);
     pthread_mutex_unlock(&t->mu);
     if (hrc != 0) {

@@ -201,6 +201,9 @@ cJSON *tasks_parse_object(const char *body, size_t len, bool empty_ok, struct jd
 /* Under tmu (or not): a task row as k is now, for tasks_trec_submit or a
  * batch submit (then w.done = tasks_trec_done, w.arg = the record). */
 struct trec *tasks_row(struct jd_jobs *j, const struct task *k, enum jd_task_state st);
+/* A record that writes nothing, answered once everything submitted before
+ * it has committed (submitted like a row). */
+struct trec *tasks_barrier(struct jd_jobs *j);
 void tasks_trec_submit(struct trec *r);
 void tasks_trec_done(void *arg, struct jd_write *w, int rc);
 void tasks_trec_free(struct trec *r);
