@@ -127,31 +127,46 @@ static void out_add(struct run *r, const char *d, size_t n)
     r->out_len += n;
 }
 
-/* The program's environment: ours with TRACEPARENT set to the task's W3C
- * trace context, or without TRACEPARENT when the task has none (the
- * program's parent span is its job's, never one this worker inherited).
- * The array borrows environ's strings (no thread changes environ); free it
- * and *own. */
-static char **task_env(const char *traceparent, char **own)
+/* The program's environment: the task's key, attempt and job first (getenv
+ * takes the first match, so ours win over inherited ones), the task's W3C
+ * trace context as TRACEPARENT when it has one, then ours without any
+ * inherited TRACEPARENT (the program's parent span is its job's, never one
+ * this worker inherited). Returns a NULL-ended array of strings; free with
+ * env_free. */
+static char **task_env(const cJSON *t)
 {
-    size_t n = 0, k = 0;
+    size_t n = 0, k = 3;
     while (environ[n])
         n++;
-    char **env = jd_xcalloc(n + 2, sizeof *env);
-    for (size_t i = 0; i < n; i++)
+    char **env = jd_xcalloc(n + 5, sizeof *env);
+    const char *key = cJSON_GetStringValue(cJSON_GetObjectItem(t, "idempotency_key"));
+    const char *job = cJSON_GetStringValue(cJSON_GetObjectItem(t, "job_id"));
+    const char *tp = cJSON_GetStringValue(cJSON_GetObjectItem(t, "traceparent"));
+    const cJSON *att = cJSON_GetObjectItem(t, "attempt");
+    env[0] = jd_xasprintf("JACKDAW_IDEMPOTENCY_KEY=%s", key ? key : "");
+    env[1] = jd_xasprintf("JACKDAW_ATTEMPT=%d", cJSON_IsNumber(att) ? att->valueint : 0);
+    env[2] = jd_xasprintf("JACKDAW_JOB_ID=%s", job ? job : "");
+    if (tp)
+        env[k++] = jd_xasprintf("TRACEPARENT=%s", tp);
+    for (size_t i = 0; i < n; i++) /* borrowed; env_free keeps them */
         if (strncmp(environ[i], "TRACEPARENT=", 12) != 0)
             env[k++] = environ[i];
-    *own = traceparent ? jd_xasprintf("TRACEPARENT=%s", traceparent) : NULL;
-    if (*own)
-        env[k++] = *own;
     return env;
 }
 
+static void env_free(char **env)
+{
+    for (int k = 0; k < 3; k++)
+        free(env[k]);
+    if (env[3] && strncmp(env[3], "TRACEPARENT=", 12) == 0) /* ours: inherited ones were left out */
+        free(env[3]);
+    free(env);
+}
+
 /* Run the program for one task, heartbeating; fills r. Returns 0, or -1 when
- * the program could not be started (r->tail says why). traceparent: the
- * task's, or NULL. */
-static int run_task(const struct work_cfg *w, const char *tid, const char *args,
-                    const char *traceparent, struct run *r)
+ * the program could not be started (r->tail says why). */
+static int run_task(const struct work_cfg *w, const char *tid, const char *args, char **env,
+                    struct run *r)
 {
     int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
     int ret = -1;
@@ -169,11 +184,7 @@ static int run_task(const struct work_cfg *w, const char *tid, const char *args,
     sigemptyset(&none);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-    char *tp_var;
-    char **env = task_env(traceparent, &tp_var);
     int e = posix_spawnp(&pid, w->prog[0], &fa, &at, w->prog, env);
-    free(env);
-    free(tp_var);
     if (e != 0) {
         r->tail_len =
             (size_t)snprintf(r->tail, sizeof r->tail, "cannot run %s: %s", w->prog[0], strerror(e));
@@ -330,8 +341,9 @@ static void *slot_main(void *arg)
             const cJSON *a = cJSON_GetObjectItem(t, "args");
             char *args = a ? cJSON_PrintUnformatted(a) : jd_xstrdup("null");
             struct run run = {0};
-            const char *tp = cJSON_GetStringValue(cJSON_GetObjectItem(t, "traceparent"));
-            int started = run_task(w, etid, args, tp, &run) == 0;
+            char **env = task_env(t);
+            int started = run_task(w, etid, args, env, &run) == 0;
+            env_free(env);
             if (!run.abandoned)
                 report_task(w, etid, &run, started);
             free(run.out);

@@ -15,7 +15,9 @@
     "Claim tasks of command NAME and run PROGRAM once per task: the task's args as\n"              \
     "JSON on stdin, its stdout (JSON, or text as a JSON string) the result. A\n"                   \
     "non-zero exit fails the task (75, EX_TEMPFAIL, retryable; others not) with the\n"             \
-    "tail of stderr. Heartbeats every third of the lease (default 60s); a cancelled\n"             \
+    "tail of stderr. PROGRAM's environment adds JACKDAW_IDEMPOTENCY_KEY (the same\n"               \
+    "for every attempt: dedupe effects on it), JACKDAW_ATTEMPT and JACKDAW_JOB_ID.\n"              \
+    "Heartbeats every third of the lease (default 60s); a cancelled\n"                             \
     "job's program gets SIGTERM (SIGKILL 5 s later). SIGTERM/SIGINT drain: stop\n"                 \
     "claiming, finish running tasks, exit 0 (idle slots stop within 5 s).\n"                       \
     "--concurrency N (1..256, default 1) runs up to N programs at once. A task\n"                  \

@@ -14,7 +14,8 @@
  *   jobs_unique.c  unique keys: who holds one, taking and dropping, recovery
  *   jobs_watch.c   watches (change notification)
  *   jobs_read.c    JSON reads and counters
- *   jobs_tasks.c   remote commands and their tasks (tasks.h; own lock, after mu)
+ *   jobs_tasks*.c  remote commands and their tasks (tasks.h; own lock, after mu;
+ *                  split in four, see jobs_tasks_impl.h)
  *   render.c       JSON output
  *
  * Locking: one mutex, jd_jobs.mu, guards the table, the queues and ready

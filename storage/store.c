@@ -609,7 +609,16 @@ static const char *const read_sql[RS_N] = {
                          " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
     [RS_RCMD_LIST] = "SELECT name, timeout_ms, description, created_ms, updated_ms"
                      " FROM remote_commands ORDER BY name",
-    [RS_TASK_STATE] = "SELECT state, job_id FROM tasks WHERE id = ?1",
+    /* A claimed row whose attempt's completion is in the job's history
+     * (a complete event for its tag, no later attempt dispatched) reads as
+     * completed: completing a task writes no row of its own, the job's
+     * complete event is the record. */
+    [RS_TASK_STATE] = "SELECT CASE WHEN t.state = 1 AND EXISTS (SELECT 1 FROM events e"
+                      " WHERE e.job_id = t.job_id AND e.tag = t.tag AND e.kind = 2)"
+                      " AND NOT EXISTS (SELECT 1 FROM events d WHERE d.job_id = t.job_id"
+                      " AND d.tag = t.tag AND d.kind = 1"
+                      " AND json_extract(d.data, '$.attempt') > t.attempt)"
+                      " THEN 2 ELSE t.state END, t.job_id FROM tasks t WHERE t.id = ?1",
     [RS_TASK_CLAIMED] = "SELECT 1 FROM tasks WHERE job_id = ?1 AND tag = ?2 AND attempt = ?3",
     /* A page of a queue's queued jobs in run order after (?2 priority, ?3
      * id): the rest of ?2's priority, then the lower ones. Split in two
@@ -1384,6 +1393,11 @@ int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t 
     int rc = read_two_ints(s, RS_TASK_STATE, id, &st, job_id);
     *state = (int)st;
     return rc;
+}
+
+void jd_store_write_barrier(struct jd_write *w)
+{
+    w->op = JD_W_SYNC_;
 }
 
 int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,

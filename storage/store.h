@@ -518,8 +518,14 @@ struct jd_rcmd_row {
 int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n);
 void jd_rcmd_rows_free(struct jd_rcmd_row *rows, size_t n);
 /* The stored state of task `id` (enum jd_task_state) and its job:
- * JD_ENOENT if no row. */
+ * JD_ENOENT if no row. A claimed row whose attempt's completion is in the
+ * job's history reads as JD_TASK_COMPLETED. */
 int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t *job_id);
+
+/* Make w a barrier (sets w->op): submitted like any record, alone or with
+ * others, it writes nothing, and its done fires once every record submitted
+ * before it has been committed. */
+void jd_store_write_barrier(struct jd_write *w);
 
 /* Was attempt `attempt` of (job_id, tag) ever claimed (has a task row)?
  * 0 with *claimed set, or a JD_E* code. */

@@ -237,6 +237,8 @@ complete_all() {
     done
 }
 complete_all
+req POST "/v1/tasks/$OLD/complete" -H "$J" --data-binary '{"result":"from the dead"}'
+check "once attempt 2 completed, the old attempt's id still answers 409 lease_lost" eval 'is_problem 409 && py "assert j[\"reason\"]==\"lease_lost\""'
 claim '{"commands":["crashy"],"max":10,"wait_ms":5000}'
 check "the workflow's next step follows" py "assert [t['args']['n'] for t in j['tasks']]==[4]"
 complete_all

@@ -21,8 +21,12 @@
 //   const ctx = propagation.extract(context.active(), { traceparent: task.traceparent });
 //   tracer.startActiveSpan(task.command, {}, ctx, async (span) => { ...; span.end(); });
 //
-// Concurrency: N independent async loops (claim one, run, report). SIGTERM
-// or SIGINT: stop claiming, finish the running tasks, exit 0.
+// Concurrency: N independent async loops (claim one, run, report). While
+// the server is away (restarting, say) every call is retried with a growing,
+// jittered pause; a server that restarted offers the tasks it had handed out
+// again, so nothing is lost. SIGTERM or SIGINT: stop claiming, finish the
+// running tasks, exit 0.
+import { appendFileSync } from "node:fs";
 import os from "node:os";
 
 export class Retryable extends Error {
@@ -38,6 +42,17 @@ const sleep = (ms, signal) =>
     const t = setTimeout(resolve, ms);
     signal?.addEventListener("abort", () => { clearTimeout(t); resolve(); }, { once: true });
   });
+
+// Pauses between tries while the server is away: 250 ms doubling to 8 s,
+// with jitter so a fleet of workers does not come back in step.
+class Backoff {
+  constructor(signal) { this.signal = signal; this.reset(); }
+  reset() { this.delay = 250; }
+  async wait() {
+    await sleep(this.delay * (0.5 + Math.random() / 2), this.signal);
+    this.delay = Math.min(this.delay * 2, 8000);
+  }
+}
 
 // ---- example commands ----
 export const COMMANDS = {
@@ -55,6 +70,20 @@ export const COMMANDS = {
         await sleep(Math.min(100, end - Date.now()), task.signal);
       }
       return { slept: secs, attempt: task.attempt };
+    },
+  },
+  "node.effect": {
+    description: "an effect outside Jackdaw, one line per attempt",
+    // Stands in for a payment or an email: it happens once per attempt, and
+    // a crash can make an attempt run again, so the line carries the
+    // idempotency key a real effect would dedupe on. The line goes to the
+    // file named by $EFFECTS_LOG (nowhere when unset); then it sleeps
+    // args.seconds, as real work would.
+    run: async (args, task) => {
+      if (process.env.EFFECTS_LOG)
+        appendFileSync(process.env.EFFECTS_LOG, `${task.idempotency_key} ${task.attempt} node\n`);
+      await sleep(Number(args.seconds ?? 0) * 1000);
+      return { key: task.idempotency_key, attempt: task.attempt, by: "node" };
     },
   },
   "node.fail": {
@@ -129,9 +158,17 @@ class Worker {
 
   async register() {
     for (const n of this.commands) {
-      const [st, b] = await this.call("PUT", `/v1/commands/${n}`,
-                                      { description: COMMANDS[n].description });
-      if (st !== 200 && st !== 201) throw new Error(`registering ${n}: ${st} ${JSON.stringify(b)}`);
+      const back = new Backoff(this.stop.signal);
+      for (;;) {
+        const [st, b] = await this.call("PUT", `/v1/commands/${n}`,
+                                        { description: COMMANDS[n].description });
+        if (st === 200 || st === 201) break;
+        // refused (a bad token, a bad name): say so
+        if (st !== 0 && st < 500) throw new Error(`registering ${n}: ${st} ${JSON.stringify(b)}`);
+        if (this.stop.signal.aborted) return;
+        log(`registering ${n} answered ${st} (the server is away): trying again`);
+        await back.wait();
+      }
     }
   }
 
@@ -162,15 +199,25 @@ class Worker {
     }
     clearInterval(beat);
     if (ac.signal.aborted) return;
-    for (let i = 0; i < 5; i++) { // the server may be restarting: the answer must get there
-      const [st] = await this.call("POST", `/v1/tasks/${t.id}/${path}`, body);
-      if (st === 200 || st === 404 || st === 409) return;
-      await sleep(1000);
+    // The server may be restarting: keep trying for up to about a minute.
+    // If it did restart, the task was offered again as a new attempt and
+    // this id answers 409; if we give up, the lease runs out and the same
+    // happens. Either way the job's history has one result.
+    const back = new Backoff();
+    for (let i = 0; i < 12; i++) {
+      const [st, p] = await this.call("POST", `/v1/tasks/${t.id}/${path}`, body);
+      if (st === 200) return;
+      if (st >= 400 && st < 500) { // 409: no longer ours (see the problem's reason)
+        log(`task ${t.id} ${path} answered ${st} ${p?.reason ?? ""}`);
+        return;
+      }
+      await back.wait();
     }
     log(`could not report task ${t.id}`);
   }
 
   async slot() {
+    const back = new Backoff(this.stop.signal);
     while (!this.stop.signal.aborted) {
       const [st, b] = await this.call("POST", "/v1/tasks/claim", {
         commands: this.commands, worker: this.name, max: 1,
@@ -178,9 +225,10 @@ class Worker {
       }, this.waitMs + 30000);
       if (st !== 200) {
         log(`claim answered ${st} ${JSON.stringify(b)}`);
-        await sleep(1000, this.stop.signal); // the server is away or refusing: do not spin
+        await back.wait(); // the server is away or refusing: do not spin
         continue;
       }
+      back.reset();
       for (const t of b.tasks ?? []) await this.runOne(t);
     }
   }

@@ -23,11 +23,14 @@ so start your handler's span as its child, e.g. with OpenTelemetry:
     with tracer.start_as_current_span(task.command, context=ctx): ...
 
 One thread per slot (--concurrency): claim one task, run it, report,
-repeat. SIGTERM/SIGINT: stop claiming, finish the running tasks, exit 0.
+repeat. While the server is away (restarting, say) every call is retried
+with a growing, jittered pause; a server that restarted offers the tasks
+it had handed out again, so nothing is lost. SIGTERM/SIGINT: stop claiming, finish the running tasks, exit 0.
 """
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -91,6 +94,21 @@ def sleep(args, task):
     return {"slept": secs, "attempt": task.attempt}
 
 
+@command("py.effect", description="an effect outside Jackdaw, one line per attempt")
+def effect(args, task):
+    # Stands in for a payment or an email: it happens once per attempt,
+    # and a crash can make an attempt run again, so the line carries the
+    # idempotency key a real effect would dedupe on. The line goes to the
+    # file named by $EFFECTS_LOG (nowhere when unset); then it sleeps
+    # args.seconds, as real work would.
+    path = os.environ.get("EFFECTS_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write("%s %d python\n" % (task.idempotency_key, task.attempt))
+    time.sleep(float(args.get("seconds", 0) or 0))
+    return {"key": task.idempotency_key, "attempt": task.attempt, "by": "python"}
+
+
 @command("py.fail", description="fails; retryable when args.retryable")
 def fail(args, task):
     if args.get("retryable"):
@@ -130,6 +148,21 @@ def log(*a):
     print("worker:", *a, file=sys.stderr, flush=True)
 
 
+class Backoff:
+    """Waits between tries while the server is away: 0.25 s doubling to 8 s,
+    with jitter so a fleet of workers does not come back in step."""
+
+    def __init__(self, stop=None):
+        self.delay, self.stop = 0.25, stop or threading.Event()
+
+    def wait(self):
+        self.stop.wait(self.delay * random.uniform(0.5, 1.0))
+        self.delay = min(self.delay * 2, 8.0)
+
+    def reset(self):
+        self.delay = 0.25
+
+
 class Worker:
     def __init__(self, client, names, concurrency, lease_ms, wait_ms):
         self.c, self.names = client, names
@@ -140,10 +173,18 @@ class Worker:
     def register(self):
         for n in self.names:
             _, timeout_ms, desc = COMMANDS[n]
-            st, body = self.c.call("PUT", "/v1/commands/" + n,
-                                   {"timeout_ms": timeout_ms, "description": desc[:1000]})
-            if st not in (200, 201):
-                raise SystemExit("worker: registering %s answered %s %s" % (n, st, body))
+            back = Backoff(self.stopping)
+            while True:
+                st, body = self.c.call("PUT", "/v1/commands/" + n,
+                                       {"timeout_ms": timeout_ms, "description": desc[:1000]})
+                if st in (200, 201):
+                    break
+                if st != 0 and st < 500:  # refused (a bad token, a bad name): say so
+                    raise SystemExit("worker: registering %s answered %s %s" % (n, st, body))
+                if self.stopping.is_set():
+                    raise SystemExit(0)
+                log("registering", n, "answered", st, "(the server is away): trying again")
+                back.wait()
 
     def heartbeat(self, task, done):
         every = max(self.lease_ms / 3000.0, 0.2)
@@ -180,14 +221,23 @@ class Worker:
         hb.join()
         if task.cancelled.is_set():
             return
-        for _ in range(5):  # the server may be restarting: the answer must get there
+        # The server may be restarting: keep trying for about a minute. If
+        # it did restart, the task was offered again as a new attempt and
+        # this id answers 409; if we give up, the lease runs out and the
+        # same happens. Either way the job's history has one result.
+        back = Backoff()
+        for _ in range(12):
             st, p = self.c.call("POST", "/v1/tasks/%s/%s" % (task.id, path), body)
-            if st in (200, 404, 409):
+            if st == 200:
                 return
-            time.sleep(1)
+            if 400 <= st < 500:  # 409: no longer ours (see the problem's reason)
+                log("task", task.id, path, "answered", st, (p or {}).get("reason", ""))
+                return
+            back.wait()
         log("could not report task", task.id)
 
     def slot(self):
+        back = Backoff(self.stopping)
         while not self.stopping.is_set():
             st, body = self.c.call("POST", "/v1/tasks/claim",
                                    {"commands": self.names, "worker": self.name, "max": 1,
@@ -195,8 +245,9 @@ class Worker:
                                    timeout=self.wait_ms / 1000.0 + 30)
             if st != 200:
                 log("claim answered", st, body)
-                self.stopping.wait(1)  # the server is away or refusing: do not spin
+                back.wait()  # the server is away or refusing: do not spin
                 continue
+            back.reset()
             for t in body.get("tasks", []):
                 self.run_one(t)
 

@@ -1,0 +1,383 @@
+/*
+ * Remote tasks, part 2 of 4 (see jobs_tasks.c): claims. A claim takes the
+ * oldest waiting tasks of its commands, records them as claimed (one
+ * commit) and answers once that commit is done; with wait_ms and nothing
+ * waiting it parks (struct claimer) until a task arrives
+ * (tasks_serve_claimers_locked, from remote_handle), its deadline timer
+ * fires (claim_deadline), or the layer drains (jobs_tasks_drain).
+ *
+ * Threads: jd_jobs_task_claim on an HTTP thread; claim_deadline on the
+ * scheduler's timer thread; tasks_claim_committed on the store's completion
+ * thread; tasks_serve_claimers_locked on the thread that dispatches a call,
+ * under tmu; jobs_tasks_drain on the thread that drains the layer. A
+ * claim's done callback is called without tmu, except in the one case its
+ * comment names (the store closing).
+ */
+#include "server/jobs_impl.h"
+#include "server/jobs_tasks_impl.h"
+#include "server/tasks.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One claim: the tasks taken for it, committed together. */
+struct claim_op {
+    struct task **tasks;
+    size_t n;
+    jd_action_done_fn done;
+    void *arg;
+    int remaining, rc;
+};
+
+/* Under tmu: take up to max waiting tasks of cmds (oldest first across
+ * commands) for a claim; NULL if none. The rows are submitted by the
+ * caller (claim_submit) after tmu. */
+static struct claim_op *claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
+                                          const char *worker, unsigned max, int64_t lease_ms)
+{
+    struct claim_op *op = NULL;
+    int64_t now = jd_wall_ms();
+    while (!op || op->n < max) {
+        struct task *best = NULL;
+        for (size_t i = 0; i < ncmds; i++) {
+            struct task *k = cmds[i]->whead;
+            if (k && (!best || k->created_ms < best->created_ms))
+                best = k;
+        }
+        if (!best)
+            break;
+        if (!op) {
+            op = jd_xcalloc(1, sizeof *op);
+            op->tasks = jd_xcalloc(max, sizeof *op->tasks);
+        }
+        tasks_waiting_unlink(best);
+        best->cmd->in_flight++;
+        best->cmd->claimed_total++;
+        best->st = TS_CLAIMING;
+        free(best->worker);
+        best->worker = jd_xstrdup(worker);
+        best->claimed_ms = now;
+        best->lease_expires_ms = now + lease_ms;
+        best->lease_ms = lease_ms;
+        best->refs++; /* the claim's */
+        op->tasks[op->n++] = best;
+    }
+    (void)j;
+    return op;
+}
+
+/* Without tmu: record every task of op as claimed (one commit); done
+ * fires from tasks_claim_committed. */
+static void claim_submit(struct jd_jobs *j, struct claim_op *op)
+{
+    struct trec **rs = jd_xcalloc(op->n, sizeof *rs);
+    struct jd_write **ws = jd_xcalloc(op->n, sizeof *ws);
+    struct jd_tasks *t = j->tasks;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; i < op->n; i++) {
+        rs[i] = tasks_row(j, op->tasks[i], JD_TASK_CLAIMED);
+        rs[i]->claim = op;
+        rs[i]->w.done = tasks_trec_done;
+        rs[i]->w.arg = rs[i];
+        ws[i] = &rs[i]->w;
+    }
+    op->remaining = (int)op->n;
+    pthread_mutex_unlock(&t->mu);
+    if (jd_store_submit_many(j->store, ws, op->n) != 0)
+        for (size_t i = 0; i < op->n; i++)
+            tasks_trec_done(rs[i], ws[i], JD_ESHUTDOWN);
+    free(ws);
+    free(rs);
+}
+
+static void render_task(struct jd_sbuf *b, const struct task *k)
+{
+    char t[32];
+    jd_render_time(k->lease_expires_ms, t);
+    jd_sb_puts(b, "{\"id\":\"");
+    jd_sb_puts(b, k->id);
+    jd_sb_puts(b, "\",\"command\":");
+    jd_sb_string(b, k->cmd->name);
+    jd_sb_puts(b, ",\"args\":");
+    jd_sb_json(b, k->args, "{}");
+    jd_sb_puts(b, ",\"job_id\":\"");
+    jd_sb_number(b, k->job_id);
+    jd_sb_puts(b, "\",\"tag\":");
+    jd_sb_number(b, k->tag);
+    jd_sb_puts(b, ",\"attempt\":");
+    jd_sb_number(b, k->attempt);
+    jd_sb_puts(b, ",\"idempotency_key\":");
+    jd_sb_string(b, k->key);
+    if (k->traceparent) { /* the job's, unchanged: child spans are the worker's */
+        jd_sb_puts(b, ",\"traceparent\":");
+        jd_sb_string(b, k->traceparent);
+    }
+    jd_sb_puts(b, ",\"lease_expires_at\":\"");
+    jd_sb_puts(b, t);
+    jd_sb_puts(b, "\"}");
+}
+
+/* The store's completion thread: one record of op committed (or not). */
+void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc)
+{
+    struct jd_tasks *t = j->tasks;
+    pthread_mutex_lock(&t->mu);
+    if (rc && !op->rc)
+        op->rc = rc;
+    if (--op->remaining > 0) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{\"tasks\":[");
+    size_t shown = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        struct task *k = op->tasks[i];
+        if (k->live && k->st == TS_CLAIMING) {
+            if (op->rc) {
+                /* Not recorded: nobody holds it; it waits again, first. */
+                k->st = TS_WAITING;
+                k->cmd->in_flight--;
+                k->cmd->claimed_total--;
+                tasks_waiting_push(k, true);
+            } else {
+                k->st = TS_CLAIMED;
+                tasks_lease_arm(j, k);
+                struct wkr *w = tasks_worker_seen(t, k->worker ? k->worker : "", NULL, 0);
+                if (w)
+                    w->in_flight++;
+                if (shown++)
+                    jd_sb_puts(&b, ",");
+                render_task(&b, k);
+            }
+        }
+        tasks_unref(k);
+    }
+    jd_sb_puts(&b, "]}");
+    pthread_mutex_unlock(&t->mu);
+    op->done(op->arg, op->rc == JD_ESHUTDOWN ? 0 : op->rc,
+             op->rc == JD_ESHUTDOWN ? "{\"tasks\":[]}" : b.p);
+    free(b.p);
+    free(op->tasks);
+    free(op);
+}
+
+static void claimer_free(struct claimer *cl)
+{
+    free(cl->cmds);
+    free(cl->worker);
+    free(cl);
+}
+
+/* Under tmu: a task of c arrived: hand it to the oldest parked claim that
+ * wants c (one claim per arrival: the rest stay parked). */
+void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
+{
+    struct jd_tasks *t = j->tasks;
+    /* The list is newest first; serve the oldest: the last match. */
+    struct claimer **match = NULL;
+    for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
+        for (size_t i = 0; i < (*pp)->ncmds; i++)
+            if ((*pp)->cmds[i] == c)
+                match = pp;
+    if (!match)
+        return;
+    struct claimer *cl = *match;
+    *match = cl->next;
+    if (cl->timer_armed && jd_sched_timer_cancel(j->sched, cl->timer_id) == 0)
+        free(cl->timer_arg);
+    struct claim_op *op =
+        claim_take_locked(j, cl->cmds, cl->ncmds, cl->worker, cl->max, cl->lease_ms);
+    op->done = cl->done;
+    op->arg = cl->arg;
+    claimer_free(cl);
+    struct jd_write **ws = jd_xcalloc(op->n, sizeof *ws);
+    op->remaining = (int)op->n;
+    for (size_t i = 0; i < op->n; i++) {
+        struct trec *r = tasks_row(j, op->tasks[i], JD_TASK_CLAIMED);
+        r->claim = op;
+        r->w.done = tasks_trec_done;
+        r->w.arg = r;
+        ws[i] = &r->w;
+    }
+    if (jd_store_submit_many(j->store, ws, op->n) != 0) {
+        /* Closing: the claim's done must not run under tmu; the waiting
+         * tasks go back and the claim answers empty from drain instead. */
+        for (size_t i = 0; i < op->n; i++) {
+            struct task *k = op->tasks[i];
+            k->st = TS_WAITING;
+            k->cmd->in_flight--;
+            k->cmd->claimed_total--;
+            tasks_waiting_push(k, true);
+            k->refs--;
+            tasks_trec_free(ws[i]->arg);
+        }
+        /* Only while the store closes, after every request was answered
+         * or dropped: the one user callback made under tmu. */
+        op->done(op->arg, 0, "{\"tasks\":[]}");
+        free(op->tasks);
+        free(op);
+    }
+    free(ws);
+}
+
+static void claim_deadline(void *arg)
+{
+    struct ctimer *ct = arg;
+    struct jd_jobs *j = ct->j;
+    struct jd_tasks *t = j->tasks;
+    pthread_mutex_lock(&t->mu);
+    struct claimer *cl = NULL;
+    for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == ct->id) {
+            cl = *pp;
+            *pp = cl->next;
+            break;
+        }
+    pthread_mutex_unlock(&t->mu);
+    free(ct);
+    if (cl) {
+        cl->done(cl->arg, 0, "{\"tasks\":[]}");
+        claimer_free(cl);
+    }
+}
+
+int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                       void *arg, struct jd_error *err)
+{
+    struct jd_tasks *t = j->tasks;
+    cJSON *o = tasks_parse_object(body ? body : "", len, false, err);
+    if (!o)
+        return err->code;
+    int rc = 0;
+    int64_t max = 1, wait_ms = 0, lease_ms = JD_TASK_DEFAULT_LEASE_MS;
+    const char *worker = "";
+    struct rcmd **cmds = NULL;
+    size_t ncmds = 0;
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "commands");
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(o, "worker");
+    if (!cJSON_IsArray(cs) || cJSON_GetArraySize(cs) < 1)
+        rc = jd_error_set(err, JD_EINVAL, "/commands",
+                          "commands must be a non-empty array of command names");
+    else if (cJSON_GetArraySize(cs) > JD_TASK_MAX_CLAIM_COMMANDS)
+        rc = jd_error_set(err, JD_EINVAL, "/commands", "at most %d commands per claim",
+                          JD_TASK_MAX_CLAIM_COMMANDS);
+    if (rc == 0 && w && !cJSON_IsNull(w) &&
+        (!cJSON_IsString(w) || strlen(w->valuestring) > WORKER_MAX))
+        rc = jd_error_set(err, JD_EINVAL, "/worker", "worker must be a string of at most %d bytes",
+                          WORKER_MAX);
+    if (rc == 0 && cJSON_IsString(w))
+        worker = w->valuestring;
+    if (rc == 0)
+        rc = tasks_int_field(o, "max", 1, JD_TASK_MAX_CLAIM, 1, &max, err);
+    if (rc == 0)
+        rc = tasks_int_field(o, "wait_ms", 0, JD_TASK_MAX_WAIT_MS, 0, &wait_ms, err);
+    if (rc == 0)
+        rc = tasks_int_field(o, "lease_ms", JD_TASK_MIN_LEASE_MS, JD_TASK_MAX_LEASE_MS,
+                             JD_TASK_DEFAULT_LEASE_MS, &lease_ms, err);
+    if (rc) {
+        cJSON_Delete(o);
+        return rc;
+    }
+    cmds = jd_xcalloc((size_t)cJSON_GetArraySize(cs), sizeof *cmds);
+    pthread_mutex_lock(&t->mu);
+    const cJSON *c;
+    int i = 0;
+    cJSON_ArrayForEach(c, cs)
+    {
+        char ptr[32];
+        snprintf(ptr, sizeof ptr, "/commands/%d", i++);
+        struct rcmd *rc_ = cJSON_IsString(c) ? tasks_cmd_find(t, c->valuestring) : NULL;
+        if (!cJSON_IsString(c)) {
+            rc = jd_error_set(err, JD_EINVAL, ptr, "a command name must be a string");
+            break;
+        }
+        if (!rc_ || !rc_->registered) {
+            rc = jd_error_set(err, JD_EINVAL, ptr,
+                              "no remote command \"%.100s\" (PUT "
+                              "/v1/commands/{name} registers one)",
+                              c->valuestring);
+            break;
+        }
+        bool dup = false;
+        for (size_t k = 0; k < ncmds; k++)
+            dup |= cmds[k] == rc_;
+        if (!dup)
+            cmds[ncmds++] = rc_;
+    }
+    if (rc == 0 && t->draining)
+        rc = jd_error_set(err, JD_ESHUTDOWN, NULL, "shutting down");
+    if (rc) {
+        pthread_mutex_unlock(&t->mu);
+        cJSON_Delete(o);
+        free(cmds);
+        return rc;
+    }
+    tasks_worker_seen(t, worker, cmds, ncmds);
+    struct claim_op *op = claim_take_locked(j, cmds, ncmds, worker, (unsigned)max, lease_ms);
+    if (op || wait_ms == 0) {
+        pthread_mutex_unlock(&t->mu);
+        cJSON_Delete(o);
+        free(cmds);
+        if (!op) {
+            done(arg, 0, "{\"tasks\":[]}");
+            return 0;
+        }
+        op->done = done;
+        op->arg = arg;
+        claim_submit(j, op);
+        return 0;
+    }
+    struct claimer *cl = jd_xcalloc(1, sizeof *cl);
+    cl->id = ++t->next_claimer;
+    cl->cmds = cmds;
+    cl->ncmds = ncmds;
+    cl->worker = jd_xstrdup(worker);
+    cl->max = (unsigned)max;
+    cl->lease_ms = lease_ms;
+    cl->done = done;
+    cl->arg = arg;
+    struct ctimer *ct = jd_xmalloc(sizeof *ct);
+    ct->j = j;
+    ct->id = cl->id;
+    if (jd_sched_timer_after(j->sched, (uint64_t)wait_ms * 1000000u, claim_deadline, ct,
+                             &cl->timer_id) != 0) {
+        pthread_mutex_unlock(&t->mu);
+        free(ct);
+        claimer_free(cl);
+        cJSON_Delete(o);
+        return jd_error_set(err, JD_ESHUTDOWN, NULL, "shutting down");
+    }
+    cl->timer_armed = true;
+    cl->timer_arg = ct;
+    cl->next = t->claimers;
+    t->claimers = cl;
+    pthread_mutex_unlock(&t->mu);
+    cJSON_Delete(o);
+    return 0;
+}
+
+void jobs_tasks_drain(struct jd_jobs *j)
+{
+    struct jd_tasks *t = j->tasks;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->draining = true;
+    struct claimer *list = t->claimers;
+    t->claimers = NULL;
+    for (struct claimer *cl = list; cl; cl = cl->next)
+        if (cl->timer_armed && jd_sched_timer_cancel(j->sched, cl->timer_id) == 0)
+            free(cl->timer_arg);
+    pthread_mutex_unlock(&t->mu);
+    while (list) {
+        struct claimer *cl = list;
+        list = cl->next;
+        cl->done(cl->arg, 0, "{\"tasks\":[]}");
+        claimer_free(cl);
+    }
+}

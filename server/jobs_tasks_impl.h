@@ -1,0 +1,231 @@
+/*
+ * Remote tasks: the types, states and locking rules shared by
+ * server/jobs_tasks.c (registry fallback, commands, arrival, lifecycle),
+ * jobs_tasks_claim.c (claims), jobs_tasks_end.c (ends, heartbeats,
+ * leases) and jobs_tasks_read.c (reads). Internal to those four files.
+ *
+ * A task is in the id hash (and the call hash) from handle() until one
+ * path takes it out, under tmu: that path alone ends the call (host
+ * complete/fail, once). States: waiting (in its command's FIFO) ->
+ * claiming (its claim row is being committed) -> claimed (lease timer
+ * armed) -> taken out. Claimed tasks have a row in the tasks table so
+ * that after a restart their ids still answer 409 (the replayed job
+ * dispatches the call again as attempt + 1, a new task).
+ *
+ * Timers (the scheduler's timer heap, no polling): a lease timer per
+ * claimed task, re-armed lazily when a heartbeat moved the deadline; a
+ * deadline timer per parked claim. Their arguments name the task or the
+ * claim by id and are looked up under tmu, so a timer that fires late
+ * finds nothing and does nothing.
+ *
+ * Locking: tmu (struct jd_tasks.mu) guards everything here. Lock order:
+ * jd_jobs.mu before tmu; host complete/fail (which enter the registry and
+ * the job layer) and user callbacks are called without tmu. Store and
+ * timer calls only enqueue and may be made under it. Functions named
+ * _locked, and those whose comment says "under tmu", expect it held.
+ */
+#ifndef JD_SERVER_JOBS_TASKS_IMPL_H
+#define JD_SERVER_JOBS_TASKS_IMPL_H
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "server/jobs_impl.h"
+#include "server/tasks.h"
+
+#define TASK_BUCKETS 1024 /* tasks in flight are bounded by running jobs (10^4 by default) */
+
+#define TASK_ID_LEN 32 /* 128 random bits in hex: not guessable, not enumerable */
+
+#define NAME_MAX_LEN 64 /* as plugin command names */
+
+#define DESCRIPTION_MAX 1024
+
+#define WORKER_MAX 200 /* a worker's self-chosen name, e.g. "host-1/4711" */
+
+#define TOMBSTONES                                                                                 \
+    4096 /* recently ended task ids kept with why, for the 409 before the row commits */
+
+#define MAX_WORKERS                                                                                \
+    1024 /* workers tracked for GET /v1/workers; the least recently seen idle one goes */
+
+#define PROGRESS_MAX 16384 /* a heartbeat's progress, as compact JSON */
+
+#define PROGRESS_EVERY_MS 1000 /* at most one progress event per task per second in the history */
+
+#define LAT_BUCKETS                                                                                \
+    JD_TASK_LAT_BUCKETS /* claim-to-complete: 10,50,100,500ms,1,5,10,30,60,300,3600s,+inf */
+
+enum tstate { TS_WAITING, TS_CLAIMING, TS_CLAIMED };
+
+struct rcmd {
+    char *name;
+    char *description;
+    int64_t timeout_ms;
+    int64_t created_ms, updated_ms;
+    bool registered;            /* false once deleted (kept for its counters) */
+    struct task *whead, *wtail; /* waiting, oldest first */
+    uint64_t waiting, in_flight, claimed_total, lease_expiries, completed, failed;
+    uint64_t lat_hist[LAT_BUCKETS];
+    uint64_t lat_ms_sum;
+    struct rcmd *next;
+};
+
+struct task {
+    char id[TASK_ID_LEN + 1];
+    struct rcmd *cmd;
+    struct jd_call *call;
+    int64_t job_id;
+    uint32_t tag, attempt;
+    char *args, *key, *worker;
+    char *traceparent; /* the job's W3C trace context, or NULL (issue 19) */
+    enum tstate st;
+    bool live; /* in the hashes */
+    int refs;  /* the hashes; a claim being committed */
+    int64_t created_ms, claimed_ms, lease_expires_ms, lease_ms;
+    int64_t progress_ms; /* the last progress event recorded */
+    bool timer_armed;
+    uint64_t timer_id;
+    struct ltimer *timer_arg;
+    struct task *wprev, *wnext; /* command's waiting list */
+    struct task *hnext, *cnext; /* id hash, call hash */
+};
+
+/* A parked claim. */
+struct claimer {
+    uint64_t id;
+    struct rcmd **cmds;
+    size_t ncmds;
+    char *worker;
+    unsigned max;
+    int64_t lease_ms;
+    jd_action_done_fn done;
+    void *arg;
+    bool timer_armed;
+    uint64_t timer_id;
+    struct ctimer *timer_arg;
+    struct claimer *next;
+};
+
+struct ltimer {
+    struct jd_jobs *j;
+    char id[TASK_ID_LEN + 1];
+};
+
+struct ctimer {
+    struct jd_jobs *j;
+    uint64_t id;
+};
+
+struct tomb {
+    char id[TASK_ID_LEN + 1];
+    const char *reason;
+};
+
+struct wkr {
+    char *name;
+    int64_t last_seen_ms;
+    unsigned in_flight;
+    struct rcmd **cmds; /* the commands of its last claim */
+    size_t ncmds;
+    struct wkr *next;
+};
+
+/* The latest progress of a job's remote step (one per job: the latest
+ * heartbeat that carried one), shown on the job until that task ends. */
+struct prog {
+    int64_t job_id;
+    char task[TASK_ID_LEN + 1];
+    char *json;
+    struct prog *next;
+};
+
+struct jd_tasks {
+    pthread_mutex_t mu; /* tmu */
+    struct tomb tombs[TOMBSTONES];
+    unsigned tomb_next;
+    struct wkr *workers;
+    size_t nworkers;
+    struct prog *progs[TASK_BUCKETS];
+    struct rcmd *cmds;
+    size_t ncmds; /* registered */
+    struct task *byid[TASK_BUCKETS];
+    struct task *bycall[TASK_BUCKETS];
+    struct claimer *claimers;
+    uint64_t next_claimer;
+    bool draining;
+};
+
+struct claim_op; /* jobs_tasks_claim.c */
+struct batch_op; /* jobs_tasks_end.c */
+
+/* A task row or command record on its way to the writer. */
+struct trec {
+    struct jd_write w;
+    struct jd_jobs *j;
+    char *s1, *s2, *s3; /* owned strings the record points at */
+    jd_action_done_fn done;
+    void *arg;
+    char *answer; /* done's json on success */
+    struct claim_op *claim;
+    struct batch_op *batch;
+};
+
+/* ---- jobs_tasks.c ---- */
+
+/* Under tmu: lookups (NULL when absent). */
+struct rcmd *tasks_cmd_find(struct jd_tasks *t, const char *name);
+struct task *tasks_find(struct jd_tasks *t, const char *id);
+/* Under tmu: note that worker name was seen (cmds: its claim's, or NULL to
+ * keep what it had); NULL when it is not tracked (every slot busy). */
+struct wkr *tasks_worker_seen(struct jd_tasks *t, const char *name, struct rcmd *const *cmds,
+                              size_t ncmds);
+/* Under tmu: the job's progress is now json (copied), set by k. */
+void tasks_progress_set(struct jd_tasks *t, const struct task *k, const char *json);
+/* Under tmu: drop one reference; the last frees k. */
+void tasks_unref(struct task *k);
+/* Under tmu: a waiting task leaves or joins its command's FIFO. */
+void tasks_waiting_unlink(struct task *k);
+void tasks_waiting_push(struct task *k, bool front);
+/* Under tmu: take k out of the hashes; the caller now ends its call. */
+void tasks_take_out(struct jd_jobs *j, struct task *k, const char *reason);
+/* A command or task name: 1-64 of a-z 0-9 _ . - starting with a letter. */
+bool tasks_name_ok(const char *s);
+/* A JSON integer in [lo, hi] at o[name], or dflt when absent. */
+int tasks_int_field(const cJSON *o, const char *name, int64_t lo, int64_t hi, int64_t dflt,
+                    int64_t *out, struct jd_error *err);
+/* body as a JSON object (empty counts as {} when empty_ok); caller
+ * deletes; NULL with err set. */
+cJSON *tasks_parse_object(const char *body, size_t len, bool empty_ok, struct jd_error *err);
+/* Under tmu (or not): a task row as k is now, for tasks_trec_submit or a
+ * batch submit (then w.done = tasks_trec_done, w.arg = the record). */
+struct trec *tasks_row(struct jd_jobs *j, const struct task *k, enum jd_task_state st);
+/* A record that writes nothing, answered once everything submitted before
+ * it has committed (submitted like a row). */
+struct trec *tasks_barrier(struct jd_jobs *j);
+void tasks_trec_submit(struct trec *r);
+void tasks_trec_done(void *arg, struct jd_write *w, int rc);
+void tasks_trec_free(struct trec *r);
+
+/* ---- jobs_tasks_claim.c ---- */
+
+/* Under tmu: a task of c arrived; hand it to the oldest parked claim. */
+void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c);
+/* The store's completion thread: one record of op committed (or not). */
+void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc);
+
+/* ---- jobs_tasks_end.c ---- */
+
+/* Under tmu: arm k's lease timer for its deadline. */
+void tasks_lease_arm(struct jd_jobs *j, struct task *k);
+/* The store's completion thread: one row of a batch of ends committed. */
+void tasks_batch_committed(struct jd_jobs *j, struct batch_op *b, int rc);
+
+/* ---- jobs_tasks_read.c ---- */
+
+/* Under tmu: render one command's JSON into b. */
+void tasks_render_cmd(struct jd_sbuf *b, const struct rcmd *c, int64_t now);
+
+#endif

@@ -1,0 +1,196 @@
+/*
+ * Remote tasks, part 4 of 4 (see jobs_tasks.c): reads. One command, the
+ * list of plugin and remote commands, the workers seen, and per-command
+ * statistics for the metrics route.
+ *
+ * Threads: any (HTTP threads, the metrics route). Each read takes tmu for
+ * the copy only and renders what it copied; tasks_render_cmd is also called
+ * by jd_jobs_command_put under tmu.
+ */
+#include "server/jobs_impl.h"
+#include "server/jobs_tasks_impl.h"
+#include "server/tasks.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Under tmu: render one command. */
+void tasks_render_cmd(struct jd_sbuf *b, const struct rcmd *c, int64_t now)
+{
+    char t1[32], t2[32];
+    jd_render_time(c->created_ms, t1);
+    jd_render_time(c->updated_ms, t2);
+    jd_sb_puts(b, "{\"name\":");
+    jd_sb_string(b, c->name);
+    jd_sb_puts(b, ",\"kind\":\"remote\",\"timeout_ms\":");
+    jd_sb_number(b, c->timeout_ms);
+    jd_sb_puts(b, ",\"description\":");
+    if (c->description)
+        jd_sb_string(b, c->description);
+    else
+        jd_sb_puts(b, "null");
+    jd_sb_puts(b, ",\"waiting\":");
+    jd_sb_number(b, (int64_t)c->waiting);
+    jd_sb_puts(b, ",\"in_flight\":");
+    jd_sb_number(b, (int64_t)c->in_flight);
+    jd_sb_puts(b, ",\"oldest_waiting_ms\":");
+    if (c->whead)
+        jd_sb_number(b, now - c->whead->created_ms > 0 ? now - c->whead->created_ms : 0);
+    else
+        jd_sb_puts(b, "null");
+    jd_sb_puts(b, ",\"created_at\":\"");
+    jd_sb_puts(b, t1);
+    jd_sb_puts(b, "\",\"updated_at\":\"");
+    jd_sb_puts(b, t2);
+    jd_sb_puts(b, "\"}");
+}
+
+int jd_jobs_command_get_json(struct jd_jobs *j, const char *name, char **json)
+{
+    struct jd_tasks *t = j->tasks;
+    *json = NULL;
+    pthread_mutex_lock(&t->mu);
+    struct rcmd *c = tasks_cmd_find(t, name);
+    if (c && c->registered) {
+        struct jd_sbuf b = {0};
+        tasks_render_cmd(&b, c, jd_wall_ms());
+        *json = b.p;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return *json ? 0 : JD_ENOENT;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int jd_jobs_commands_json(struct jd_jobs *j, char **json)
+{
+    struct jd_tasks *t = j->tasks;
+    /* Plugin commands first collected, then each remote one rendered; the
+     * list is sorted by name as a whole. */
+    size_t n = 0, cap = 0;
+    char **items = NULL;
+    for (size_t i = 0;; i++) {
+        const struct jd_plugin *p = jd_registry_plugin(j->reg, i);
+        if (!p)
+            break;
+        for (size_t k = 0; k < p->ncommands; k++) {
+            struct jd_sbuf b = {0};
+            jd_sb_puts(&b, "{\"name\":");
+            jd_sb_string(&b, p->commands[k].name);
+            jd_sb_puts(&b, ",\"kind\":\"plugin\",\"plugin\":");
+            jd_sb_string(&b, p->name);
+            jd_sb_puts(&b, "}");
+            if (n == cap) {
+                cap = cap ? cap * 2 : 32;
+                items = jd_xrealloc(items, cap * sizeof *items);
+            }
+            items[n++] = b.p;
+        }
+    }
+    int64_t now = jd_wall_ms();
+    pthread_mutex_lock(&t->mu);
+    for (struct rcmd *c = t->cmds; c; c = c->next) {
+        if (!c->registered)
+            continue;
+        struct jd_sbuf b = {0};
+        tasks_render_cmd(&b, c, now);
+        if (n == cap) {
+            cap = cap ? cap * 2 : 32;
+            items = jd_xrealloc(items, cap * sizeof *items);
+        }
+        items[n++] = b.p;
+    }
+    pthread_mutex_unlock(&t->mu);
+    /* Each item starts {"name":"<name>", so sorting the text sorts by name. */
+    if (n > 1)
+        qsort(items, n, sizeof *items, cmp_str);
+    struct jd_sbuf out = {0};
+    jd_sb_puts(&out, "{\"commands\":[");
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            jd_sb_puts(&out, ",");
+        jd_sb_puts(&out, items[i]);
+        free(items[i]);
+    }
+    jd_sb_puts(&out, "]}");
+    free(items);
+    *json = out.p;
+    return 0;
+}
+
+int jd_jobs_workers_json(struct jd_jobs *j, int64_t within_ms, char **json)
+{
+    struct jd_tasks *t = j->tasks;
+    int64_t since = jd_wall_ms() - within_ms;
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{\"workers\":[");
+    size_t n = 0;
+    pthread_mutex_lock(&t->mu);
+    for (struct wkr *w = t->workers; w; w = w->next) {
+        if (w->last_seen_ms < since)
+            continue;
+        char when[32];
+        jd_render_time(w->last_seen_ms, when);
+        jd_sb_puts(&b, n++ ? ",{\"name\":" : "{\"name\":");
+        jd_sb_string(&b, w->name);
+        jd_sb_puts(&b, ",\"commands\":[");
+        for (size_t i = 0; i < w->ncmds; i++) {
+            if (i)
+                jd_sb_puts(&b, ",");
+            jd_sb_string(&b, w->cmds[i]->name);
+        }
+        jd_sb_puts(&b, "],\"in_flight\":");
+        jd_sb_number(&b, w->in_flight);
+        jd_sb_puts(&b, ",\"last_seen_at\":\"");
+        jd_sb_puts(&b, when);
+        jd_sb_puts(&b, "\"}");
+    }
+    pthread_mutex_unlock(&t->mu);
+    jd_sb_puts(&b, "]}");
+    *json = b.p;
+    return 0;
+}
+
+int jd_jobs_task_stats(struct jd_jobs *j, struct jd_task_stats **out, size_t *n)
+{
+    struct jd_tasks *t = j->tasks;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&t->mu);
+    size_t k = 0;
+    for (struct rcmd *c = t->cmds; c; c = c->next)
+        k += c->registered;
+    struct jd_task_stats *v = jd_xcalloc(k ? k : 1, sizeof *v);
+    size_t i = 0;
+    for (struct rcmd *c = t->cmds; c; c = c->next) {
+        if (!c->registered)
+            continue;
+        struct jd_task_stats *s_ = &v[i++];
+        s_->command = jd_xstrdup(c->name);
+        s_->waiting = c->waiting;
+        s_->in_flight = c->in_flight;
+        s_->claimed = c->claimed_total;
+        s_->lease_expiries = c->lease_expiries;
+        s_->completed = c->completed;
+        s_->failed = c->failed;
+        memcpy(s_->latency_hist, c->lat_hist, sizeof s_->latency_hist);
+        s_->latency_ms_sum = c->lat_ms_sum;
+    }
+    pthread_mutex_unlock(&t->mu);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+void jd_task_stats_free(struct jd_task_stats *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++)
+        free(v[i].command);
+    free(v);
+}
