@@ -253,6 +253,10 @@ struct jd_jobs {
      * the system (jobs_trim_due_locked). */
     size_t live, live_peak;
     bool trim_tail; /* a trim happened; one more when the table empties */
+    /* Bytes the definitions of live jobs hold (jd_jobdef_charge in
+     * jobs_job_new, given back as each is freed) and their bound. */
+    _Atomic size_t def_mem;
+    size_t max_job_memory;
 };
 
 struct idem {

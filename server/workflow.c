@@ -68,6 +68,7 @@ static int wf_init_common(struct wf *w, const char *method, const char *input, s
         int rc = jd_jobdef_parse(input, strlen(input), &lim, NULL, &w->owned_def, err);
         if (rc)
             return rc;
+        jd_jobdef_slim(w->owned_def); /* as the job layer's: no tree kept that no step reads */
         w->def = w->owned_def;
     }
     if ((w->def->shape == JD_JOBDEF_TASK) != w->task)
@@ -137,6 +138,10 @@ static bool start_leaf(struct wf *w, size_t i, struct jd_step_out *out)
     w->st[i] = S_RUNNING;
     switch (s->kind) {
     case JD_JSTEP_CALL: {
+        if (s->args_text) { /* nothing to substitute (jd_jobdef_slim) */
+            jd_step_yield(out, tag, s->call, s->args_text, s->timeout_ms);
+            return true;
+        }
         struct jd_subst_ctx sc = {
             .input = w->def->input, .steps = w->outputs, .job_id = w->job_id_s};
         struct jd_error e;
