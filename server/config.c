@@ -94,8 +94,8 @@ static const struct opt opts[] = {
     {"--max-schedules", "JACKDAW_MAX_SCHEDULES", OPT_UINT, F(max_schedules), "N",
      "schedules kept at most; creating more gets 429 (default 10000)"},
     {"--max-job-memory", "JACKDAW_MAX_JOB_MEMORY", OPT_BYTES, F(max_job_memory), "BYTES",
-     "memory the definitions of live jobs may hold together, suffix k/m/g allowed "
-     "(default 256m); a submit past it gets 503"},
+     "memory live jobs' definitions and step outputs may hold together, suffix k/m/g "
+     "allowed (default 256m); a submit past it gets 503"},
     {"--max-replays", "JACKDAW_MAX_REPLAYS", OPT_UINT, F(max_replays), "N",
      "fail a job as quarantined once the server died N times in a row while running it "
      "(default 3, 0: never)"},

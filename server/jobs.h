@@ -76,8 +76,9 @@ struct jd_jobs_config {
     /* --command-limit "http=64,exec=8": calls of a command in flight at
      * once; more wait, in order, without a worker. NULL: none. */
     const char *command_limits;
-    /* What the definitions of live jobs may hold in memory together (their
-     * text and what jd_jobdef_slim keeps, as jd_jobdef.mem counts it): a
+    /* What live jobs may hold in memory together (their definitions' text
+     * and what jd_jobdef_slim keeps, as jd_jobdef.mem counts it, plus their
+     * workflows' step outputs): a
      * submit that would pass it answers JD_EBUSY (503, try later), so what
      * clients send cannot grow the server without bound. Jobs read back at
      * start and jobs a schedule fires are counted but never refused.
@@ -330,7 +331,7 @@ struct jd_jobs_stats {
     uint64_t duration_ms_sum;
     uint64_t quarantined; /* jobs failed at start after crashing the process (max_replays) */
     uint64_t heap_trims;  /* freed heap given back after a large drain (jobs_table.c) */
-    uint64_t def_bytes;   /* what live jobs' definitions hold (max_job_memory) */
+    uint64_t def_bytes;   /* what live jobs' definitions and outputs hold (max_job_memory) */
     uint64_t def_refused; /* submits refused because of max_job_memory */
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);

@@ -61,7 +61,7 @@ static int def_mem_check_locked(struct jd_jobs *j, size_t need, struct jd_error 
         return 0;
     j->st.def_refused++;
     return jd_error_set(err, JD_EBUSY, NULL,
-                        "the live jobs' definitions hold %zu bytes in memory and this one needs "
+                        "live jobs hold %zu bytes in memory and this one needs "
                         "%zu more, past --max-job-memory (%zu); try again later",
                         held, need, j->max_job_memory);
 }

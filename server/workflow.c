@@ -17,6 +17,7 @@
 
 #include <cJSON.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,10 +32,12 @@ struct wf {
     const struct jd_jobdef *def; /* owned_def, or borrowed (jd_workflow_new_def) */
     struct jd_jobdef *owned_def; /* parsed by init from its input; freed by close */
     enum sstate *st;
-    size_t pos;         /* top-level step in progress */
-    cJSON *outputs;     /* id -> output */
-    cJSON *messages;    /* buffered {"topic","data"} in arrival order */
-    cJSON *task_output; /* task: the call's result */
+    size_t pos;             /* top-level step in progress */
+    cJSON *outputs;         /* id -> output, as raw JSON text (keep_output) */
+    size_t outputs_bytes;   /* their text together */
+    _Atomic size_t *charge; /* the def's memory counter (jd_jobdef_charge): outputs count too */
+    cJSON *messages;        /* buffered {"topic","data"} in arrival order */
+    cJSON *task_output;     /* task: the call's result */
 };
 
 void *jd_workflow_new(int64_t job_id)
@@ -73,6 +76,7 @@ static int wf_init_common(struct wf *w, const char *method, const char *input, s
     }
     if ((w->def->shape == JD_JOBDEF_TASK) != w->task)
         return jd_error_set(err, JD_EINVAL, "", "definition shape does not match process type");
+    w->charge = w->def->charged_to;
     w->st = jd_xcalloc(w->def->nsteps ? w->def->nsteps : 1, sizeof *w->st);
     w->outputs = cJSON_CreateObject();
     w->messages = cJSON_CreateArray();
@@ -98,6 +102,8 @@ static void wf_close(void *self)
     struct wf *w = self;
     if (!w)
         return;
+    if (w->charge)
+        atomic_fetch_sub_explicit(w->charge, w->outputs_bytes, memory_order_relaxed);
     jd_jobdef_free(w->owned_def);
     free(w->st);
     cJSON_Delete(w->outputs);
@@ -221,6 +227,43 @@ static void offer_messages(struct wf *w)
         try_wait(w, c);
 }
 
+/* Keep a workflow step's output r (takes ownership) as its compact text, not
+ * as a tree (a 1 MB output of 60,000 members is ~7 MB as cJSON, kept until
+ * the job ends); substitution parses it when a reference enters it. The
+ * outputs together are held to JD_WF_OUTPUTS_MAX: past it the step fails
+ * (false, FAIL set), so a chain of steps each splicing the last one's
+ * output cannot grow one job without bound. The text is charged to the
+ * job's memory counter (--max-job-memory) until the process closes. */
+static bool keep_output(struct wf *w, const struct jd_jobdef_step *s, cJSON *r,
+                        struct jd_step_out *out)
+{
+    char *text = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    if (!text)
+        text = jd_xstrdup("null");
+    size_t n = strlen(text);
+    if (n > JD_WF_OUTPUTS_MAX || w->outputs_bytes > JD_WF_OUTPUTS_MAX - n) {
+        free(text);
+        char m[256];
+        snprintf(m, sizeof m,
+                 "step \"%s\": the outputs of the workflow's steps would pass %zu bytes together",
+                 s->id, (size_t)JD_WF_OUTPUTS_MAX);
+        fail_simple(out, "output_too_large", s->id, m);
+        return false;
+    }
+    w->outputs_bytes += n;
+    if (w->charge)
+        atomic_fetch_add_explicit(w->charge, n, memory_order_relaxed);
+    cJSON *raw = cJSON_CreateRaw(text);
+    free(text);
+    if (!raw) {
+        fprintf(stderr, "jackdaw: out of memory (step output)\n");
+        abort();
+    }
+    cJSON_AddItemToObject(w->outputs, s->id, raw);
+    return true;
+}
+
 /* A completion for tag: false if it failed the process (FAIL set). */
 static bool on_complete(struct wf *w, const struct jd_event *ev, struct jd_step_out *out)
 {
@@ -258,8 +301,8 @@ static bool on_complete(struct wf *w, const struct jd_event *ev, struct jd_step_
             if (w->task) {
                 cJSON_Delete(w->task_output);
                 w->task_output = r;
-            } else {
-                cJSON_AddItemToObject(w->outputs, s->id, r);
+            } else if (!keep_output(w, s, r, out)) {
+                return false;
             }
             w->st[i] = S_DONE;
         }

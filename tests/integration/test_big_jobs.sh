@@ -5,11 +5,13 @@
 # waits for a message, so every accepted job stays live; the server runs
 # with --max-job-memory 32m. Checks: some submits are accepted and the rest
 # get 503 problem+json with Retry-After (none fails otherwise); the gauge
-# jackdaw_job_definition_bytes never passes the bound; the peak RSS (VmHWM)
+# jackdaw_job_memory_bytes never passes the bound; the peak RSS (VmHWM)
 # stays under 256 MB (before the bound and the slimmed definitions, 40 such
 # jobs held ~9 MB each as parsed trees); /livez answers throughout; once
 # released every accepted job succeeds with its whole output, the gauge
-# comes back to 0, and a large submit is accepted again. Prints TAP.
+# comes back to 0, and a large submit is accepted again. Then one job whose
+# steps splice a large output over and over fails with output_too_large
+# instead of growing the server. Prints TAP.
 # shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -22,7 +24,7 @@ start_server --max-body 1m --max-job-memory 32m --sync normal || exit 1
 PORT=${BASE##*:}
 
 rss_kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$SERVER_PID/status"; }
-gauge() { curl -s --max-time 5 "$BASE/metrics" | awk '/^jackdaw_job_definition_bytes /{print $2}'; }
+gauge() { curl -s --max-time 5 "$BASE/metrics" | awk '/^jackdaw_job_memory_bytes /{print $2}'; }
 echo 5 >"/proc/$SERVER_PID/clear_refs" # reset the peak (VmHWM) to now
 echo "# RSS before: $(rss_kb VmRSS) kB"
 
@@ -69,7 +71,7 @@ def probe():
             c = conn()
             c.request("GET", "/metrics")
             for l in c.getresponse().read().decode().splitlines():
-                if l.startswith("jackdaw_job_definition_bytes "):
+                if l.startswith("jackdaw_job_memory_bytes "):
                     stats["gauge_max"] = max(stats["gauge_max"], int(l.split()[1]))
             c.close()
         except Exception:
@@ -115,10 +117,11 @@ check "/metrics counts the refusals" \
 
 # Release the accepted jobs; each then echoes its 60,000 members.
 ok_jobs=0
-for id in $(sed -n 's/^accepted //p' "$WORK/big.out"); do
+mapfile -t ids < <(sed -n 's/^accepted //p' "$WORK/big.out")
+for id in "${ids[@]}"; do
     json_post "/v1/jobs/$id/messages" '{"topic":"go","data":1}' >/dev/null
 done
-for id in $(sed -n 's/^accepted //p' "$WORK/big.out"); do
+for id in "${ids[@]}"; do
     wait_job "$id" 60s
     body_has '"state":"succeeded"' && body_has '"k59999":59999' && ok_jobs=$((ok_jobs + 1))
 done
@@ -134,6 +137,28 @@ check "the gauge came back to 0 ($g)" [ "$g" = 0 ]
 python3 -c 'import sys; print("{\"handler\":\"echo\",\"args\":{" + ",".join("\"k%d\":%d" % (i, i) for i in range(60000)) + "}}")' >"$WORK/one.json"
 req POST /v1/jobs -H 'Content-Type: application/json' --data-binary "@$WORK/one.json"
 check "a large job is accepted again" status_is 201
+
+# One job whose 40 steps each echo a ~800 KB output of an earlier step: its
+# outputs would pass 16 MiB together (as trees, 200 such steps took main
+# past 2 GB and killed it under ulimit -v), so a step fails the job with
+# output_too_large and the server stays small.
+python3 -c '
+import json
+a = json.loads("{" + ",".join("\"k%d\":%d" % (i, i) for i in range(55000)) + "}")
+steps = [{"id": "a", "call": "echo", "args": a}]
+steps += [{"id": "b%d" % i, "call": "echo", "args": {"v": "${steps.a.output}"}} for i in range(40)]
+print(json.dumps({"steps": steps}, separators=(",", ":")))' >"$WORK/chain.json"
+echo 5 >"/proc/$SERVER_PID/clear_refs"
+req POST /v1/jobs -H 'Content-Type: application/json' --data-binary "@$WORK/chain.json"
+CHAIN=$(location_id)
+wait_job "$CHAIN" 60s
+peak=$(rss_kb VmHWM)
+echo "# chained outputs: peak RSS $peak kB"
+check "a job whose step outputs pile up fails with output_too_large" \
+    eval 'body_has "\"state\":\"failed\"" && body_has "\"kind\":\"output_too_large\""'
+check_perf "and the peak RSS stays under $RSS_LIMIT_KB kB ($peak kB)" [ "$peak" -lt "$RSS_LIMIT_KB" ]
+check "/livez still answers" eval 'req GET /livez && status_is 200'
+
 stop_server
 check "stops cleanly: exit 0" [ "$SERVER_RC" = 0 ]
 finish
