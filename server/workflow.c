@@ -34,9 +34,10 @@ struct wf {
     enum sstate *st;
     size_t pos;             /* top-level step in progress */
     cJSON *outputs;         /* id -> output, as raw JSON text (keep_output) */
-    size_t outputs_bytes;   /* their text together */
-    _Atomic size_t *charge; /* the def's memory counter (jd_jobdef_charge): outputs count too */
-    cJSON *messages;        /* buffered {"topic","data"} in arrival order */
+    size_t outputs_bytes;   /* the call steps' output text together */
+    _Atomic size_t *charge; /* the def's memory counter (jd_jobdef_charge), or NULL */
+    size_t charged;         /* text of outputs and messages charged to it */
+    cJSON *messages;        /* buffered {"topic","data"} in arrival order, data raw */
     cJSON *task_output;     /* task: the call's result */
 };
 
@@ -103,7 +104,7 @@ static void wf_close(void *self)
     if (!w)
         return;
     if (w->charge)
-        atomic_fetch_sub_explicit(w->charge, w->outputs_bytes, memory_order_relaxed);
+        atomic_fetch_sub_explicit(w->charge, w->charged, memory_order_relaxed);
     jd_jobdef_free(w->owned_def);
     free(w->st);
     cJSON_Delete(w->outputs);
@@ -227,6 +228,23 @@ static void offer_messages(struct wf *w)
         try_wait(w, c);
 }
 
+/* A raw JSON item holding text (takes it), charged to the job's memory
+ * counter until the process closes. */
+static cJSON *raw_take(struct wf *w, char *text)
+{
+    size_t n = strlen(text);
+    cJSON *raw = cJSON_CreateRaw(text);
+    free(text);
+    if (!raw) {
+        fprintf(stderr, "jackdaw: out of memory (workflow text)\n");
+        abort();
+    }
+    w->charged += n;
+    if (w->charge)
+        atomic_fetch_add_explicit(w->charge, n, memory_order_relaxed);
+    return raw;
+}
+
 /* Keep a workflow step's output r (takes ownership) as its compact text, not
  * as a tree (a 1 MB output of 60,000 members is ~7 MB as cJSON, kept until
  * the job ends); substitution parses it when a reference enters it. The
@@ -252,16 +270,21 @@ static bool keep_output(struct wf *w, const struct jd_jobdef_step *s, cJSON *r,
         return false;
     }
     w->outputs_bytes += n;
-    if (w->charge)
-        atomic_fetch_add_explicit(w->charge, n, memory_order_relaxed);
-    cJSON *raw = cJSON_CreateRaw(text);
-    free(text);
-    if (!raw) {
-        fprintf(stderr, "jackdaw: out of memory (step output)\n");
-        abort();
-    }
-    cJSON_AddItemToObject(w->outputs, s->id, raw);
+    cJSON_AddItemToObject(w->outputs, s->id, raw_take(w, text));
     return true;
+}
+
+/* A message {"topic", "data"} (takes ownership) with its data kept as text,
+ * as outputs are: a wait step moves the data into the outputs as it is. */
+static cJSON *compact_message(struct wf *w, cJSON *m)
+{
+    cJSON *data = cJSON_DetachItemFromObjectCaseSensitive(m, "data");
+    if (data) {
+        char *text = cJSON_PrintUnformatted(data);
+        cJSON_Delete(data);
+        cJSON_AddItemToObject(m, "data", raw_take(w, text ? text : jd_xstrdup("null")));
+    }
+    return m;
 }
 
 /* A completion for tag: false if it failed the process (FAIL set). */
@@ -335,7 +358,7 @@ static int wf_step(void *self, struct jd_event *events, size_t n, struct jd_step
         if (ev->type == JD_EVENT_MESSAGE) {
             cJSON *m = ev->data ? cJSON_Parse(ev->data) : NULL;
             if (cJSON_IsObject(m)) {
-                cJSON_AddItemToArray(w->messages, m);
+                cJSON_AddItemToArray(w->messages, compact_message(w, m));
                 offer_messages(w);
             } else {
                 cJSON_Delete(m);

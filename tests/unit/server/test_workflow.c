@@ -620,6 +620,38 @@ static void test_outputs_are_bounded_together(void **state)
     free(data);
 }
 
+/* With a charged definition (as the job layer runs it), kept outputs and
+ * buffered messages count in the job memory counter while the process
+ * lives, and come off it when it closes; the output is unchanged. */
+static void test_outputs_and_messages_are_charged(void **state)
+{
+    (void)state;
+    const char *def =
+        "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\"},{\"id\":\"w\",\"wait\":\"go\"}]}";
+    struct jd_jobdef *d = NULL;
+    struct jd_error err;
+    assert_int_equal(jd_jobdef_parse(def, strlen(def), NULL, NULL, &d, &err), 0);
+    _Atomic size_t held = 0;
+    jd_jobdef_charge(d, &held);
+    size_t base = held;
+    struct wf_run r = {.ops = &jd_workflow_ops, .self = jd_workflow_new_def(7, d)};
+    assert_int_equal(r.ops->init(r.self, "run", NULL, &err), 0);
+    step(&r, NULL, 0);
+    expect_yield(&r, 0, 1, "t.echo", "{}");
+    struct jd_event ev[2] = {msg_ev("other", "[1, 2]"), done_ev(1, "{\"x\": 1}")};
+    step(&r, ev, 2);
+    assert_int_equal(held, base + strlen("[1,2]") + strlen("{\"x\":1}"));
+    struct jd_event m = msg_ev("go", "{\"y\":2}");
+    step(&r, &m, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result, "{\"a\":{\"x\":1},\"w\":{\"y\":2}}");
+    assert_int_equal(held, base + 5 + 7 + 7);
+    run_end(&r);
+    assert_int_equal(held, base);
+    jd_jobdef_free(d);
+    assert_int_equal(held, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -636,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_plugin_process_type_adapter),
         cmocka_unit_test(test_decisions_depend_on_event_order_not_batching),
         cmocka_unit_test(test_outputs_are_bounded_together),
+        cmocka_unit_test(test_outputs_and_messages_are_charged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
