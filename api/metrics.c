@@ -171,6 +171,11 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
     scalar(b, "jackdaw_heap_trims_total", "counter",
            "Times freed heap was given back to the system while a large backlog drained.",
            j->heap_trims);
+    scalar(b, "jackdaw_job_memory_bytes", "gauge",
+           "Memory live jobs hold in definitions and workflow step outputs (--max-job-memory).",
+           j->def_bytes);
+    scalar(b, "jackdaw_jobs_memory_refused_total", "counter",
+           "Submits refused with 503 because --max-job-memory was reached.", j->def_refused);
     family(b, "jackdaw_jobs", "gauge", "Jobs in memory by state.");
     put(b, "jackdaw_jobs{state=\"queued\"} %llu\n", (unsigned long long)j->queued_mem);
     put(b, "jackdaw_jobs{state=\"running\"} %llu\n", (unsigned long long)j->running);

@@ -96,6 +96,9 @@ static const struct opt opts[] = {
      "on SIGTERM/SIGINT, wait this long for running steps (default 10s)"},
     {"--max-schedules", "JACKDAW_MAX_SCHEDULES", OPT_UINT, F(max_schedules), "N",
      "schedules kept at most; creating more gets 429 (default 10000)"},
+    {"--max-job-memory", "JACKDAW_MAX_JOB_MEMORY", OPT_BYTES, F(max_job_memory), "BYTES",
+     "memory live jobs' definitions and step outputs may hold together, suffix k/m/g "
+     "allowed (default 256m); a submit past it gets 503"},
     {"--max-replays", "JACKDAW_MAX_REPLAYS", OPT_UINT, F(max_replays), "N",
      "fail a job as quarantined once the server died N times in a row while running it "
      "(default 3, 0: never)"},
@@ -297,7 +300,8 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->max_wait_ms = 60000;
     c->heartbeat_ms = 15000; /* below common proxy idle timeouts (30-60 s) */
     c->grace_ms = 10000;
-    c->max_schedules = 10000; /* each holds a timer and its definition in memory */
+    c->max_job_memory = (size_t)256 << 20; /* ~128 jobs of the largest size (1 MiB) at once */
+    c->max_schedules = 10000;              /* each holds a timer and its definition in memory */
     c->max_replays = JD_JOBS_MAX_REPLAYS_DEFAULT;
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */

@@ -44,6 +44,7 @@ struct jd_config {
     int64_t heartbeat_ms;          /* --heartbeat; SSE comment interval, default 15 s */
     int64_t grace_ms;              /* --grace; shutdown drain period, default 10 s */
     unsigned max_schedules;        /* --max-schedules; default 10000 */
+    size_t max_job_memory;         /* --max-job-memory; definitions in memory, default 256 MiB */
     unsigned max_replays;          /* --max-replays; poison-job quarantine, default 3, 0: off */
     bool ui;                       /* --ui on|off; serve the dashboard, default on */
     bool help;                     /* --help was given: print usage, exit 0 */

@@ -46,12 +46,16 @@ enum jd_jobdef_step_kind {
 
 /* One step, flattened: steps[i] yields with tag i + 1. Parallel children
  * follow their group; top-level steps have parent == -1. Pointers into the
- * definition's cJSON tree are valid as long as the jd_jobdef. */
+ * definition's cJSON tree are valid as long as the jd_jobdef. After
+ * jd_jobdef_slim a CALL step's args are either args_text (no "${" in them:
+ * what substitution would produce, rendered once; args is then NULL) or a
+ * tree kept for substitution (args_text NULL). */
 struct jd_jobdef_step {
     enum jd_jobdef_step_kind kind;
     const char *id;
     const char *call;   /* CALL: command name */
-    const cJSON *args;  /* CALL: args object (or NULL: {}) */
+    const cJSON *args;  /* CALL: args object (or NULL: {} unless args_text) */
+    char *args_text;    /* CALL, after jd_jobdef_slim: args as compact JSON (owned), or NULL */
     int64_t sleep_ms;   /* SLEEP */
     const char *topic;  /* WAIT */
     int64_t timeout_ms; /* CALL: per attempt (0: handler default); WAIT: 0 = forever */
@@ -98,6 +102,17 @@ struct jd_jobdef {
     /* TASK and WORKFLOW: the flattened steps (TASK: one CALL step "task") */
     struct jd_jobdef_step *steps;
     size_t nsteps;
+    /* After jd_jobdef_slim: root and labels are NULL, the strings above and
+     * the trees still needed (input and args that substitution reads) live
+     * in kept; a PROCESS job's input is input_text. */
+    cJSON *kept;      /* owned, or NULL */
+    char *input_text; /* PROCESS: compact input (owned), or NULL for none */
+    bool slim;
+    /* Bytes the definition holds in memory (an estimate counting allocator
+     * overhead), set by jd_jobdef_slim; charged to *charged_to while the
+     * definition is charged (jd_jobdef_charge) and given back when freed. */
+    size_t mem;
+    _Atomic size_t *charged_to;
 };
 
 /* The limits with zeros replaced by their defaults. */
@@ -117,6 +132,22 @@ int jd_jobdef_from_json(cJSON *root, const char *base, const struct jd_job_limit
                         const struct jd_registry *registry, struct jd_jobdef **out,
                         struct jd_error *err);
 void jd_jobdef_free(struct jd_jobdef *d);
+
+/*
+ * Keep only what a live job needs, so that a definition costs about its text
+ * while queued or running rather than its parsed tree (a 1 MB definition of
+ * 60,000 members is ~7 MB as cJSON): render each CALL step's args once when
+ * they hold no "${" (substitution would copy them as they are), keep the
+ * trees substitution reads (args with references, and the input when any
+ * step has them), render a PROCESS job's input to input_text, copy the
+ * strings the struct points to, free the rest, and set d->mem. The text
+ * stays. Idempotent. Any thread; d must not be in use by another.
+ */
+void jd_jobdef_slim(struct jd_jobdef *d);
+
+/* Add d->mem to *counter (slimming d first) and give it back when d is
+ * freed. At most one counter per definition; atomic (relaxed: a gauge). */
+void jd_jobdef_charge(struct jd_jobdef *d, _Atomic size_t *counter);
 
 /*
  * Parse and validate a batch {"jobs": [definition, ...]} of `len` bytes: at

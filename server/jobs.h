@@ -77,6 +77,14 @@ struct jd_jobs_config {
     /* --command-limit "http=64,exec=8": calls of a command in flight at
      * once; more wait, in order, without a worker. NULL: none. */
     const char *command_limits;
+    /* What live jobs may hold in memory together (their definitions' text
+     * and what jd_jobdef_slim keeps, as jd_jobdef.mem counts it, plus their
+     * workflows' step outputs): a
+     * submit that would pass it answers JD_EBUSY (503, try later), so what
+     * clients send cannot grow the server without bound. Jobs read back at
+     * start and jobs a schedule fires are counted but never refused.
+     * 0: 256 MiB. */
+    size_t max_job_memory;
 };
 
 /* Parse a --command-limit value (empty: none); 0 or JD_EINVAL with err
@@ -382,6 +390,8 @@ struct jd_jobs_stats {
     /* issue 19: bulk operations running or waiting to run; webhook POST
      * attempts and deliveries that ended delivered or failed */
     uint64_t bulk_running, webhook_attempts, webhooks_delivered, webhooks_failed;
+    uint64_t def_bytes;   /* what live jobs' definitions and outputs hold (max_job_memory) */
+    uint64_t def_refused; /* submits refused because of max_job_memory */
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

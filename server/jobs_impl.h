@@ -256,6 +256,10 @@ struct jd_jobs {
     bool trim_tail;       /* a trim happened; one more when the table empties */
     uint64_t commits;     /* job records committed (their callbacks run): GET /v1/events */
     char *webhook_secret; /* or NULL (jobs_notify.c) */
+    /* Bytes the definitions of live jobs hold (jd_jobdef_charge in
+     * jobs_job_new, given back as each is freed) and their bound. */
+    _Atomic size_t def_mem;
+    size_t max_job_memory;
 };
 
 struct idem {

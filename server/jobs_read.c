@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,7 @@ void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out)
 {
     pthread_mutex_lock(&j->mu);
     *out = j->st;
+    out->def_bytes = atomic_load_explicit(&j->def_mem, memory_order_relaxed);
     out->running = out->waiting = 0;
     for (unsigned b = 0; b < NBUCKETS; b++)
         for (struct job *jb = j->table[b]; jb; jb = jb->hnext) {

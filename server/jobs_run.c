@@ -169,7 +169,9 @@ void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume)
             ops = &jd_plugin_process_ops;
             self = jd_plugin_process_new(pt);
             method = d->method;
-            input = d->input ? cJSON_PrintUnformatted(d->input) : NULL;
+            input = d->input_text ? jd_xstrdup(d->input_text)
+                    : d->input    ? cJSON_PrintUnformatted(d->input)
+                                  : NULL;
         }
     }
 

@@ -19,6 +19,7 @@
 #include "common/sha256.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,21 @@ static bool fingerprint_matches(const char *stored, const char *text, const char
     char legacy[17];
     snprintf(legacy, sizeof legacy, "%016" PRIx64, h);
     return strcmp(stored, legacy) == 0;
+}
+
+/* Under mu: 0 if definitions holding `need` more bytes fit --max-job-memory
+ * beside those of the live jobs, else JD_EBUSY (503: try later) with err set.
+ * One job always fits an empty server, so the bound never refuses everything. */
+static int def_mem_check_locked(struct jd_jobs *j, size_t need, struct jd_error *err)
+{
+    size_t held = atomic_load_explicit(&j->def_mem, memory_order_relaxed);
+    if (held == 0 || (need <= j->max_job_memory && held <= j->max_job_memory - need))
+        return 0;
+    j->st.def_refused++;
+    return jd_error_set(err, JD_EBUSY, NULL,
+                        "live jobs hold %zu bytes in memory and this one needs "
+                        "%zu more, past --max-job-memory (%zu); try again later",
+                        held, need, j->max_job_memory);
 }
 
 /* Under mu: a job and its insert record (id 0: a fresh one). */
@@ -168,6 +184,7 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
     char fp[JD_SHA256_HEX_LEN + 1];
     fingerprint(d->text, fp);
     add_trace(d, traceparent); /* after the fingerprint: not part of the request's identity */
+    jd_jobdef_slim(d); /* now: the parsed tree is not kept while the job waits its turn */
     if (idempotency_key) {
         int64_t existing = 0;
         char *efp = NULL;
@@ -206,6 +223,11 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
         struct jd_submit_result res = {.job_id = hid, .unique = how};
         answer_existing(j, &res, done, arg);
         return 0;
+    }
+    if ((rc = def_mem_check_locked(j, d->mem, err))) {
+        pthread_mutex_unlock(&j->mu);
+        jd_jobdef_free(d);
+        return rc;
     }
     if (idempotency_key) {
         for (struct idem *i = j->idems; i; i = i->next)
@@ -344,10 +366,17 @@ int jd_jobs_submit_batch_traced(struct jd_jobs *j, const char *body, size_t len,
     b->done = done;
     b->arg = arg;
     struct jd_write **ws = jd_xcalloc(n, sizeof *ws);
+    size_t need = 0;
+    for (size_t k = 0; k < n; k++) {
+        jd_jobdef_slim(defs[k]);
+        need += defs[k]->mem;
+    }
     pthread_mutex_lock(&j->mu);
-    if (j->draining) {
+    if (j->draining)
         rc = JD_ESHUTDOWN;
-    } else {
+    else
+        rc = def_mem_check_locked(j, need, err); /* err says which bound */
+    if (!rc) {
         for (size_t k = 0; k < n; k++) {
             b->recs[k] = insert_rec(j, defs[k], 0, NULL, NULL);
             b->recs[k]->batch = b;
@@ -374,6 +403,8 @@ int jd_jobs_submit_batch_traced(struct jd_jobs *j, const char *body, size_t len,
         free(b->recs);
         free(b);
         free(defs);
+        if (rc == JD_EBUSY)
+            return rc;
         return jd_error_set(err, rc, NULL, "cannot store the batch: %s", jd_strerror(rc));
     }
     free(defs);

@@ -158,10 +158,11 @@ void jobs_jtimer_unlink(struct job *jb, struct jtimer *t)
 
 struct job *jobs_job_new(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, int64_t now)
 {
-    (void)j;
     struct job *jb = jd_xcalloc(1, sizeof *jb);
     jb->id = id;
     jb->def = d;
+    if (d)
+        jd_jobdef_charge(d, &j->def_mem);
     jb->queue = jd_xstrdup(d ? d->queue : "default");
     jb->priority = d ? d->priority : 0;
     jb->run_at_ms = d && d->run_at_ms ? d->run_at_ms : now + (d ? d->delay_ms : 0);

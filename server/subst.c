@@ -17,6 +17,10 @@
  * from (container, key or position) to member) the first time a path
  * enters it, so n references into a container of m members cost O(n + m).
  *
+ * A step output may be kept as raw JSON text (a cJSON_Raw item: the
+ * workflow keeps outputs as text, not trees); it is parsed when a reference
+ * first enters it and the tree is dropped when substitution ends.
+ *
  * Threading: no shared state; safe from any thread.
  */
 #include "common/alloc.h"
@@ -256,7 +260,31 @@ struct subst {
     struct index ix;
     char *scratch; /* measure(): where a value is printed to find its size */
     size_t scratch_cap;
+    struct parsed *parsed; /* raw step outputs parsed so far */
 };
+
+/* A raw step output and its tree, for as long as one substitution runs. */
+struct parsed {
+    const cJSON *raw;
+    cJSON *tree; /* NULL if the text does not parse */
+    struct parsed *next;
+};
+
+/* v, or for a raw item the tree of its text (parsed once per substitution). */
+static const cJSON *cooked(struct subst *st, const cJSON *v)
+{
+    if (!cJSON_IsRaw(v))
+        return v;
+    for (struct parsed *p = st->parsed; p; p = p->next)
+        if (p->raw == v)
+            return p->tree;
+    struct parsed *p = jd_xcalloc(1, sizeof *p);
+    p->raw = v;
+    p->tree = cJSON_Parse(v->valuestring);
+    p->next = st->parsed;
+    st->parsed = p;
+    return p->tree;
+}
 
 struct sbuf {
     char *p;
@@ -360,7 +388,7 @@ static const cJSON *resolve(struct subst *st, const char *body, cJSON **owned, b
             *unresolved_ok = ctx->keep_unresolved;
             return NULL;
         }
-        return walk(&st->ix, out, path);
+        return walk(&st->ix, cooked(st, out), path);
     }
     case REF_BAD:
         break;
@@ -528,6 +556,12 @@ cJSON *jd_subst(const cJSON *v, const struct jd_subst_ctx *ctx, struct jd_error 
         *ctx->bytes = st.used;
     free(st.ix.slots);
     free(st.scratch);
+    while (st.parsed) {
+        struct parsed *p = st.parsed;
+        st.parsed = p->next;
+        cJSON_Delete(p->tree);
+        free(p);
+    }
     return r;
 }
 

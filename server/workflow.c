@@ -17,6 +17,7 @@
 
 #include <cJSON.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,10 +32,13 @@ struct wf {
     const struct jd_jobdef *def; /* owned_def, or borrowed (jd_workflow_new_def) */
     struct jd_jobdef *owned_def; /* parsed by init from its input; freed by close */
     enum sstate *st;
-    size_t pos;         /* top-level step in progress */
-    cJSON *outputs;     /* id -> output */
-    cJSON *messages;    /* buffered {"topic","data"} in arrival order */
-    cJSON *task_output; /* task: the call's result */
+    size_t pos;             /* top-level step in progress */
+    cJSON *outputs;         /* id -> output, as raw JSON text (keep_output) */
+    size_t outputs_bytes;   /* the call steps' output text together */
+    _Atomic size_t *charge; /* the def's memory counter (jd_jobdef_charge), or NULL */
+    size_t charged;         /* text of outputs and messages charged to it */
+    cJSON *messages;        /* buffered {"topic","data"} in arrival order, data raw */
+    cJSON *task_output;     /* task: the call's result */
 };
 
 void *jd_workflow_new(int64_t job_id)
@@ -68,10 +72,12 @@ static int wf_init_common(struct wf *w, const char *method, const char *input, s
         int rc = jd_jobdef_parse(input, strlen(input), &lim, NULL, &w->owned_def, err);
         if (rc)
             return rc;
+        jd_jobdef_slim(w->owned_def); /* as the job layer's: no tree kept that no step reads */
         w->def = w->owned_def;
     }
     if ((w->def->shape == JD_JOBDEF_TASK) != w->task)
         return jd_error_set(err, JD_EINVAL, "", "definition shape does not match process type");
+    w->charge = w->def->charged_to;
     w->st = jd_xcalloc(w->def->nsteps ? w->def->nsteps : 1, sizeof *w->st);
     w->outputs = cJSON_CreateObject();
     w->messages = cJSON_CreateArray();
@@ -97,6 +103,8 @@ static void wf_close(void *self)
     struct wf *w = self;
     if (!w)
         return;
+    if (w->charge)
+        atomic_fetch_sub_explicit(w->charge, w->charged, memory_order_relaxed);
     jd_jobdef_free(w->owned_def);
     free(w->st);
     cJSON_Delete(w->outputs);
@@ -137,6 +145,10 @@ static bool start_leaf(struct wf *w, size_t i, struct jd_step_out *out)
     w->st[i] = S_RUNNING;
     switch (s->kind) {
     case JD_JSTEP_CALL: {
+        if (s->args_text) { /* nothing to substitute (jd_jobdef_slim) */
+            jd_step_yield(out, tag, s->call, s->args_text, s->timeout_ms);
+            return true;
+        }
         struct jd_subst_ctx sc = {
             .input = w->def->input, .steps = w->outputs, .job_id = w->job_id_s};
         struct jd_error e;
@@ -216,6 +228,65 @@ static void offer_messages(struct wf *w)
         try_wait(w, c);
 }
 
+/* A raw JSON item holding text (takes it), charged to the job's memory
+ * counter until the process closes. */
+static cJSON *raw_take(struct wf *w, char *text)
+{
+    size_t n = strlen(text);
+    cJSON *raw = cJSON_CreateRaw(text);
+    free(text);
+    if (!raw) {
+        fprintf(stderr, "jackdaw: out of memory (workflow text)\n");
+        abort();
+    }
+    w->charged += n;
+    if (w->charge)
+        atomic_fetch_add_explicit(w->charge, n, memory_order_relaxed);
+    return raw;
+}
+
+/* Keep a workflow step's output r (takes ownership) as its compact text, not
+ * as a tree (a 1 MB output of 60,000 members is ~7 MB as cJSON, kept until
+ * the job ends); substitution parses it when a reference enters it. The
+ * outputs together are held to JD_WF_OUTPUTS_MAX: past it the step fails
+ * (false, FAIL set), so a chain of steps each splicing the last one's
+ * output cannot grow one job without bound. The text is charged to the
+ * job's memory counter (--max-job-memory) until the process closes. */
+static bool keep_output(struct wf *w, const struct jd_jobdef_step *s, cJSON *r,
+                        struct jd_step_out *out)
+{
+    char *text = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    if (!text)
+        text = jd_xstrdup("null");
+    size_t n = strlen(text);
+    if (n > JD_WF_OUTPUTS_MAX || w->outputs_bytes > JD_WF_OUTPUTS_MAX - n) {
+        free(text);
+        char m[256];
+        snprintf(m, sizeof m,
+                 "step \"%s\": the outputs of the workflow's steps would pass %zu bytes together",
+                 s->id, (size_t)JD_WF_OUTPUTS_MAX);
+        fail_simple(out, "output_too_large", s->id, m);
+        return false;
+    }
+    w->outputs_bytes += n;
+    cJSON_AddItemToObject(w->outputs, s->id, raw_take(w, text));
+    return true;
+}
+
+/* A message {"topic", "data"} (takes ownership) with its data kept as text,
+ * as outputs are: a wait step moves the data into the outputs as it is. */
+static cJSON *compact_message(struct wf *w, cJSON *m)
+{
+    cJSON *data = cJSON_DetachItemFromObjectCaseSensitive(m, "data");
+    if (data) {
+        char *text = cJSON_PrintUnformatted(data);
+        cJSON_Delete(data);
+        cJSON_AddItemToObject(m, "data", raw_take(w, text ? text : jd_xstrdup("null")));
+    }
+    return m;
+}
+
 /* A completion for tag: false if it failed the process (FAIL set). */
 static bool on_complete(struct wf *w, const struct jd_event *ev, struct jd_step_out *out)
 {
@@ -253,8 +324,8 @@ static bool on_complete(struct wf *w, const struct jd_event *ev, struct jd_step_
             if (w->task) {
                 cJSON_Delete(w->task_output);
                 w->task_output = r;
-            } else {
-                cJSON_AddItemToObject(w->outputs, s->id, r);
+            } else if (!keep_output(w, s, r, out)) {
+                return false;
             }
             w->st[i] = S_DONE;
         }
@@ -287,7 +358,7 @@ static int wf_step(void *self, struct jd_event *events, size_t n, struct jd_step
         if (ev->type == JD_EVENT_MESSAGE) {
             cJSON *m = ev->data ? cJSON_Parse(ev->data) : NULL;
             if (cJSON_IsObject(m)) {
-                cJSON_AddItemToArray(w->messages, m);
+                cJSON_AddItemToArray(w->messages, compact_message(w, m));
                 offer_messages(w);
             } else {
                 cJSON_Delete(m);

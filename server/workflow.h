@@ -26,8 +26,11 @@
  * Output of a workflow: {"<step id>": output, ...} for every call step (its
  * result) and wait step (the message's data). Errors are JSON objects
  * {"kind": .., "message": .., ...}: kinds "cancelled", "timeout" (wait
- * timeout), "substitution", or the failed call's kind with "step" naming the
- * step and "cause" holding the call's error.
+ * timeout), "substitution", "output_too_large" (the call steps' outputs
+ * together passed JD_WF_OUTPUTS_MAX), or the failed call's kind with "step"
+ * naming the step and "cause" holding the call's error. Step outputs are
+ * kept as text while the workflow runs, parsed only when a reference reads
+ * them.
  *
  * Threading: as process.h: one instance is never used by two threads at once.
  */
@@ -38,6 +41,12 @@
 #include "scheduler/process.h"
 
 #include <stdint.h>
+
+/* What a workflow's call-step outputs may hold together, as compact JSON
+ * text: sixteen definitions' worth (one output can be as large as a whole
+ * definition by substitution), so one job's memory is bounded whatever its
+ * steps splice. */
+#define JD_WF_OUTPUTS_MAX ((size_t)16 << 20)
 
 extern const struct jd_process_ops jd_task_ops;
 extern const struct jd_process_ops jd_workflow_ops;

@@ -16,7 +16,9 @@ Actions: deeply nested and duplicate-member bodies near --max-body, clients
 that vanish mid-wait, mid-SSE and mid-body (FIN or RST), full SSE streams of
 a long history, long-polls, splices past the substitution limits (at submit
 and at run time), oversized bodies sent whole before reading, and floods of
-messages to a job that waits on another topic.
+messages to a job that waits on another topic, large definitions that stay
+live (up to --max-job-memory, then 503), and a job whose steps splice a
+large output again and again.
 """
 import argparse
 import http.client
@@ -73,6 +75,15 @@ SPLICE_RUN = json.dumps({"steps": [
     {"id": "c", "call": "echo", "args": {"v": "${steps.b.output.v}" * 3000}}],
     "input": {"s": S1K}}).encode()
 OVERSIZE = b" " * (args.max_body * 8)
+# Large definitions that stay live for 20 s (a wait no one answers), sent
+# in bursts so that together they reach --max-job-memory (then 503), and a job whose steps splice a
+# ~800 KB output again and again (fails with output_too_large at 16 MiB).
+BIG_MEMBERS = ",".join('"k%d":%d' % (i, i) for i in range((room - 200) // 16))
+BIG_LIVE = ('{"steps":[{"id":"w","wait":"never","timeout_ms":20000},{"id":"e","call":"echo","args":{%s}}]}'
+            % BIG_MEMBERS).encode()
+CHAIN = json.dumps({"steps": [{"id": "a", "call": "echo", "args": json.loads("{" + BIG_MEMBERS[: room * 4 // 5] .rsplit(",", 1)[0] + "}")}]
+                    + [{"id": f"b{i}", "call": "echo", "args": {"v": "${steps.a.output}"}}
+                       for i in range(24)]}, separators=(",", ":")).encode()
 
 
 def request(method, path, body=None, headers=None, timeout=30):
@@ -179,6 +190,16 @@ def a_splice(rng):
         count("splice_jobs")
 
 
+def a_big_live(rng):
+    for _ in range(2):
+        if request("POST", "/v1/jobs", BIG_LIVE) == 503:
+            count("memory_503")
+
+
+def a_chain(rng):
+    request("POST", "/v1/jobs", CHAIN)
+
+
 def a_oversize(rng):
     st = request("POST", "/v1/jobs", OVERSIZE[: rng.randrange(args.max_body + 1, len(OVERSIZE))])
     if st == 0:
@@ -192,7 +213,7 @@ def a_messages(rng):
 
 
 ACTIONS = [a_nested, a_duplicates, a_vanish_wait, a_vanish_sse, a_vanish_body, a_sse_full,
-           a_long_poll, a_splice, a_oversize, a_messages]
+           a_long_poll, a_splice, a_oversize, a_messages, a_big_live, a_chain]
 if args.only:
     ACTIONS = [a for a in ACTIONS if a.__name__[2:] in args.only.split(",")]
 

@@ -707,6 +707,93 @@ static void test_reference_paths(void **state)
     assert_non_null(strstr(err.message, "does not resolve"));
 }
 
+/* jd_jobdef_slim: args without "${" become their text; args with
+ * references, and the input they read, stay trees; strings survive the tree;
+ * a process job's input becomes text. */
+static void test_slim_keeps_what_a_live_job_needs(void **state)
+{
+    (void)state;
+    struct jd_jobdef *d = NULL;
+    struct jd_error err;
+    const char *wf = "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\",\"args\":{\"x\":[1,\"y\"]}},"
+                     "{\"id\":\"b\",\"call\":\"t.echo\",\"args\":{\"v\":\"${input.v}\"}},"
+                     "{\"id\":\"c\",\"call\":\"t.echo\",\"args\":{\"lit\":\"$${not}\"}},"
+                     "{\"id\":\"d\",\"call\":\"t.echo\"},"
+                     "{\"id\":\"w\",\"wait\":\"go\"}],"
+                     "\"input\":{\"v\":1},\"queue\":\"q1\",\"labels\":{\"k\":\"v\"}}";
+    assert_int_equal(jd_jobdef_parse(wf, strlen(wf), &limits, reg, &d, &err), 0);
+    jd_jobdef_slim(d);
+    jd_jobdef_slim(d); /* idempotent */
+    assert_null(d->root);
+    assert_null(d->labels);
+    assert_true(d->slim);
+    assert_string_equal(d->queue, "q1");
+    assert_int_equal(d->nsteps, 5);
+    assert_string_equal(d->steps[0].id, "a");
+    assert_string_equal(d->steps[0].call, "t.echo");
+    assert_string_equal(d->steps[0].args_text, "{\"x\":[1,\"y\"]}");
+    assert_null(d->steps[0].args);
+    assert_null(d->steps[1].args_text); /* a reference: substituted at run time */
+    assert_non_null(d->steps[1].args);
+    assert_null(d->steps[2].args_text); /* "$${" is unescaped by substitution */
+    assert_non_null(d->steps[2].args);
+    assert_string_equal(d->steps[3].args_text, "{}");
+    assert_string_equal(d->steps[4].topic, "go");
+    assert_non_null(d->input); /* step b reads it */
+    assert_true(d->mem > strlen(d->text));
+    assert_non_null(strstr(d->text, "\"labels\":{\"k\":\"v\"}")); /* what is stored is whole */
+    jd_jobdef_free(d);
+
+    const char *task = "{\"handler\":\"t.echo\",\"args\":{\"a\":1},\"input\":{\"big\":[1,2,3]},"
+                       "\"unique\":{\"key\":\"k1\"}}";
+    assert_int_equal(jd_jobdef_parse(task, strlen(task), &limits, reg, &d, &err), 0);
+    jd_jobdef_slim(d);
+    assert_string_equal(d->steps[0].args_text, "{\"a\":1}");
+    assert_null(d->input); /* no step reads it */
+    assert_string_equal(d->unique_key, "k1");
+    jd_jobdef_free(d);
+
+    const char *proc = "{\"process\":\"t.counter\",\"method\":\"count_to\",\"input\":{\"n\":3}}";
+    if (jd_jobdef_parse(proc, strlen(proc), &limits, NULL, &d, &err) == 0) {
+        jd_jobdef_slim(d);
+        assert_string_equal(d->process, "t.counter");
+        assert_string_equal(d->method, "count_to");
+        assert_string_equal(d->input_text, "{\"n\":3}");
+        assert_null(d->input);
+        jd_jobdef_free(d);
+    } else {
+        fail_msg("process definition: %s", err.message);
+    }
+}
+
+/* What the issue measured: a large definition of many members costs about
+ * its text once slimmed, not the ~7x of its parsed tree; and its charge
+ * comes back when it is freed. */
+static void test_slim_is_far_smaller_than_the_tree(void **state)
+{
+    (void)state;
+    size_t n = 20000, cap = n * 24 + 64, len = 0;
+    char *t = malloc(cap);
+    len += (size_t)snprintf(t + len, cap - len, "{\"handler\":\"t.echo\",\"args\":{\"k\":0");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(t + len, cap - len, ",\"k%zu\":%zu", i, i);
+    len += (size_t)snprintf(t + len, cap - len, "}}");
+    struct jd_job_limits big = {.max_definition_bytes = 1 << 20};
+    struct jd_jobdef *d = NULL;
+    struct jd_error err;
+    assert_int_equal(jd_jobdef_parse(t, len, &big, reg, &d, &err), 0);
+    _Atomic size_t held = 0;
+    jd_jobdef_charge(d, &held);
+    assert_true(d->slim);
+    assert_int_equal(held, d->mem);
+    /* text and args text, each about len, plus small change */
+    assert_true(d->mem < 3 * len);
+    assert_true(d->mem >= 2 * len);
+    jd_jobdef_free(d);
+    assert_int_equal(held, 0);
+    free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -721,6 +808,8 @@ int main(void)
         cmocka_unit_test(test_batch_jobs_are_held_to_the_limits),
         cmocka_unit_test(test_substitution_bounds),
         cmocka_unit_test(test_reference_paths),
+        cmocka_unit_test(test_slim_keeps_what_a_live_job_needs),
+        cmocka_unit_test(test_slim_is_far_smaller_than_the_tree),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

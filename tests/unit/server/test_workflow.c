@@ -580,6 +580,78 @@ static void test_plugin_process_type_adapter(void **state)
     jd_registry_destroy(reg);
 }
 
+/* Step outputs are kept as text and held to JD_WF_OUTPUTS_MAX together:
+ * each large output here is over a third of it, so the third large one
+ * fails the job with output_too_large naming the step; references into
+ * the kept outputs still resolve, and a whole output keeps its type. */
+static void test_outputs_are_bounded_together(void **state)
+{
+    (void)state;
+    struct wf_run r;
+    run_start(&r, &jd_workflow_ops,
+              "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\"},"
+              "{\"id\":\"b\",\"call\":\"t.echo\",\"args\":{\"n\":\"${steps.a.output.n}\"}},"
+              "{\"id\":\"c\",\"call\":\"t.echo\",\"args\":{\"all\":\"${steps.b.output}\"}},"
+              "{\"id\":\"d\",\"call\":\"t.echo\"}]}");
+    size_t big = JD_WF_OUTPUTS_MAX / 3 + 16;
+    char *data = malloc(big + 64);
+    int n = snprintf(data, 64, "{\"n\":5,\"s\":\"");
+    memset(data + n, 'x', big);
+    strcpy(data + n + big, "\"}");
+    step(&r, NULL, 0);
+    expect_yield(&r, 0, 1, "t.echo", "{}");
+    struct jd_event e = done_ev(1, data);
+    step(&r, &e, 1);
+    expect_yield(&r, 0, 2, "t.echo", "{\"n\":5}");
+    e = done_ev(2, "{\"m\":[1,2]}");
+    step(&r, &e, 1);
+    expect_yield(&r, 0, 3, "t.echo", "{\"all\":{\"m\":[1,2]}}");
+    e = done_ev(3, data);
+    step(&r, &e, 1);
+    expect_yield(&r, 0, 4, "t.echo", "{}");
+    e = done_ev(4, data);
+    step(&r, &e, 1);
+    assert_int_equal(r.out.status, JD_STEP_FAIL);
+    cJSON *err = cJSON_Parse(r.out.error);
+    assert_string_equal(cJSON_GetObjectItem(err, "kind")->valuestring, "output_too_large");
+    assert_string_equal(cJSON_GetObjectItem(err, "step")->valuestring, "d");
+    cJSON_Delete(err);
+    run_end(&r);
+    free(data);
+}
+
+/* With a charged definition (as the job layer runs it), kept outputs and
+ * buffered messages count in the job memory counter while the process
+ * lives, and come off it when it closes; the output is unchanged. */
+static void test_outputs_and_messages_are_charged(void **state)
+{
+    (void)state;
+    const char *def =
+        "{\"steps\":[{\"id\":\"a\",\"call\":\"t.echo\"},{\"id\":\"w\",\"wait\":\"go\"}]}";
+    struct jd_jobdef *d = NULL;
+    struct jd_error err;
+    assert_int_equal(jd_jobdef_parse(def, strlen(def), NULL, NULL, &d, &err), 0);
+    _Atomic size_t held = 0;
+    jd_jobdef_charge(d, &held);
+    size_t base = held;
+    struct wf_run r = {.ops = &jd_workflow_ops, .self = jd_workflow_new_def(7, d)};
+    assert_int_equal(r.ops->init(r.self, "run", NULL, &err), 0);
+    step(&r, NULL, 0);
+    expect_yield(&r, 0, 1, "t.echo", "{}");
+    struct jd_event ev[2] = {msg_ev("other", "[1, 2]"), done_ev(1, "{\"x\": 1}")};
+    step(&r, ev, 2);
+    assert_int_equal(held, base + strlen("[1,2]") + strlen("{\"x\":1}"));
+    struct jd_event m = msg_ev("go", "{\"y\":2}");
+    step(&r, &m, 1);
+    assert_int_equal(r.out.status, JD_STEP_DONE);
+    assert_string_equal(r.out.result, "{\"a\":{\"x\":1},\"w\":{\"y\":2}}");
+    assert_int_equal(held, base + 5 + 7 + 7);
+    run_end(&r);
+    assert_int_equal(held, base);
+    jd_jobdef_free(d);
+    assert_int_equal(held, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -595,6 +667,8 @@ int main(void)
         cmocka_unit_test(test_same_events_give_same_yields),
         cmocka_unit_test(test_plugin_process_type_adapter),
         cmocka_unit_test(test_decisions_depend_on_event_order_not_batching),
+        cmocka_unit_test(test_outputs_are_bounded_together),
+        cmocka_unit_test(test_outputs_and_messages_are_charged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
