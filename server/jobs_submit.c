@@ -72,6 +72,7 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
         r->w.idem_fingerprint = r->fingerprint;
     }
     r->w.job = &r->row;
+    r->w.handler = d->shape == JD_JOBDEF_TASK ? d->steps[0].call : NULL; /* d outlives r */
     r->after = AFTER_QUEUED;
     if (d->has_unique) {
         int64_t until = d->unique_for_ms ? now + d->unique_for_ms : 0;

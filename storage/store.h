@@ -223,6 +223,9 @@ struct jd_write {
      * expired (unique_expires_ms, wall ms; 0: never). */
     const char *unique_key;
     int64_t unique_expires_ms;
+    /* jobs.handler, the one handler of a single-call job ({"handler": ..});
+     * NULL for workflows and process jobs. Finding jobs by handler uses it. */
+    const char *handler;
 
     /* JD_W_JOB_CHANGE: fields to update (JD_SET_*), then one event appended */
     unsigned set;

@@ -63,8 +63,8 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_IDEM_GET] = "SELECT job_id FROM idempotency WHERE key = ?1",
     [JD_WS_JOB_INSERT] = "INSERT INTO jobs(id, queue, priority, state, run_at_ms,"
                          " attempts, version, created_ms, updated_ms, started_ms, finished_ms,"
-                         " idempotency_key, schedule_id)"
-                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9, ?10)",
+                         " idempotency_key, schedule_id, handler)"
+                         " VALUES (?1, ?2, ?3, ?4, ?6, 0, 1, ?7, ?7, 0, ?8, ?9, ?10, ?11)",
     [JD_WS_DEF_INSERT] = "INSERT INTO job_definitions(job_id, definition) VALUES (?1, ?2)",
     /* A change that sets no field (a history append); changes that set
      * fields use update_stmt(), one statement per JD_SET_* combination, so
@@ -437,6 +437,7 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
     sqlite3_bind_int64(st, 8, jd_job_state_terminal(j->state) ? created : 0);
     bind_text(st, 9, j->idempotency_key);
     bind_text(st, 10, j->schedule_id);
+    bind_text(st, 11, w->handler);
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
     st = s->wst[JD_WS_DEF_INSERT];

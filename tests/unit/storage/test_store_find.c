@@ -46,14 +46,17 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Insert a job with this definition and creation time; its id. */
-static int64_t add(struct jd_store *s, const char *queue, const char *def, int64_t created)
+/* Insert a job with this definition, handler (what the job layer passes
+ * for a single-call job; NULL for a workflow) and creation time; its id. */
+static int64_t add(struct jd_store *s, const char *queue, const char *def, const char *handler,
+                   int64_t created)
 {
     struct jd_job j = make_job(jd_store_next_id(s), queue, NULL);
     j.definition = (char *)def;
     j.created_ms = created;
+    struct jd_write w = {.op = JD_W_JOB_INSERT, .job = &j, .handler = handler};
     struct tres r;
-    assert_int_equal(insert_wait(s, &j, NULL, &r), 0);
+    assert_int_equal(submit_wait(s, &w, &r), 0);
     return j.id;
 }
 
@@ -86,14 +89,15 @@ static void test_labels_handler_and_state(void **state)
     struct fx *f = *state;
     int64_t gold =
         add(f->s, "q", "{\"handler\":\"exec\",\"labels\":{\"team\":\"billing\",\"tier\":\"gold\"}}",
-            1000);
-    int64_t silver =
-        add(f->s, "q",
-            "{\"handler\":\"exec\",\"labels\":{\"team\":\"billing\",\"tier\":\"silver\"}}", 1001);
-    int64_t echo = add(f->s, "r", "{\"handler\":\"echo\",\"labels\":{\"team\":\"billing\"}}", 1002);
-    int64_t wf =
-        add(f->s, "q",
-            "{\"steps\":[{\"id\":\"a\",\"call\":\"exec\",\"args\":{\"handler\":\"x\"}}]}", 1003);
+            "exec", 1000);
+    int64_t silver = add(
+        f->s, "q", "{\"handler\":\"exec\",\"labels\":{\"team\":\"billing\",\"tier\":\"silver\"}}",
+        "exec", 1001);
+    int64_t echo =
+        add(f->s, "r", "{\"handler\":\"echo\",\"labels\":{\"team\":\"billing\"}}", "echo", 1002);
+    int64_t wf = add(f->s, "q",
+                     "{\"steps\":[{\"id\":\"a\",\"call\":\"exec\",\"args\":{\"handler\":\"x\"}}]}",
+                     NULL, 1003);
     int64_t ids[16];
     struct jd_job_find q = {.state = -1, .limit = 10, .n_labels = 1};
     q.label_key[0] = "team";
@@ -108,8 +112,8 @@ static void test_labels_handler_and_state(void **state)
     assert_int_equal(find_all(f->s, q, ids, 16), 1);
     assert_int_equal(ids[0], gold);
 
-    /* handler: the top-level one only (a workflow step or an args member
-     * named "handler" is not the job's handler) */
+    /* handler: the one the insert record carried (the job layer gives a
+     * workflow none, whatever its steps call or its args hold) */
     q = (struct jd_job_find){.state = -1, .limit = 10, .handler = "exec"};
     assert_int_equal(find_all(f->s, q, ids, 16), 2);
     assert_int_equal(ids[0], silver);
@@ -144,7 +148,7 @@ static void test_created_range_pages_exactly(void **state)
     static const int64_t times[] = {5000, 4000, 6000, 6000, 7000, 3000, 6500, 6000};
     int64_t id[8];
     for (int i = 0; i < 8; i++)
-        id[i] = add(f->s, "q", "{\"handler\":\"echo\"}", times[i]);
+        id[i] = add(f->s, "q", "{\"handler\":\"echo\"}", "echo", times[i]);
     int64_t got[16];
     struct jd_job_find q = {
         .state = -1, .limit = 1, .created_after_ms = 4000, .created_before_ms = 7000};
@@ -173,7 +177,8 @@ static void test_scan_budget_bounds_a_page(void **state)
     for (size_t i = 0; i < total; i++) {
         jobs[i] = make_job(jd_store_next_id(f->s), "big", NULL);
         jobs[i].definition = (char *)(i == 0 ? "{\"handler\":\"rare\"}" : "{\"handler\":\"echo\"}");
-        ws[i] = (struct jd_write){.op = JD_W_JOB_INSERT, .job = &jobs[i]};
+        ws[i] = (struct jd_write){
+            .op = JD_W_JOB_INSERT, .job = &jobs[i], .handler = i == 0 ? "rare" : "echo"};
         wp[i] = &ws[i];
     }
     assert_int_equal(jd_store_submit_many(f->s, wp, total), 0);
@@ -275,7 +280,7 @@ static void test_every_filter_uses_an_index(void **state)
         add(f->s, i % 2 ? "q" : "r",
             i % 3 ? "{\"handler\":\"exec\",\"labels\":{\"team\":\"billing\",\"tier\":\"gold\"}}"
                   : "{\"steps\":[{\"id\":\"a\",\"sleep_ms\":1}]}",
-            1000 + i);
+            i % 3 ? "exec" : NULL, 1000 + i);
     jd_store_close(f->s);
     f->s = NULL;
     sqlite3 *db;
