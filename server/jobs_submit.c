@@ -73,6 +73,7 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
     }
     r->w.job = &r->row;
     r->w.handler = d->shape == JD_JOBDEF_TASK ? d->steps[0].call : NULL; /* d outlives r */
+    jb->row_known = true;
     r->after = AFTER_QUEUED;
     if (d->has_unique) {
         int64_t until = d->unique_for_ms ? now + d->unique_for_ms : 0;
@@ -256,6 +257,7 @@ int jd_jobs_submit_with(struct jd_jobs *j, const char *body, size_t len,
     if (with->schedule_id) {
         r->sched_id = jd_xstrdup(with->schedule_id);
         r->row.schedule_id = r->sched_id;
+        r->job->row_known = false; /* its render needs the schedule's fire time */
     }
     r->no_json = with->no_json;
     r->submit_done = done;

@@ -69,7 +69,10 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc)
         pthread_mutex_unlock(&j->mu);
         if (run) {
             tls_in_watch_fn++;
-            w->fn(w->arg, rc ? rc : f->rc, f->version);
+            if (w->fn_json)
+                w->fn_json(w->arg, rc ? rc : f->rc, f->version, rc ? NULL : f->json);
+            else
+                w->fn(w->arg, rc ? rc : f->rc, f->version);
             tls_in_watch_fn--;
         }
         pthread_mutex_lock(&j->mu);
@@ -82,8 +85,11 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc)
     }
 }
 
-int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
-                  void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
+/* jd_jobs_watch and jd_jobs_watch_json: one of fn and fn_json is set. */
+static int watch_add(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                     void (*fn)(void *arg, int rc, int64_t version),
+                     void (*fn_json)(void *arg, int rc, int64_t version, const char *json),
+                     void *arg, uint64_t *watch_id)
 {
     if (watch_id)
         *watch_id = 0;
@@ -109,14 +115,15 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
         terminal = jd_job_state_terminal(row.state);
         jd_job_clear(&row);
     }
-    if (version > since_version && (!terminal_only || terminal)) {
+    int now_rc = version > since_version && (!terminal_only || terminal) ? 0
+                 : j->drained                                            ? JD_ESHUTDOWN
+                                                                         : -1;
+    if (now_rc >= 0) {
         pthread_mutex_unlock(&j->mu);
-        fn(arg, 0, version);
-        return 0;
-    }
-    if (j->drained) {
-        pthread_mutex_unlock(&j->mu);
-        fn(arg, JD_ESHUTDOWN, version);
+        if (fn_json)
+            fn_json(arg, now_rc, version, NULL);
+        else
+            fn(arg, now_rc, version);
         return 0;
     }
     struct watch *w = jd_xcalloc(1, sizeof *w);
@@ -126,6 +133,7 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
     w->since = since_version;
     w->terminal_only = terminal_only;
     w->fn = fn;
+    w->fn_json = fn_json;
     w->arg = arg;
     w->next = j->watches[b];
     j->watches[b] = w;
@@ -133,6 +141,19 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
         *watch_id = w->id;
     pthread_mutex_unlock(&j->mu);
     return 0;
+}
+
+int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                  void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
+{
+    return watch_add(j, id, since_version, terminal_only, fn, NULL, arg, watch_id);
+}
+
+int jd_jobs_watch_json(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                       void (*fn)(void *arg, int rc, int64_t version, const char *json), void *arg,
+                       uint64_t *watch_id)
+{
+    return watch_add(j, id, since_version, terminal_only, NULL, fn, arg, watch_id);
 }
 
 /* Under mu: the watch named id, or NULL once it is gone. */

@@ -827,6 +827,7 @@ static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct vca
                  struct qcounts *qc)
 {
     w->version = 0;
+    w->time_ms = now;
     switch (w->op) {
     case JD_W_JOB_INSERT:
         return apply_insert(s, w, now, vc, qc);
