@@ -492,55 +492,12 @@ static void mhd_panic(void *cls, const char *file, unsigned int line, const char
     abort();
 }
 
-/* The accept thread: every connection goes to the pool through
- * MHD_add_connection (which closes it when the connection limit is
- * reached). Ends when the socket is shut down (accept fails with EINVAL). */
-static void *accept_main(void *arg)
-{
-    struct jd_http *h = arg;
-    for (;;) {
-        struct sockaddr_storage ss;
-        socklen_t len = sizeof ss;
-        int fd = accept4(h->listen_fd, (struct sockaddr *)&ss, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0) {
-            MHD_add_connection(h->daemon, fd, (struct sockaddr *)&ss, len);
-        } else if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            struct timespec ts = {0, 10 * 1000000L}; /* out of descriptors: let some close */
-            nanosleep(&ts, NULL);
-        } else if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
-            return NULL; /* shut down (drain), or the socket is gone */
-        }
-    }
-}
-
-/* A listening socket on ss (SO_REUSEADDR, as libmicrohttpd set it); -1 and
- * errno on failure. */
-static int listen_on(const struct sockaddr_storage *ss, socklen_t len)
-{
-    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    int on = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-    if (ss->ss_family == AF_INET6)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
-    if (bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, SOMAXCONN) != 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
-}
-
 /* Stop the helper threads (park timer, slow lane, linger) and free the server. */
 static void free_server(struct jd_http *h)
 {
     http_timer_stop(h);
     http_offload_stop(h->offload);
     http_linger_stop(h->linger);
-    if (h->listen_fd >= 0)
-        close(h->listen_fd);
     pthread_mutex_destroy(&h->park_mu);
     free(h->token);
     free(h->worker_token);
@@ -553,7 +510,7 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
     struct sockaddr_storage ss;
     socklen_t slen = 0;
     int rc;
-    h->listen_fd = -1;
+    h->quiesced_fd = MHD_INVALID_SOCKET;
     h->token = (cfg->token && cfg->token[0]) ? jd_xstrdup(cfg->token) : NULL;
     h->worker_token = (h->token && cfg->worker_token && cfg->worker_token[0])
                           ? jd_xstrdup(cfg->worker_token)
@@ -608,20 +565,14 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
      * bench at 256 connections, about one run in ten with the completion
      * thread) then answers nothing until the timeout closes them. poll()
      * has no such batch; test_http's burst test covers it. */
-    h->listen_fd = listen_on(&ss, slen);
-    if (h->listen_fd < 0) {
-        rc = jd_error_set(err, JD_EIO, NULL, "cannot listen on %s:%u (%s)",
-                          cfg->host ? cfg->host : "127.0.0.1", cfg->port, strerror(errno));
-        goto fail;
-    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ITC | MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET;
+                     MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     h->daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, h, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)(cfg->threads ? cfg->threads : 2), MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(cfg->max_connections ? cfg->max_connections : 1000),
+        flags, cfg->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads ? cfg->threads : 2),
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections ? cfg->max_connections : 1000),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(cfg->conn_timeout_s ? cfg->conn_timeout_s : 30),
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
         h, MHD_OPTION_END);
@@ -631,20 +582,8 @@ int jd_http_start(const struct jd_http_config *cfg, struct jd_http **out, struct
                           errno ? strerror(errno) : "libmicrohttpd failed to start");
         goto fail;
     }
-    struct sockaddr_storage bound;
-    socklen_t blen = sizeof bound;
-    h->port = cfg->port;
-    if (getsockname(h->listen_fd, (struct sockaddr *)&bound, &blen) == 0)
-        h->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                    : ((struct sockaddr_in *)&bound)->sin_port);
-    if (pthread_create(&h->acceptor, NULL, accept_main, h) != 0) {
-        MHD_stop_daemon(h->daemon);
-        h->daemon = NULL;
-        rc = jd_error_set(err, JD_EIO, NULL, "cannot start the HTTP accept thread");
-        goto fail;
-    }
-    pthread_setname_np(h->acceptor, "jd-http-accept");
-    h->acceptor_started = true;
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info ? info->port : cfg->port;
     *out = h;
     return 0;
 fail:
@@ -673,12 +612,13 @@ void jd_http_drain(struct jd_http *h)
 {
     if (atomic_exchange(&h->draining, true)) /* seq_cst: see route_job_get */
         return;
-    if (h->listen_fd >= 0 && !h->listen_shut) {
-        /* Clients connecting now are refused at once, not left in the
-         * backlog; the accept thread's accept() fails and it ends. The fd
-         * stays open until the accept thread is joined. */
-        h->listen_shut = true;
-        shutdown(h->listen_fd, SHUT_RDWR);
+    if (h->daemon != NULL && h->quiesced_fd == MHD_INVALID_SOCKET) {
+        h->quiesced_fd = MHD_quiesce_daemon(h->daemon);
+        /* The socket must stay open until MHD_stop_daemon, but clients
+         * connecting now should be refused at once, not left in the
+         * backlog: shutdown() stops the listening without freeing the fd. */
+        if (h->quiesced_fd != MHD_INVALID_SOCKET)
+            shutdown(h->quiesced_fd, SHUT_RDWR);
     }
     http_wake_all_parked(h);
 }
@@ -706,9 +646,9 @@ void jd_http_stop(struct jd_http *h, int64_t timeout_ms)
      * there; its requests are then answered or closed with the daemon. */
     http_offload_stop(h->offload);
     h->offload = NULL;
-    if (h->acceptor_started)
-        pthread_join(h->acceptor, NULL); /* ended by the drain's shutdown() */
     if (h->daemon != NULL)
         MHD_stop_daemon(h->daemon);
+    if (h->quiesced_fd != MHD_INVALID_SOCKET)
+        close(h->quiesced_fd);
     free_server(h);
 }

@@ -50,14 +50,7 @@ typedef int jd_async_start_fn(struct jd_req *r, struct jd_error *err);
 
 struct jd_http {
     struct MHD_Daemon *daemon;
-    /* Our listening socket: the accept thread hands each connection to the
-     * pool with MHD_add_connection, which spreads them over MHD's threads
-     * (by socket number); MHD's own pool threads raced for one socket, and
-     * whichever ran took most. Shut down (not closed) on drain. */
-    int listen_fd;
-    bool listen_shut;
-    pthread_t acceptor;
-    bool acceptor_started;
+    MHD_socket quiesced_fd;
     uint16_t port;
     char *token;
     char *worker_token; /* or NULL */
