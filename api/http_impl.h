@@ -120,6 +120,7 @@ struct jd_req {
     enum wake wake;
     int cb_rc;
     char *cb_json;
+    int64_t cb_version; /* a long-poll's cb_json: the job's version (its ETag) */
     int64_t cb_job_id;
     bool cb_existing;
     int cb_unique; /* jd_submit_result.unique */
@@ -191,6 +192,9 @@ void *http_timer_main(void *arg);
 void http_on_submit_done(void *arg, const struct jd_submit_result *res);
 void http_on_action_done(void *arg, int rc, const char *json);
 void http_on_watch(void *arg, int rc, int64_t version);
+/* http_on_watch for a long-poll: keeps the job's JSON, when the commit
+ * brought it, as the answer (cb_json, cb_version). */
+void http_on_watch_json(void *arg, int rc, int64_t version, const char *json);
 /* Take a parked slot for r (false: --max-parked reached, counted). */
 bool http_parked_slot_take(struct jd_req *r);
 /* The request ends, however it ends (on_completed): leave the parked list,
@@ -232,6 +236,8 @@ typedef enum MHD_Result jd_route_fn(struct jd_req *r);
  * calls them on the request's MHD thread once the body is complete.
  * routes_jobs.c (http_answer_job: the job as it is now, for long-polls): */
 enum MHD_Result http_answer_job(struct jd_req *r);
+/* Answer 200 with this rendering of the job at version (its ETag). */
+enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t version);
 enum MHD_Result route_job_get(struct jd_req *r);
 enum MHD_Result route_job_list(struct jd_req *r);
 enum MHD_Result route_job_events(struct jd_req *r);

@@ -303,6 +303,20 @@ void http_on_watch(void *arg, int rc, int64_t version)
     http_req_unref(r);
 }
 
+void http_on_watch_json(void *arg, int rc, int64_t version, const char *json)
+{
+    struct jd_req *r = arg;
+    if (json && rc == 0) {
+        char *copy = jd_xstrdup(json);
+        pthread_mutex_lock(&r->mu);
+        free(r->cb_json);
+        r->cb_json = copy;
+        r->cb_version = version;
+        pthread_mutex_unlock(&r->mu);
+    }
+    http_on_watch(arg, rc, version);
+}
+
 bool http_parked_slot_take(struct jd_req *r)
 {
     struct jd_http *h = r->h;
@@ -343,14 +357,21 @@ enum MHD_Result http_finish_parked(struct jd_req *r)
 {
     pthread_mutex_lock(&r->mu);
     bool gone = r->wake == WAKE_GONE;
+    char *json = r->cb_json; /* the job as the commit that woke us left it, or NULL */
+    r->cb_json = NULL;
     pthread_mutex_unlock(&r->mu);
     http_park_release(r);
     r->phase = PH_DONE;
     if (gone) { /* nobody to answer: close now (on_completed logs it as aborted) */
+        free(json);
         r->status = 499;
         return MHD_NO;
     }
-    return http_answer_job(r);
+    if (!json)
+        return http_answer_job(r);
+    enum MHD_Result ret = http_respond_job(r, json, r->cb_version);
+    free(json);
+    return ret;
 }
 
 /* SSE reads history one page at a time, as the client drains the previous

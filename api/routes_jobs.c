@@ -36,11 +36,16 @@ enum MHD_Result http_answer_job(struct jd_req *r)
     int rc = jd_jobs_get_json(http_jobs_of(r->h), r->job_id, &json, &version, &terminal);
     if (rc != 0)
         return http_respond_error(r, rc, NULL);
-    char etag[32];
-    snprintf(etag, sizeof etag, "\"%" PRId64 "\"", version);
-    enum MHD_Result ret = http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
+    enum MHD_Result ret = http_respond_job(r, json, version);
     free(json);
     return ret;
+}
+
+enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t version)
+{
+    char etag[32];
+    snprintf(etag, sizeof etag, "\"%" PRId64 "\"", version);
+    return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
 }
 
 enum MHD_Result route_job_get(struct jd_req *r)
@@ -72,8 +77,8 @@ enum MHD_Result route_job_get(struct jd_req *r)
     http_arm(r);
     http_req_ref(r); /* for the watch callback */
     uint64_t wid = 0;
-    int rc = jd_jobs_watch(http_jobs_of(h), r->job_id, r->since, r->terminal_only, http_on_watch, r,
-                           &wid);
+    int rc = jd_jobs_watch_json(http_jobs_of(h), r->job_id, r->since, r->terminal_only,
+                                http_on_watch_json, r, &wid);
     if (rc != 0) {
         http_req_unref(r);
         http_park_release(r);

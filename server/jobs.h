@@ -345,6 +345,13 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
  * there (e.g. it is the caller). Unknown, already fired or already
  * withdrawn ids are fine (false). */
 bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id);
+/* jd_jobs_watch for an answer (the long-poll): fn also gets the job's JSON
+ * as jd_jobs_get_json renders it at that version (borrowed for the call),
+ * when the commit that fired it was the job's end and the job layer had the
+ * whole row in memory; NULL otherwise (read it with jd_jobs_get_json). */
+int jd_jobs_watch_json(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                       void (*fn)(void *arg, int rc, int64_t version, const char *json), void *arg,
+                       uint64_t *watch_id);
 
 /* ---- the global event stream (GET /v1/events) ---- */
 

@@ -184,7 +184,11 @@ struct job {
     enum jd_job_state committed_state; /* as of the last commit */
     int64_t version;                   /* committed */
     bool inserted;                     /* insert committed */
-    uint32_t run;                      /* attempts: 1 for the first run */
+    /* Inserted by this process without a schedule: what its row holds
+     * besides what its final record sets is in this struct, so its end can
+     * be rendered without reading the row back (jobs_record.c). */
+    bool row_known;
+    uint32_t run;         /* attempts: 1 for the first run */
     uint32_t crashes;     /* durable (jobs.crashes): deaths of the process in a row while it ran */
     uint32_t messages;    /* messages recorded in this run (they stay until it ends) */
     size_t message_bytes; /* and their event text together */
@@ -219,6 +223,7 @@ struct watch {
     bool fired, running, cancelled;
     pthread_t thread;
     void (*fn)(void *arg, int rc, int64_t version);
+    void (*fn_json)(void *arg, int rc, int64_t version, const char *json); /* or this */
     void *arg;
     struct watch *next;
 };
@@ -309,6 +314,7 @@ struct fire {
     struct watch *w;
     int rc;
     int64_t version;
+    const char *json; /* the job at version, for fn_json (the firing commit's; or NULL) */
     struct fire *next;
 };
 

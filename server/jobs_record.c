@@ -245,6 +245,34 @@ static void final_stats_locked(struct jd_jobs *j, struct job *jb, enum jd_job_st
     j->st.duration_ms_sum += (uint64_t)d;
 }
 
+/* Under mu: the job as its final record (jobs_record_final) left the row,
+ * rendered as jd_jobs_get_json would, for the long-polls that commit fires:
+ * the record set state, output, error and finish time, the writer stamped
+ * updated_ms, and the rest was set in this process (row_known, a run
+ * started here). NULL when any of that is not so (the reader then reads). */
+static char *final_json_locked(const struct job *jb, const struct jd_write *w)
+{
+    const unsigned all = JD_SET_STATE | JD_SET_OUTPUT | JD_SET_ERROR | JD_SET_FINISHED;
+    if (!jb->row_known || !jb->started_ms || !jb->def || !jb->def->text || w->set != all ||
+        !jd_job_state_terminal(w->state))
+        return NULL;
+    struct jd_job row = {.id = jb->id,
+                         .queue = jb->queue,
+                         .priority = jb->priority,
+                         .state = w->state,
+                         .definition = jb->def->text,
+                         .run_at_ms = jb->run_at_ms,
+                         .attempts = jb->run,
+                         .version = w->version,
+                         .output = (char *)w->output,
+                         .error = (char *)w->error,
+                         .created_ms = jb->created_ms,
+                         .updated_ms = w->time_ms,
+                         .started_ms = jb->started_ms,
+                         .finished_ms = w->finished_ms};
+    return jd_render_job_json(&row);
+}
+
 static void wrec_done(void *arg, struct jd_write *w, int rc)
 {
     struct wrec *r = arg;
@@ -254,6 +282,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct job *start = NULL;
     struct batch *batch = r->batch; /* its last record frees every record */
     char *insert_json = NULL;
+    char *fire_json = NULL;
     bool trim = false;
     char *notify_url = NULL;
     int64_t notify_id = 0;
@@ -281,6 +310,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         }
         jobs_watches_collect(j, jb->id, jb->version, jd_job_state_terminal(jb->committed_state),
                              &fires);
+        if (fires && r->after == AFTER_FINAL && w->version == jb->version)
+            fire_json = final_json_locked(jb, w);
+        for (struct fire *f = fires; f; f = f->next)
+            f->json = fire_json;
     }
     if (r->idem_key)
         jobs_idem_forget(j, r->idem_key);
@@ -372,6 +405,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         jobs_notify_start(j, notify_id, notify_state, notify_url);
         free(notify_url);
     }
+    free(fire_json);
 
     if (r->submit_done) {
         struct jd_submit_result res = {.rc = rc, .job_id = w->job_id};

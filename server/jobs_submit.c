@@ -90,6 +90,7 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
         r->w.idem_fingerprint = r->fingerprint;
     }
     r->w.job = &r->row;
+    jb->row_known = true;
     r->after = AFTER_QUEUED;
     if (d->has_unique) {
         int64_t until = d->unique_for_ms ? now + d->unique_for_ms : 0;
@@ -184,7 +185,7 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
     char fp[JD_SHA256_HEX_LEN + 1];
     fingerprint(d->text, fp);
     add_trace(d, traceparent); /* after the fingerprint: not part of the request's identity */
-    jd_jobdef_slim(d); /* now: the parsed tree is not kept while the job waits its turn */
+    jd_jobdef_slim(d);         /* now: the parsed tree is not kept while the job waits its turn */
     if (idempotency_key) {
         int64_t existing = 0;
         char *efp = NULL;
@@ -298,6 +299,7 @@ int jd_jobs_submit_with(struct jd_jobs *j, const char *body, size_t len,
     if (with->schedule_id) {
         r->sched_id = jd_xstrdup(with->schedule_id);
         r->row.schedule_id = r->sched_id;
+        r->job->row_known = false; /* its render needs the schedule's fire time */
     }
     r->no_json = with->no_json;
     r->submit_done = done;

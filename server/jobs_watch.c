@@ -82,7 +82,10 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc)
         pthread_mutex_unlock(&j->mu);
         if (run) {
             tls_in_watch_fn++;
-            w->fn(w->arg, rc ? rc : f->rc, f->version);
+            if (w->fn_json)
+                w->fn_json(w->arg, rc ? rc : f->rc, f->version, rc ? NULL : f->json);
+            else
+                w->fn(w->arg, rc ? rc : f->rc, f->version);
             tls_in_watch_fn--;
         }
         pthread_mutex_lock(&j->mu);
@@ -95,10 +98,12 @@ void jobs_watches_fire(struct jd_jobs *j, struct fire *list, int rc)
     }
 }
 
-/* Under mu: add a pending watch on job id (0: any job). */
+/* Under mu: add a pending watch on job id (0: any job); one of fn and
+ * fn_json is set. */
 static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_only,
-                             void (*fn)(void *arg, int rc, int64_t version), void *arg,
-                             uint64_t *watch_id)
+                             void (*fn)(void *arg, int rc, int64_t version),
+                             void (*fn_json)(void *arg, int rc, int64_t version, const char *json),
+                             void *arg, uint64_t *watch_id)
 {
     struct watch *w = jd_xcalloc(1, sizeof *w);
     unsigned b = jobs_bucket(id);
@@ -107,6 +112,7 @@ static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool 
     w->since = since;
     w->terminal_only = terminal_only;
     w->fn = fn;
+    w->fn_json = fn_json;
     w->arg = arg;
     w->next = j->watches[b];
     j->watches[b] = w;
@@ -114,8 +120,11 @@ static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool 
         *watch_id = w->id;
 }
 
-int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
-                  void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
+/* jd_jobs_watch and jd_jobs_watch_json: one of fn and fn_json is set. */
+static int watch_add(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                     void (*fn)(void *arg, int rc, int64_t version),
+                     void (*fn_json)(void *arg, int rc, int64_t version, const char *json),
+                     void *arg, uint64_t *watch_id)
 {
     if (watch_id)
         *watch_id = 0;
@@ -141,17 +150,18 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool ter
         terminal = jd_job_state_terminal(row.state);
         jd_job_clear(&row);
     }
-    if (version > since_version && (!terminal_only || terminal)) {
+    int now_rc = version > since_version && (!terminal_only || terminal) ? 0
+                 : j->drained                                            ? JD_ESHUTDOWN
+                                                                         : -1;
+    if (now_rc >= 0) {
         pthread_mutex_unlock(&j->mu);
-        fn(arg, 0, version);
+        if (fn_json)
+            fn_json(arg, now_rc, version, NULL);
+        else
+            fn(arg, now_rc, version);
         return 0;
     }
-    if (j->drained) {
-        pthread_mutex_unlock(&j->mu);
-        fn(arg, JD_ESHUTDOWN, version);
-        return 0;
-    }
-    watch_add_locked(j, id, since_version, terminal_only, fn, arg, watch_id);
+    watch_add_locked(j, id, since_version, terminal_only, fn, fn_json, arg, watch_id);
     pthread_mutex_unlock(&j->mu);
     return 0;
 }
@@ -181,9 +191,22 @@ int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
         fn(arg, JD_ESHUTDOWN, 0);
         return 0;
     }
-    watch_add_locked(j, 0, (int64_t)since_commits, false, fn, arg, watch_id); /* 0: any job */
+    watch_add_locked(j, 0, (int64_t)since_commits, false, fn, NULL, arg, watch_id); /* 0: any job */
     pthread_mutex_unlock(&j->mu);
     return 0;
+}
+
+int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                  void (*fn)(void *arg, int rc, int64_t version), void *arg, uint64_t *watch_id)
+{
+    return watch_add(j, id, since_version, terminal_only, fn, NULL, arg, watch_id);
+}
+
+int jd_jobs_watch_json(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
+                       void (*fn)(void *arg, int rc, int64_t version, const char *json), void *arg,
+                       uint64_t *watch_id)
+{
+    return watch_add(j, id, since_version, terminal_only, NULL, fn, arg, watch_id);
 }
 
 /* Under mu: the watch named id, or NULL once it is gone. */

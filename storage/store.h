@@ -267,8 +267,10 @@ struct jd_write {
     void *arg;
 
     /* Set by the writer before done(): the job's version after this record
-     * (== the seq of the event it appended). */
+     * (== the seq of the event it appended), and the wall ms it stamped the
+     * record with (a job change's updated_ms). */
     int64_t version;
+    int64_t time_ms;
 
     struct jd_write *next_; /* writer-owned link */
     size_t group_;          /* writer-owned: size of the all-or-nothing group it starts */

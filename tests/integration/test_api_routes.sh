@@ -73,6 +73,24 @@ t0=$(date +%s%N)
 req GET "/v1/jobs/$SL2?wait=300ms"
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "long-poll times out with the current state (${ms} ms)" eval 'status_is 200 && ! body_has "\"state\":\"succeeded\"" && [ "$ms" -ge 250 ] && [ "$ms" -lt 3000 ]'
+# A long-poll woken by the job's end is answered from the commit, without
+# reading the job back: byte for byte what a read gives, ETag included.
+same_as_read() {
+    json_post /v1/jobs "$1"
+    local id body etag
+    id=$(location_id)
+    wait_job "$id" 20s
+    body=$BODY
+    etag=$(printf '%s\n' "$HDRS" | grep -i '^etag:')
+    req GET "/v1/jobs/$id"
+    [ -n "$etag" ] && [ "$body" = "$BODY" ] && [ "$etag" = "$(printf '%s\n' "$HDRS" | grep -i '^etag:')" ] &&
+        grep -qE '"state":"(succeeded|failed)"' <<<"$body"
+}
+check "long-poll answer = a read: a task" \
+    same_as_read '{"handler":"sleep","args":{"ms":300},"labels":{"team":"lp"},"priority":3,"queue":"lp"}'
+check "long-poll answer = a read: a failing task" same_as_read '{"handler":"fail","args":{"sleep":1}}'
+check "long-poll answer = a read: a workflow" \
+    same_as_read '{"steps":[{"id":"a","sleep_ms":300},{"id":"b","call":"echo","args":{"s":"\\u00e9\\n"}}]}'
 req GET "/v1/jobs/$SL2?wait=10s&since=1"
 check "since=<version> returns on the next change" eval 'status_is 200 && ! body_has "\"version\":1,"'
 req GET "/v1/jobs/$SL2?wait=forever"

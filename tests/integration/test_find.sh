@@ -61,7 +61,7 @@ json_post /v1/jobs '{"handler":"echo","args":{},"queue":"find","labels":{"team":
 SILVER=$(location_id)
 json_post /v1/jobs '{"handler":"fail","args":{},"queue":"find","labels":{"team":"pay"}}'
 FAILING=$(location_id)
-json_post /v1/jobs '{"steps":[{"id":"a","call":"echo","args":{}}],"queue":"find","labels":{"team":"ops"}}'
+json_post /v1/jobs '{"steps":[{"id":"a","call":"echo","args":{"handler":"echo"}}],"queue":"find","labels":{"team":"ops"}}'
 FLOW=$(location_id)
 wait_job "$GOLD" && wait_job "$SILVER" && wait_job "$FAILING" && wait_job "$FLOW"
 

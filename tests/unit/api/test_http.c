@@ -51,9 +51,18 @@ struct fwatch {
     int64_t id, since;
     bool terminal_only;
     void (*fn)(void *, int, int64_t);
+    void (*fn_json)(void *, int, int64_t, const char *); /* or this (never given a JSON) */
     void *arg;
     uint64_t wid;
 };
+
+static void fw_call(const struct fwatch *w, int rc, int64_t v)
+{
+    if (w->fn_json)
+        w->fn_json(w->arg, rc, v, NULL);
+    else
+        w->fn(w->arg, rc, v);
+}
 
 struct jd_jobs {
     pthread_mutex_t mu;
@@ -148,7 +157,7 @@ static void fake_advance(int64_t id, enum jd_job_state st)
     }
     pthread_mutex_unlock(&fake.mu);
     for (int i = 0; i < nf; i++)
-        fire[i].fn(fire[i].arg, 0, v);
+        fw_call(&fire[i], 0, v);
     pthread_mutex_lock(&fake.mu);
     for (int i = 0; i < FWATCH; i++)
         for (int k = 0; k < nf; k++)
@@ -475,8 +484,8 @@ int jd_jobs_queue_pause(struct jd_jobs *j, const char *queue, bool paused, jd_ac
     return 0;
 }
 
-int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_only,
-                  void (*fn)(void *, int, int64_t), void *arg, uint64_t *watch_id)
+static int fake_watch(int64_t id, int64_t since, bool terminal_only, struct fwatch fw,
+                      uint64_t *watch_id)
 {
     pthread_mutex_lock(&fake.mu);
     if (!exists(id)) {
@@ -491,8 +500,13 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_on
         for (int i = 0; i < FWATCH; i++) {
             struct fwatch *w = &fake.w[i];
             if (!w->active && !w->firing) {
-                *w = (struct fwatch){true,          false, id,  since,
-                                     terminal_only, fn,    arg, ++fake.next_wid};
+                fw.active = true;
+                fw.firing = false;
+                fw.id = id;
+                fw.since = since;
+                fw.terminal_only = terminal_only;
+                fw.wid = ++fake.next_wid;
+                *w = fw;
                 if (watch_id)
                     *watch_id = w->wid;
                 pthread_mutex_unlock(&fake.mu);
@@ -506,8 +520,22 @@ int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_on
     if (watch_id)
         *watch_id = ++fake.next_wid;
     pthread_mutex_unlock(&fake.mu);
-    fn(arg, sd ? JD_ESHUTDOWN : 0, v); /* at once, on this thread */
+    fw_call(&fw, sd ? JD_ESHUTDOWN : 0, v); /* at once, on this thread */
     return 0;
+}
+
+int jd_jobs_watch(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_only,
+                  void (*fn)(void *, int, int64_t), void *arg, uint64_t *watch_id)
+{
+    return fake_watch(id, since, terminal_only, (struct fwatch){.fn = fn, .arg = arg}, watch_id);
+}
+
+int jd_jobs_watch_json(struct jd_jobs *j, int64_t id, int64_t since, bool terminal_only,
+                       void (*fn)(void *, int, int64_t, const char *), void *arg,
+                       uint64_t *watch_id)
+{
+    return fake_watch(id, since, terminal_only, (struct fwatch){.fn_json = fn, .arg = arg},
+                      watch_id);
 }
 
 bool jd_jobs_unwatch(struct jd_jobs *j, uint64_t watch_id)
