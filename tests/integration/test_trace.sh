@@ -109,5 +109,13 @@ req POST /v1/jobs/batch -H 'Content-Type: application/json' --data-binary \
     '{"jobs":[{"handler":"echo","args":{}},{"handler":"echo","args":{},"traceparent":"nope"}]}'
 check "batch: an invalid traceparent member is 422 at /jobs/1/traceparent" \
     eval 'is_problem 422 && body_has "\"pointer\":\"/jobs/1/traceparent\""'
+# the README's example, run as it is: the header lands on the job
+sed -n '/^## Trace context/,/^## /p' README.md | sed -n '/^```sh$/,/^```$/p' | sed '1d;$d' \
+    >"$WORK/readme_trace.sh"
+JD=$BASE H='Content-Type: application/json' timeout 10 sh "$WORK/readme_trace.sh" \
+    >"$WORK/readme_trace.out" 2>&1
+check "the README's example runs: the job stores the header's traceparent" \
+    eval '[ -s "$WORK/readme_trace.sh" ] && grep -q "\"traceparent\":\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"" "$WORK/readme_trace.out"'
 stop_server
+
 finish
