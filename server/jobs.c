@@ -108,8 +108,6 @@ static const char *env_config(void *ctx, const char *key)
     return NULL;
 }
 
-#define JD_COMMAND_LIMIT_MAX 1000000 /* calls of one command in flight; more is no limit */
-
 /* Parse "name=N,name=N" into a list (*out, may be NULL for a check only). */
 static int command_limits_parse(const char *spec, struct cmd_limit **out, struct jd_error *err)
 {
@@ -145,6 +143,7 @@ static int command_limits_parse(const char *spec, struct cmd_limit **out, struct
         struct cmd_limit *c = jd_xcalloc(1, sizeof *c);
         c->name = jd_xstrndup(p, nlen);
         c->limit = (unsigned)v;
+        c->from_flag = true;
         c->next = list;
         list = c;
         p += len;

@@ -93,9 +93,12 @@ struct call {
 
 /* A --command-limit: at most `limit` calls of the command in the registry
  * at once; the rest wait in order (head..tail) without a worker. */
+#define JD_COMMAND_LIMIT_MAX 1000000 /* calls of one command in flight; more is no limit */
+
 struct cmd_limit {
     char *name;
-    unsigned limit, active, waiting;
+    unsigned limit, active, waiting; /* limit UINT_MAX: none (a remote command's, lifted) */
+    bool from_flag;                  /* --command-limit: a registration does not change it */
     struct call *head, *tail;
     struct cmd_limit *next;
 };
@@ -375,6 +378,10 @@ void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume);
 void jobs_hook_stepped(void *ctx, jd_pid pid, void *user, enum jd_step_status status);
 void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status status,
                         const char *result, const char *error);
+/* A registered remote command's own cap on its calls in flight (0: none);
+ * --command-limit for the same name takes precedence. Takes mu; sends the
+ * waiting calls a raised cap now lets go, oldest first. */
+void jobs_command_limit_set(struct jd_jobs *j, const char *name, unsigned limit);
 void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield *y,
                         struct jd_token token);
 

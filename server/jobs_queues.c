@@ -21,6 +21,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 
+#include <limits.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -353,10 +354,12 @@ int jd_jobs_limits(struct jd_jobs *j, struct jd_jobs_queue_limit **queues, size_
     *nq = k;
     n = 0;
     for (struct cmd_limit *c = j->cmd_limits; c; c = c->next)
-        n++;
+        n += c->limit != UINT_MAX;
     struct jd_jobs_command_limit *cv = jd_xcalloc(n ? n : 1, sizeof *cv);
     k = 0;
     for (struct cmd_limit *c = j->cmd_limits; c; c = c->next) {
+        if (c->limit == UINT_MAX) /* a remote command's cap, lifted */
+            continue;
         struct jd_jobs_command_limit *l = &cv[k++];
         snprintf(l->name, sizeof l->name, "%s", c->name);
         l->limit = c->limit;

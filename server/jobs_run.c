@@ -23,6 +23,7 @@
 #include "common/clock.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -474,6 +475,44 @@ static void call_pump(struct call *c)
         call_send(c);
     }
     tl_pumping = false;
+}
+
+void jobs_command_limit_set(struct jd_jobs *j, const char *name, unsigned limit)
+{
+    struct call **go = NULL;
+    size_t ngo = 0;
+    pthread_mutex_lock(&j->mu);
+    struct cmd_limit *l = limit_find(j, name);
+    if ((l && l->from_flag) || (!l && limit == 0)) {
+        pthread_mutex_unlock(&j->mu);
+        return;
+    }
+    if (!l) { /* kept until destroy: waiting calls point at it */
+        l = jd_xcalloc(1, sizeof *l);
+        l->name = jd_xstrdup(name);
+        l->next = j->cmd_limits;
+        j->cmd_limits = l;
+    }
+    l->limit = limit ? limit : UINT_MAX;
+    if (l->waiting && l->active < l->limit && !j->draining)
+        go = jd_xcalloc(l->waiting, sizeof *go);
+    while (go && l->head && l->active < l->limit) {
+        struct call *c = l->head; /* as call_done hands a place over */
+        l->head = c->wnext;
+        if (!l->head)
+            l->tail = NULL;
+        c->wnext = NULL;
+        c->waiting = false;
+        l->waiting--;
+        c->counted = true;
+        l->active++;
+        j->inflight_calls++;
+        go[ngo++] = c;
+    }
+    pthread_mutex_unlock(&j->mu);
+    for (size_t i = 0; i < ngo; i++)
+        call_pump(go[i]);
+    free(go);
 }
 
 void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield *y,

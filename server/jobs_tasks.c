@@ -471,8 +471,10 @@ int jd_jobs_command_put(struct jd_jobs *j, const char *name, const char *body, s
     cJSON *o = tasks_parse_object(body ? body : "", len, true, err);
     if (!o)
         return err->code;
-    int64_t tmo = 0;
+    int64_t tmo = 0, cap = 0;
     int rc = tasks_int_field(o, "timeout_ms", 0, (int64_t)7 * 24 * 3600 * 1000, 0, &tmo, err);
+    if (rc == 0)
+        rc = tasks_int_field(o, "max_in_flight", 0, JD_COMMAND_LIMIT_MAX, 0, &cap, err);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(o, "description");
     if (rc == 0 && d && !cJSON_IsNull(d) &&
         (!cJSON_IsString(d) || strlen(d->valuestring) > DESCRIPTION_MAX))
@@ -520,13 +522,15 @@ int jd_jobs_command_put(struct jd_jobs *j, const char *name, const char *body, s
         t->ncmds++;
     }
     c->timeout_ms = tmo;
+    c->max_in_flight = cap;
     free(c->description);
     c->description = desc;
     c->updated_ms = now;
     struct trec *r = trec_new(j, JD_W_COMMAND_PUT);
     r->s1 = jd_xstrdup(name);
     r->s2 = desc ? jd_xstrdup(desc) : NULL;
-    r->w.rcmd = (struct jd_rcmd_write){.name = r->s1, .description = r->s2, .timeout_ms = tmo};
+    r->w.rcmd = (struct jd_rcmd_write){
+        .name = r->s1, .description = r->s2, .timeout_ms = tmo, .max_in_flight = cap};
     struct jd_sbuf b = {0};
     tasks_render_cmd(&b, c, now);
     r->answer = b.p;
@@ -534,6 +538,7 @@ int jd_jobs_command_put(struct jd_jobs *j, const char *name, const char *body, s
     r->arg = arg;
     pthread_mutex_unlock(&t->mu);
     tasks_trec_submit(r);
+    jobs_command_limit_set(j, name, (unsigned)cap); /* takes mu: never under tmu */
     return 0;
 }
 
@@ -581,6 +586,7 @@ int jd_jobs_command_delete(struct jd_jobs *j, const char *name, jd_action_done_f
         pthread_mutex_unlock(&t->mu);
         pthread_mutex_unlock(&j->mu);
         tasks_trec_submit(r);
+        jobs_command_limit_set(j, name, 0);
         return 0;
     }
     pthread_mutex_unlock(&t->mu);
@@ -724,6 +730,9 @@ int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err)
         c->description = rows[i].description;
         rows[i].name = rows[i].description = NULL;
         c->timeout_ms = rows[i].timeout_ms;
+        c->max_in_flight = rows[i].max_in_flight;
+        if (c->max_in_flight > 0)
+            jobs_command_limit_set(j, c->name, (unsigned)c->max_in_flight);
         c->created_ms = rows[i].created_ms;
         c->updated_ms = rows[i].updated_ms;
         c->registered = true;

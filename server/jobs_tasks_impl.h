@@ -64,6 +64,7 @@ struct rcmd {
     char *name;
     char *description;
     int64_t timeout_ms;
+    int64_t max_in_flight; /* its own cap on calls in flight (0: none; jobs_command_limit_set) */
     int64_t created_ms, updated_ms;
     bool registered;            /* false once deleted (kept for its counters) */
     struct task *whead, *wtail; /* waiting, oldest first */

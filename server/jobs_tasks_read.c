@@ -27,6 +27,11 @@ void tasks_render_cmd(struct jd_sbuf *b, const struct rcmd *c, int64_t now)
     jd_sb_string(b, c->name);
     jd_sb_puts(b, ",\"kind\":\"remote\",\"timeout_ms\":");
     jd_sb_number(b, c->timeout_ms);
+    jd_sb_puts(b, ",\"max_in_flight\":");
+    if (c->max_in_flight > 0)
+        jd_sb_number(b, c->max_in_flight);
+    else
+        jd_sb_puts(b, "null");
     jd_sb_puts(b, ",\"description\":");
     if (c->description)
         jd_sb_string(b, c->description);

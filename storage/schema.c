@@ -277,6 +277,11 @@ static const char *const migrations[] = {
      * retention, so the global finish-time index is not needed; it cost
      * every job's end one more index insert (~5 us in SQLite alone). */
     "DROP INDEX jobs_finished;",
+
+    /* 12 (queue controls, issue 19): a remote command's own cap on its
+     * calls in flight, given at registration (0: none; --command-limit for
+     * the same name takes precedence). */
+    "ALTER TABLE remote_commands ADD COLUMN max_in_flight INTEGER NOT NULL DEFAULT 0;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -607,8 +607,8 @@ static const char *const read_sql[RS_N] = {
                         " WHERE schedule_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
     [RS_OLDEST_QUEUED] = "SELECT id, created_ms FROM jobs INDEXED BY jobs_queue_state"
                          " WHERE queue = ?1 AND state = 0 ORDER BY id LIMIT 1",
-    [RS_RCMD_LIST] = "SELECT name, timeout_ms, description, created_ms, updated_ms"
-                     " FROM remote_commands ORDER BY name",
+    [RS_RCMD_LIST] = "SELECT name, timeout_ms, description, created_ms, updated_ms,"
+                     " max_in_flight FROM remote_commands ORDER BY name",
     /* A claimed row whose attempt's completion is in the job's history
      * (a complete event for its tag, no later attempt dispatched) reads as
      * completed: completing a task writes no row of its own, the job's
@@ -1371,6 +1371,7 @@ int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n)
         out[k].description = col_text(st, 2);
         out[k].created_ms = sqlite3_column_int64(st, 3);
         out[k].updated_ms = sqlite3_column_int64(st, 4);
+        out[k].max_in_flight = sqlite3_column_int64(st, 5);
         k++;
     }
     rc = src == SQLITE_DONE ? 0 : step_rc(src);

@@ -150,6 +150,7 @@ struct jd_rcmd_write {
     const char *name;
     const char *description; /* or NULL */
     int64_t timeout_ms;      /* 0: none */
+    int64_t max_in_flight;   /* calls in flight at once; 0: no cap of its own */
 };
 
 /* States of a stored task row. */
@@ -515,6 +516,7 @@ struct jd_rcmd_row {
     char *description; /* or NULL */
     int64_t timeout_ms;
     int64_t created_ms, updated_ms;
+    int64_t max_in_flight; /* 0: no cap of its own */
 };
 /* Every remote command, by name. Free with jd_rcmd_rows_free. */
 int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n);

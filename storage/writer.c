@@ -149,9 +149,10 @@ static const char *const writer_sql[JD_WS_N] = {
     [JD_WS_COUNT_ADD] = "INSERT INTO queue_counts(queue, state, n) VALUES (?1, ?2, ?3)"
                         " ON CONFLICT(queue, state) DO UPDATE SET n = n + excluded.n",
     [JD_WS_RCMD_UPSERT] = "INSERT INTO remote_commands(name, timeout_ms, description, created_ms,"
-                          " updated_ms) VALUES (?1, ?2, ?3, ?4, ?4) ON CONFLICT(name) DO UPDATE"
-                          " SET timeout_ms = excluded.timeout_ms,"
-                          " description = excluded.description, updated_ms = excluded.updated_ms",
+                          " updated_ms, max_in_flight) VALUES (?1, ?2, ?3, ?4, ?4, ?5)"
+                          " ON CONFLICT(name) DO UPDATE SET timeout_ms = excluded.timeout_ms,"
+                          " description = excluded.description, updated_ms = excluded.updated_ms,"
+                          " max_in_flight = excluded.max_in_flight",
     [JD_WS_RCMD_DELETE] = "DELETE FROM remote_commands WHERE name = ?1",
     [JD_WS_TASK_UPSERT] = "INSERT INTO tasks(id, job_id, tag, attempt, command, state, worker,"
                           " lease_expires_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8,"
@@ -823,6 +824,7 @@ static int apply_remote(struct jd_store *s, struct jd_write *w, int64_t now)
     sqlite3_bind_int64(st, 2, w->rcmd.timeout_ms);
     bind_text(st, 3, w->rcmd.description);
     sqlite3_bind_int64(st, 4, now);
+    sqlite3_bind_int64(st, 5, w->rcmd.max_in_flight);
     return run(st) == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
 }
 

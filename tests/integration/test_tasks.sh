@@ -251,6 +251,29 @@ check "a result recorded before the crash is kept, not asked for again" py "asse
 req GET "/v1/jobs/$K3/events"
 check "each step's result is recorded exactly once" py "c=[e for e in j['events'] if e['kind']=='complete']; assert len(c)==2 and len({e['tag'] for e in c})==2"
 
+# ---- a remote command's own cap on its calls in flight ----
+req PUT /v1/commands/capped -H "$J" --data-binary '{"max_in_flight":-1}'
+check "max_in_flight -1: 422 at /max_in_flight" eval 'is_problem 422 && body_has "\"pointer\":\"/max_in_flight\""'
+req PUT /v1/commands/capped -H "$J" --data-binary '{"max_in_flight":1}'
+check "max_in_flight is registered and shown" py "assert j['max_in_flight']==1"
+for n in 1 2 3; do submit "{\"handler\":\"capped\",\"args\":{\"n\":$n}}"; done
+sleep 0.5
+claim '{"commands":["capped"],"max":10}'
+check "at most max_in_flight of its calls are out at once" py "assert [t['args']['n'] for t in j['tasks']]==[1]"
+complete_all
+claim '{"commands":["capped"],"max":10,"wait_ms":5000}'
+check "a finished call hands its place to the next, in order" py "assert [t['args']['n'] for t in j['tasks']]==[2]"
+req PUT /v1/commands/capped -H "$J" --data-binary '{"max_in_flight":5}'
+claim '{"commands":["capped"],"max":10,"wait_ms":5000}'
+check "raising the cap lets the waiting call go at once" py "assert [t['args']['n'] for t in j['tasks']]==[3]"
+stop_server
+start_server --grace 120s || exit 1
+req GET /v1/commands/capped
+check "the cap survives a restart" py "assert j['max_in_flight']==5"
+claim '{"commands":["capped"],"max":10,"wait_ms":5000}'
+check "after the restart the unfinished calls are offered again" py "assert sorted(t['args']['n'] for t in j['tasks'])==[2,3]"
+complete_all
+
 # ---- SIGTERM with a task claimed: remote tasks do not hold the drain ----
 submit '{"handler":"crashy","args":{"n":9}}'
 claim '{"commands":["crashy"],"lease_ms":600000,"wait_ms":5000}'

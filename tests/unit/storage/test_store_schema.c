@@ -585,7 +585,7 @@ static void test_full_database_fails_commits_with_eio_and_loses_nothing(void **s
 static void test_full_disk_fails_commits_with_eio_loses_nothing_and_recovers(void **state)
 {
     char *dir = scratch_dir();
-    if (geteuid() != 0 || mount("tmpfs", dir, "tmpfs", 0, "size=400k") != 0) {
+    if (geteuid() != 0 || mount("tmpfs", dir, "tmpfs", 0, "size=640k") != 0) {
         rm_tree(dir);
         free(dir);
         skip(); /* needs mount rights; the max_bytes test covers the same path */
