@@ -299,6 +299,21 @@ const char *http_query(struct jd_req *r, const char *key)
     return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
 }
 
+bool http_query_limit(struct jd_req *r, unsigned dflt, unsigned max, unsigned *out,
+                      enum MHD_Result *ret)
+{
+    const char *lim = http_query(r, "limit");
+    int64_t v = dflt;
+    if (lim != NULL && (http_parse_i64(lim, &v) != 0 || v < 1 || v > (int64_t)max)) {
+        char m[64];
+        snprintf(m, sizeof m, "limit must be an integer from 1 to %u", max);
+        *ret = http_respond_problem(r, 400, m, NULL);
+        return false;
+    }
+    *out = (unsigned)v;
+    return true;
+}
+
 const char *http_header(struct jd_req *r, const char *key)
 {
     return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, key);

@@ -173,6 +173,10 @@ enum MHD_Result http_respond_json_rc(struct jd_req *r, int rc, char *json);
 enum MHD_Result http_respond_put(struct jd_req *r, const char *json, const char *collection);
 enum MHD_Result http_respond_bad_job_id(struct jd_req *r);
 const char *http_query(struct jd_req *r, const char *key);
+/* ?limit=: *out is dflt when absent, else an integer from 1 to max. On a
+ * bad one returns false after answering 400 (*ret holds the answer). */
+bool http_query_limit(struct jd_req *r, unsigned dflt, unsigned max, unsigned *out,
+                      enum MHD_Result *ret);
 const char *http_header(struct jd_req *r, const char *key);
 int http_parse_i64(const char *s, int64_t *out);
 

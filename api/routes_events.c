@@ -64,14 +64,10 @@ enum MHD_Result route_events(struct jd_req *r)
     bool sse = accept != NULL && strstr(accept, "text/event-stream") != NULL;
     if (sse && leid != NULL && (http_parse_i64(leid, &after) != 0 || after < 0))
         return http_respond_problem(r, 400, "Last-Event-ID must be an event id", NULL);
-    unsigned limit = 100;
-    const char *lim = http_query(r, "limit");
-    if (lim != NULL) {
-        int64_t v;
-        if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 1000)
-            return http_respond_problem(r, 400, "limit must be an integer from 1 to 1000", NULL);
-        limit = (unsigned)v;
-    }
+    unsigned limit;
+    enum MHD_Result lret;
+    if (!http_query_limit(r, 100, 1000, &limit, &lret))
+        return lret;
     struct jd_error err = {0};
     struct jd_events_sub *sub = NULL;
     if (jd_jobs_events_sub(&q, &sub, &err) != 0)

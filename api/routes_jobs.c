@@ -116,13 +116,9 @@ enum MHD_Result route_job_list(struct jd_req *r)
     q.n_labels = http_query_labels(r, q.labels, JD_JOBS_LABEL_FILTERS);
     if (q.n_labels > JD_JOBS_LABEL_FILTERS)
         return http_respond_problem(r, 400, "at most 8 label filters", NULL);
-    const char *lim = http_query(r, "limit");
-    if (lim != NULL) {
-        int64_t v;
-        if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 1000)
-            return http_respond_problem(r, 400, "limit must be an integer from 1 to 1000", NULL);
-        q.limit = (unsigned)v;
-    }
+    enum MHD_Result lret;
+    if (!http_query_limit(r, q.limit, 1000, &q.limit, &lret))
+        return lret;
     if (q.state != NULL && jd_job_state_parse(q.state) < 0)
         return http_respond_problem(r, 400,
                                     "state must be one of queued, running, waiting, succeeded, "
@@ -153,15 +149,10 @@ enum MHD_Result route_job_events(struct jd_req *r)
     const char *accept = http_header(r, MHD_HTTP_HEADER_ACCEPT);
     bool sse = accept != NULL && strstr(accept, "text/event-stream") != NULL;
     if (!sse) {
-        unsigned limit = 1000;
-        const char *lim = http_query(r, "limit");
-        if (lim != NULL) {
-            int64_t v;
-            if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 10000)
-                return http_respond_problem(r, 400, "limit must be an integer from 1 to 10000",
-                                            NULL);
-            limit = (unsigned)v;
-        }
+        unsigned limit;
+        enum MHD_Result lret;
+        if (!http_query_limit(r, 1000, 10000, &limit, &lret))
+            return lret;
         char *json = NULL;
         int rc = jd_jobs_events_json(http_jobs_of(h), r->job_id, after, limit, &json);
         if (rc != 0)

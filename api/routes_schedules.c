@@ -127,14 +127,10 @@ enum MHD_Result route_schedule_list(struct jd_req *r)
     struct jd_schedules *s = engine(r, false, &ret);
     if (s == NULL)
         return ret;
-    unsigned limit = 0;
-    const char *lim = http_query(r, "limit");
-    if (lim != NULL) {
-        int64_t v;
-        if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 1000)
-            return http_respond_problem(r, 400, "limit must be an integer from 1 to 1000", NULL);
-        limit = (unsigned)v;
-    }
+    unsigned limit;
+    enum MHD_Result lret;
+    if (!http_query_limit(r, 0, 1000, &limit, &lret))
+        return lret;
     char *json = NULL;
     struct jd_error err = {0};
     int rc = jd_schedules_list_json(s, http_query(r, "cursor"), limit, &json, &err);
@@ -193,14 +189,10 @@ enum MHD_Result route_schedule_events(struct jd_req *r)
     const char *a = http_query(r, "after");
     if (a != NULL && http_parse_i64(a, &after) != 0)
         return http_respond_problem(r, 400, "after must be an event sequence number", NULL);
-    unsigned limit = 1000;
-    const char *lim = http_query(r, "limit");
-    if (lim != NULL) {
-        int64_t v;
-        if (http_parse_i64(lim, &v) != 0 || v < 1 || v > 10000)
-            return http_respond_problem(r, 400, "limit must be an integer from 1 to 10000", NULL);
-        limit = (unsigned)v;
-    }
+    unsigned limit;
+    enum MHD_Result lret;
+    if (!http_query_limit(r, 1000, 10000, &limit, &lret))
+        return lret;
     char *json = NULL;
     int rc = jd_schedules_events_json(s, r->m.param, after, limit, &json);
     if (rc == JD_ENOENT)
