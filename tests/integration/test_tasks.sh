@@ -254,6 +254,10 @@ check "each step's result is recorded exactly once" py "c=[e for e in j['events'
 # ---- a remote command's own cap on its calls in flight ----
 req PUT /v1/commands/capped -H "$J" --data-binary '{"max_in_flight":-1}'
 check "max_in_flight -1: 422 at /max_in_flight" eval 'is_problem 422 && body_has "\"pointer\":\"/max_in_flight\""'
+for bad in '"4"' 2000000 1.5 '[1]' 99999999999999999999; do
+    req PUT /v1/commands/capped -H "$J" --data-binary "{\"max_in_flight\":$bad}"
+    check "max_in_flight $bad: 422 at /max_in_flight" eval 'is_problem 422 && body_has "\"pointer\":\"/max_in_flight\""'
+done
 req PUT /v1/commands/capped -H "$J" --data-binary '{"max_in_flight":1}'
 check "max_in_flight is registered and shown" py "assert j['max_in_flight']==1"
 for n in 1 2 3; do submit "{\"handler\":\"capped\",\"args\":{\"n\":$n}}"; done
