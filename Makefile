@@ -20,8 +20,8 @@ endif
 
 CC ?= cc
 PKGS := libmicrohttpd libcjson sqlite3 libcurl
-DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev pkg-config \
-            tzdata chromium
+DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev libpq-dev pkg-config \
+            tzdata chromium postgresql
 
 PKG_CFLAGS := $(foreach p,$(PKGS) cmocka,$(shell pkg-config --cflags $(p) 2>/dev/null))
 OPT ?= -O2

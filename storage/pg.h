@@ -1,0 +1,134 @@
+/*
+ * The PostgreSQL backend (issue 16): the same store (storage/store.h)
+ * on a PostgreSQL database, chosen by jd_store_open when the configured
+ * path is a URL ("postgres://..." or "postgresql://..."). Internal to the
+ * storage layer, like store_impl.h.
+ *
+ * Shape: everything that is not about SQL is shared with the SQLite
+ * backend. Producers enqueue struct jd_write records on the same lock-free
+ * queue, the same writer thread cuts the same batches and fires done() the
+ * same way (on itself or the completion thread); only "apply this batch in
+ * one transaction" (jd_pg_commit_batch) and the retention pass differ. The
+ * public read functions in store.c and find.c start with
+ *     if (s->pg) return jd_pg_<name>(...);
+ * and the jd_pg_* reads below have exactly the signatures of their
+ * jd_store_* counterparts.
+ *
+ * Connections (libpq: one PGconn per thread at a time): the writer's own,
+ * a pool of read connections (pg_read.c) used like the SQLite read pool,
+ * and, for the cluster, one for the node heartbeat and one for LISTEN.
+ *
+ * The schema mirrors the SQLite one table by table and column by column
+ * (BIGINT for INTEGER, TEXT for TEXT), so the SQL reads alike in both
+ * backends; it adds what a cluster needs: jd_nodes (one row per running
+ * node incarnation, with a lease) and jobs.owner_node (the incarnation
+ * that owns a job; NULL: unowned). Node ids come from a sequence and are
+ * never reused, so "owner_node = me" in a write is the fence: a node whose
+ * lease lapsed re-registers under a new id and cannot write for the jobs it
+ * lost. Migrations live in storage/pg_schema.c and follow the same
+ * numbered, append-only rule as storage/schema.c.
+ */
+#ifndef JD_STORAGE_PG_H
+#define JD_STORAGE_PG_H
+
+#include "storage/store.h"
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct jd_error;
+struct jd_pg_rconn; /* a pooled read connection (pg_read.c) */
+
+/* Backend state, hung off struct jd_store (s->pg; NULL for SQLite). */
+struct jd_pg {
+    char *url;     /* the conninfo URL, as configured */
+    char *display; /* the URL without its password, for logs and errors */
+
+    /* ---- writer thread ---- */
+    PGconn *wconn;
+
+    /* ---- this node (cluster) ---- */
+    int64_t node_id;  /* this incarnation's jd_nodes.id */
+    int64_t lease_ms; /* --lease */
+
+    /* ---- readers (pg_read.c) ---- */
+    pthread_mutex_t pool_mu;
+    struct jd_pg_rconn *pool; /* idle read connections */
+};
+
+/* "postgres://" or "postgresql://" (case-insensitive scheme). */
+bool jd_store_path_is_pg(const char *path);
+
+/* pg.c: connect, migrate (pg_schema.c), register the node, seed ids, start
+ * the writer. Called by jd_store_open with s set up as for SQLite except
+ * the SQLite fields. 0 or JD_EIO (cannot connect: err names the URL
+ * without its password) / JD_ECORRUPT (not a Jackdaw database, newer
+ * schema). */
+int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_error *err);
+/* pg.c: after the writer stopped: mark the node gone, close connections. */
+void jd_pg_close(struct jd_store *s);
+
+/* pg_schema.c: bring the database to the current schema (each migration in
+ * its own transaction, serialized across nodes with an advisory lock). */
+int jd_pg_schema_migrate(PGconn *c, const char *display, struct jd_error *err);
+
+/* pg_write.c, on the writer thread: apply b[0..n) in one transaction (each
+ * record inside its own savepoint, or a whole group all-or-nothing, as the
+ * SQLite writer does), set rcs[i], b[i]->version and b[i]->time_ms. 0, or
+ * JD_EIO when the transaction failed (every rcs[i] is then JD_EIO). The
+ * caller fires done() as for SQLite. */
+int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n);
+/* pg_write.c, on the writer thread when idle: one bounded retention step;
+ * true if there may be more to delete. */
+bool jd_pg_retention_step(struct jd_store *s);
+
+/* pg_read.c: the read pool. */
+int jd_pg_readers_open(struct jd_store *s, struct jd_error *err);
+void jd_pg_readers_close(struct jd_store *s);
+int jd_pg_rconn_get(struct jd_store *s, struct jd_pg_rconn **out);
+void jd_pg_rconn_put(struct jd_store *s, struct jd_pg_rconn *c);
+PGconn *jd_pg_rconn_conn(struct jd_pg_rconn *c);
+
+/* pg_read.c: the reads, as their jd_store_* counterparts in store.h. */
+int jd_pg_job_get(struct jd_store *s, int64_t id, struct jd_job *out);
+int jd_pg_job_list(struct jd_store *s, const struct jd_job_filter *f, struct jd_job **rows,
+                   size_t *n, int64_t *next_cursor);
+int jd_pg_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_only,
+                   struct jd_job **rows, size_t *n, struct jd_job_find_cursor *next);
+int jd_pg_event_stream(struct jd_store *s, const struct jd_event_find *f,
+                       struct jd_stream_event **rows, size_t *n, int64_t *next_after);
+int jd_pg_event_last_id(struct jd_store *s, int64_t *id);
+int jd_pg_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsigned limit,
+                 struct jd_job_event **events, size_t *n);
+int jd_pg_queue_counts(struct jd_store *s, struct jd_queue_counts **rows, size_t *n);
+int jd_pg_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_id,
+                        int64_t *created_ms);
+int jd_pg_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, char **fingerprint);
+int jd_pg_recover(struct jd_store *s, jd_store_job_fn fn, void *arg);
+int jd_pg_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg);
+int jd_pg_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,
+                      int64_t due_ms, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+int jd_pg_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t after_id,
+                       int64_t until_ms, unsigned limit, jd_store_job_fn fn, void *arg,
+                       size_t *n);
+int jd_pg_unique_keys(struct jd_store *s,
+                      void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
+                      void *arg);
+int jd_pg_paused_queues(struct jd_store *s, char ***names, size_t *n);
+int jd_pg_queue_configs(struct jd_store *s, char ***pairs, size_t *n);
+int jd_pg_schedule_get(struct jd_store *s, const char *id, struct jd_schedule_row *out);
+int jd_pg_schedule_list(struct jd_store *s, const char *after, unsigned limit,
+                        struct jd_schedule_row **rows, size_t *n, char **next_cursor);
+int jd_pg_schedule_events(struct jd_store *s, const char *id, int64_t after_seq, unsigned limit,
+                          struct jd_schedule_event **events, size_t *n);
+int jd_pg_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n);
+int jd_pg_task_state(struct jd_store *s, const char *id, int *state, int64_t *job_id);
+int jd_pg_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,
+                       bool *claimed);
+
+/* Map a libpq result to a JD_E* code (0 for PGRES_COMMAND_OK/TUPLES_OK). */
+int jd_pg_rc(const PGresult *r);
+
+#endif

@@ -1,0 +1,84 @@
+# A throwaway PostgreSQL server for tests and benchmarks (source this file).
+#
+#   . tests/pg/pg.sh
+#   pg_start [fsync]   # sets PG_URL (postgres://jackdaw@127.0.0.1:PORT/jackdaw),
+#                      # PG_DIR, PG_PORT, PG_BIN; stops by itself when the shell exits
+#   pg_psql -c 'SELECT 1'
+#   pg_stop            # immediate stop, directory removed (also run at exit)
+#
+# Debian keeps the server binaries off PATH (/usr/lib/postgresql/<v>/bin), and
+# initdb/postgres refuse to run as root, so as root the server runs as the
+# package's `postgres` user in a directory it owns. It listens on 127.0.0.1
+# only, on a free port, with its socket in its own directory, so the
+# package's cluster on 5432 (if any) is left alone. fsync stays on unless the
+# caller passes "nofsync" (for tests where durability is not what is tested).
+
+pg_bin_dir() {
+    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
+}
+
+pg_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Run a command as the server's user (postgres when we are root).
+pg_as() {
+    if [ "$(id -u)" = 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+pg_start() {
+    PG_BIN=$(pg_bin_dir)
+    if [ -z "$PG_BIN" ] || [ ! -x "$PG_BIN/initdb" ]; then
+        echo "pg.sh: no PostgreSQL server binaries (apt-get install postgresql)" >&2
+        return 1
+    fi
+    PG_DIR=$(mktemp -d /tmp/jd-pg-XXXXXX)
+    chmod 755 "$PG_DIR"
+    [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR"
+    local extra=""
+    [ "${1:-}" = nofsync ] && extra="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    if ! pg_as "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U jackdaw --no-sync -E UTF8 \
+        >"$PG_DIR/initdb.log" 2>&1; then
+        echo "pg.sh: initdb failed:" >&2
+        cat "$PG_DIR/initdb.log" >&2
+        return 1
+    fi
+    local try
+    for try in 1 2 3 4 5; do
+        PG_PORT=$(pg_free_port)
+        if pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w -t 30 \
+            -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c max_connections=200 $extra" \
+            start >/dev/null 2>&1; then
+            break
+        fi
+        PG_PORT=""
+    done
+    if [ -z "$PG_PORT" ]; then
+        echo "pg.sh: the server did not start:" >&2
+        tail -20 "$PG_DIR/log" >&2
+        return 1
+    fi
+    # Stop with the shell, before whatever EXIT trap the caller already has.
+    local prev
+    prev=$(trap -p EXIT | sed -e "s/^trap -- '//" -e "s/' EXIT\$//")
+    trap "pg_stop; $prev" EXIT
+    pg_as "$PG_BIN/createdb" -h 127.0.0.1 -p "$PG_PORT" -U jackdaw jackdaw || return 1
+    PG_URL="postgres://jackdaw@127.0.0.1:$PG_PORT/jackdaw"
+    export PG_URL PG_DIR PG_PORT PG_BIN
+}
+
+pg_psql() {
+    psql -X -q -v ON_ERROR_STOP=1 "$PG_URL" "$@"
+}
+
+pg_stop() {
+    if [ -n "${PG_DIR:-}" ] && [ -d "$PG_DIR/data" ]; then
+        pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate -w stop >/dev/null 2>&1
+    fi
+    [ -n "${PG_DIR:-}" ] && rm -rf "$PG_DIR"
+    PG_DIR=""
+}
