@@ -19,7 +19,7 @@ BUILD ?= build/$(SANITIZER)
 endif
 
 CC ?= cc
-PKGS := libmicrohttpd libcjson sqlite3 libcurl
+PKGS := libmicrohttpd libcjson sqlite3 libcurl libpq
 DEB_PKGS := libmicrohttpd-dev libcjson-dev libsqlite3-dev libcmocka-dev libcurl4-openssl-dev libpq-dev pkg-config \
             tzdata chromium postgresql
 
@@ -70,9 +70,9 @@ cli_DEPS := cli common
 
 common_LIBS :=
 scheduler_LIBS :=
-storage_LIBS := -lsqlite3
+storage_LIBS := -lsqlite3 $(shell pkg-config --libs libpq 2>/dev/null)
 plugins_LIBS := $(shell pkg-config --libs libcjson 2>/dev/null)
-server_LIBS := $(shell pkg-config --libs libcjson sqlite3 2>/dev/null)
+server_LIBS := $(shell pkg-config --libs libcjson sqlite3 libpq 2>/dev/null)
 api_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 cli_LIBS := $(shell pkg-config --libs libcurl libcjson 2>/dev/null)
 

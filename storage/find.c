@@ -17,6 +17,7 @@
  * Threading: any thread (a pooled read connection per call).
  */
 #include "storage/store_impl.h"
+#include "storage/pg.h"
 
 #include "common/alloc.h"
 #include "common/error.h"
@@ -228,6 +229,8 @@ static int prepare_bound(struct jd_rconn *c, const struct jd_find_sql *q, sqlite
 int jd_store_job_find(struct jd_store *s, const struct jd_job_find *f, bool ids_only,
                       struct jd_job **rows, size_t *n, struct jd_job_find_cursor *next)
 {
+    if (s->pg)
+        return jd_pg_job_find(s, f, ids_only, rows, n, next);
     *rows = NULL;
     *n = 0;
     *next = (struct jd_job_find_cursor){0};
@@ -394,6 +397,8 @@ static int add_traceparents(struct jd_rconn *c, struct jd_stream_event *ev, size
 int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
                           struct jd_stream_event **rows, size_t *n, int64_t *next_after)
 {
+    if (s->pg)
+        return jd_pg_event_stream(s, f, rows, n, next_after);
     *rows = NULL;
     *n = 0;
     *next_after = f->after_id;
@@ -451,6 +456,8 @@ done:
 
 int jd_store_event_last_id(struct jd_store *s, int64_t *id)
 {
+    if (s->pg)
+        return jd_pg_event_last_id(s, id);
     *id = 0;
     struct jd_rconn *c = NULL;
     int rc = jd_rconn_get(s, &c);

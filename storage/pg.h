@@ -39,7 +39,8 @@
 #include <stdint.h>
 
 struct jd_error;
-struct jd_pg_rconn; /* a pooled read connection (pg_read.c) */
+struct jd_pg_rconn;    /* a pooled read connection (pg_read.c) */
+struct jd_pg_wscratch; /* the writer's per-batch scratch (pg_write.c) */
 
 /* Backend state, hung off struct jd_store (s->pg; NULL for SQLite). */
 struct jd_pg {
@@ -48,6 +49,15 @@ struct jd_pg {
 
     /* ---- writer thread ---- */
     PGconn *wconn;
+    bool wprepared;                 /* the writer's named statements exist on wconn */
+    bool upd_prepared[128];         /* the job-change statement per JD_SET_* mask, lazily */
+    struct jd_pg_wscratch *scratch; /* the writer's per-batch scratch (pg_write.c) */
+    int64_t fenced;                 /* job writes refused by the fence (JD_ESTALE) */
+
+    /* ---- job ids (jd_store_next_id, any thread) ---- */
+    pthread_mutex_t id_mu;
+    PGconn *idconn;          /* under id_mu: its own connection, for the refills */
+    int64_t id_next, id_end; /* under id_mu: the reserved block [id_next, id_end) */
 
     /* ---- this node (cluster) ---- */
     int64_t node_id;  /* this incarnation's jd_nodes.id */
@@ -69,6 +79,18 @@ bool jd_store_path_is_pg(const char *path);
 int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_error *err);
 /* pg.c: after the writer stopped: mark the node gone, close connections. */
 void jd_pg_close(struct jd_store *s);
+/* pg.c: jd_store_next_id on PostgreSQL: ids come in blocks of
+ * JD_PG_ID_BLOCK reserved from the sequence jd_job_ids (its INCREMENT), so
+ * ids are unique across nodes and restarts; 0 when no block could be
+ * reserved (the database is gone: the insert then fails with JD_EINVAL). */
+#define JD_PG_ID_BLOCK 1000
+int64_t jd_pg_next_id(struct jd_store *s);
+/* pg.c: the URL without its password (caller frees). */
+char *jd_pg_display_url(const char *url);
+/* pg.c: connect to url as a Jackdaw connection (application_name,
+ * synchronous_commit as sync_full says, idle_in_transaction_session_timeout).
+ * NULL and err set (naming display) when it cannot. */
+PGconn *jd_pg_connect(const char *url, const char *display, bool sync_full, struct jd_error *err);
 
 /* pg_schema.c: bring the database to the current schema (each migration in
  * its own transaction, serialized across nodes with an advisory lock). */
@@ -80,6 +102,12 @@ int jd_pg_schema_migrate(PGconn *c, const char *display, struct jd_error *err);
  * JD_EIO when the transaction failed (every rcs[i] is then JD_EIO). The
  * caller fires done() as for SQLite. */
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n);
+/* A job write (JD_W_JOB_CHANGE, JD_W_JOB_CRASHES) for a job this node does
+ * not own (jobs.owner_node is another incarnation's: it was taken over)
+ * fails with JD_ESTALE: final, never retried, logged and counted in
+ * jd_pg.fenced. Nothing of the record is written. */
+/* pg_write.c: free what the writer kept in pg (jd_pg_close). */
+void jd_pg_write_free(struct jd_pg *pg);
 /* pg_write.c, on the writer thread when idle: one bounded retention step;
  * true if there may be more to delete. */
 bool jd_pg_retention_step(struct jd_store *s);
@@ -111,8 +139,7 @@ int jd_pg_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg);
 int jd_pg_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,
                       int64_t due_ms, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
 int jd_pg_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t after_id,
-                       int64_t until_ms, unsigned limit, jd_store_job_fn fn, void *arg,
-                       size_t *n);
+                       int64_t until_ms, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
 int jd_pg_unique_keys(struct jd_store *s,
                       void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
                       void *arg);

@@ -16,6 +16,7 @@
  * and jd_store_stats from any thread.
  */
 #include "storage/store_impl.h"
+#include "storage/pg.h"
 
 #include "common/alloc.h"
 #include "common/error.h"
@@ -409,6 +410,17 @@ int jd_store_open(const struct jd_store_config *cfg, struct jd_store **out, stru
     pthread_mutex_init(&s->ckpt_mu, NULL);
     pthread_cond_init(&s->ckpt_cv, NULL);
 
+    if (jd_store_path_is_pg(cfg->path)) {
+        /* PostgreSQL (storage/pg.h): no lock file, no SQLite connection. */
+        int prc = jd_pg_open(s, cfg, err);
+        if (prc) {
+            store_free(s);
+            return prc;
+        }
+        *out = s;
+        return 0;
+    }
+
     int rc = check_directory(s->path, err);
     if (rc == 0)
         rc = take_lock(s, err);
@@ -459,6 +471,8 @@ static void store_free(struct jd_store *s)
 {
     jd_writer_stop(s);
     jd_checkpointer_stop(s);
+    if (s->pg)
+        jd_pg_close(s); /* after the writer: it drained onto the database */
     if (s->marked_open && sqlite3_exec(s->wdb, "UPDATE meta SET value = 0 WHERE key = 'open'", NULL,
                                        NULL, NULL) != SQLITE_OK)
         jd_log(JD_LOG_WARN, "storage: marking the database closed failed", "db", s->path, "error",
@@ -493,6 +507,8 @@ void jd_store_close(struct jd_store *s)
 
 int64_t jd_store_next_id(struct jd_store *s)
 {
+    if (s->pg)
+        return jd_pg_next_id(s);
     /* relaxed: only uniqueness matters, which the RMW gives. */
     return atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed);
 }
@@ -773,6 +789,8 @@ static int step_rc(int rc)
 
 int jd_store_job_get(struct jd_store *s, int64_t id, struct jd_job *out)
 {
+    if (s->pg)
+        return jd_pg_job_get(s, id, out);
     memset(out, 0, sizeof *out);
     struct jd_rconn *c;
     int rc = rconn_get(s, &c);
@@ -792,6 +810,8 @@ int jd_store_job_get(struct jd_store *s, int64_t id, struct jd_job *out)
 int jd_store_job_list(struct jd_store *s, const struct jd_job_filter *f, struct jd_job **rows,
                       size_t *n, int64_t *next_cursor)
 {
+    if (s->pg)
+        return jd_pg_job_list(s, f, rows, n, next_cursor);
     *rows = NULL;
     *n = 0;
     *next_cursor = 0;
@@ -839,6 +859,8 @@ int jd_store_job_list(struct jd_store *s, const struct jd_job_filter *f, struct 
 int jd_store_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsigned limit,
                     struct jd_job_event **events, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_events(s, job_id, after_seq, limit, events, n);
     *events = NULL;
     *n = 0;
     if (limit < 1 || limit > 10000)
@@ -875,6 +897,8 @@ int jd_store_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsig
 
 int jd_store_queue_counts(struct jd_store *s, struct jd_queue_counts **rows, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_queue_counts(s, rows, n);
     *rows = NULL;
     *n = 0;
     struct jd_rconn *c;
@@ -933,6 +957,8 @@ done:
 
 int jd_store_idem_lookup(struct jd_store *s, const char *key, int64_t *job_id, char **fingerprint)
 {
+    if (s->pg)
+        return jd_pg_idem_lookup(s, key, job_id, fingerprint);
     if (fingerprint)
         *fingerprint = NULL;
     if (!key)
@@ -981,6 +1007,8 @@ static int read_two_ints(struct jd_store *s, int which, const char *key, int64_t
 int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_id,
                            int64_t *created_ms)
 {
+    if (s->pg)
+        return jd_pg_oldest_queued(s, queue, job_id, created_ms);
     if (!queue)
         return JD_EINVAL;
     return read_two_ints(s, RS_OLDEST_QUEUED, queue, job_id, created_ms);
@@ -1095,12 +1123,16 @@ static int recover_read(struct jd_store *s, const int *which, int nst, jd_store_
 
 int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
 {
+    if (s->pg)
+        return jd_pg_recover(s, fn, arg);
     static const int which[] = {RS_ACTIVE};
     return recover_read(s, which, 1, fn, arg);
 }
 
 int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg)
 {
+    if (s->pg)
+        return jd_pg_recover_started(s, fn, arg);
     static const int which[] = {RS_RUNNING, RS_WAITING};
     return recover_read(s, which, 2, fn, arg);
 }
@@ -1108,6 +1140,8 @@ int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg)
 int jd_store_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,
                          int64_t due_ms, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_queued_page(s, queue, after, due_ms, limit, fn, arg, n);
     *n = 0;
     if (!queue || limit < 1 || limit > JD_QUEUED_PAGE_MAX)
         return JD_EINVAL;
@@ -1134,6 +1168,8 @@ int jd_store_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t a
                           int64_t until_ms, unsigned limit, jd_store_job_fn fn, void *arg,
                           size_t *n)
 {
+    if (s->pg)
+        return jd_pg_queued_later(s, after_run_at_ms, after_id, until_ms, limit, fn, arg, n);
     *n = 0;
     if (limit < 1 || limit > JD_QUEUED_PAGE_MAX)
         return JD_EINVAL;
@@ -1191,6 +1227,8 @@ int jd_store_unique_keys(struct jd_store *s,
                          void (*fn)(void *arg, const char *key, int64_t job_id, int64_t expires_ms),
                          void *arg)
 {
+    if (s->pg)
+        return jd_pg_unique_keys(s, fn, arg);
     struct jd_rconn *c;
     int rc = rconn_get(s, &c);
     if (rc)
@@ -1208,11 +1246,15 @@ int jd_store_unique_keys(struct jd_store *s,
 
 int jd_store_paused_queues(struct jd_store *s, char ***names, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_paused_queues(s, names, n);
     return read_strings(s, RS_PAUSED, 1, names, n);
 }
 
 int jd_store_queue_configs(struct jd_store *s, char ***pairs, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_queue_configs(s, pairs, n);
     return read_strings(s, RS_QCONFIG, 2, pairs, n);
 }
 
@@ -1238,6 +1280,8 @@ static void row_to_schedule(sqlite3_stmt *st, struct jd_schedule_row *r)
 
 int jd_store_schedule_get(struct jd_store *s, const char *id, struct jd_schedule_row *out)
 {
+    if (s->pg)
+        return jd_pg_schedule_get(s, id, out);
     memset(out, 0, sizeof *out);
     if (!id)
         return JD_EINVAL;
@@ -1260,6 +1304,8 @@ int jd_store_schedule_get(struct jd_store *s, const char *id, struct jd_schedule
 int jd_store_schedule_list(struct jd_store *s, const char *after, unsigned limit,
                            struct jd_schedule_row **rows, size_t *n, char **next_cursor)
 {
+    if (s->pg)
+        return jd_pg_schedule_list(s, after, limit, rows, n, next_cursor);
     *rows = NULL;
     *n = 0;
     *next_cursor = NULL;
@@ -1297,6 +1343,8 @@ int jd_store_schedule_list(struct jd_store *s, const char *after, unsigned limit
 int jd_store_schedule_events(struct jd_store *s, const char *id, int64_t after_seq, unsigned limit,
                              struct jd_schedule_event **events, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_schedule_events(s, id, after_seq, limit, events, n);
     *events = NULL;
     *n = 0;
     if (!id || limit < 1 || limit > 10000)
@@ -1351,6 +1399,8 @@ void jd_rcmd_rows_free(struct jd_rcmd_row *rows, size_t n)
 
 int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n)
 {
+    if (s->pg)
+        return jd_pg_commands(s, rows, n);
     *rows = NULL;
     *n = 0;
     struct jd_rconn *c;
@@ -1388,6 +1438,8 @@ int jd_store_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n)
 
 int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t *job_id)
 {
+    if (s->pg)
+        return jd_pg_task_state(s, id, state, job_id);
     if (!id)
         return JD_EINVAL;
     int64_t st = 0;
@@ -1404,6 +1456,8 @@ void jd_store_write_barrier(struct jd_write *w)
 int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,
                           bool *claimed)
 {
+    if (s->pg)
+        return jd_pg_task_claimed(s, job_id, tag, attempt, claimed);
     *claimed = false;
     struct jd_rconn *c;
     int rc = rconn_get(s, &c);

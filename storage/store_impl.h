@@ -68,10 +68,13 @@ enum {
 #define JD_UPDATE_MASKS 128 /* every combination of the 7 JD_SET_* flags */
 
 struct jd_rconn; /* a pooled read-only connection (store.c) */
+struct jd_pg;    /* the PostgreSQL backend (storage/pg.h); NULL for SQLite */
 
 struct jd_store {
-    char *path;      /* the database file */
-    char *lock_path; /* "<path>.lock", held with flock(LOCK_EX) while open */
+    struct jd_pg *pg; /* set: the store is on PostgreSQL (storage/pg.h), none of the SQLite
+                         fields below are used but the queue, the writer and the stats */
+    char *path;       /* the database file (or the PostgreSQL URL) */
+    char *lock_path;  /* "<path>.lock", held with flock(LOCK_EX) while open */
     int lock_fd;
     bool sync_full;
     int64_t retention_ms;
@@ -179,6 +182,11 @@ struct jd_find_sql {
 };
 int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out);
 int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out);
+
+/* writer.c, shared by both backends: account for a finished batch (stats)
+ * and fire its done()s in order (on the writer or the completion thread). */
+void jd_writer_finish_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
+                            size_t records, uint64_t us, bool ok);
 
 /* Map a SQLite result code to a JD_E* code. */
 int jd_store_sqlite_rc(int rc);

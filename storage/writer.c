@@ -35,6 +35,7 @@
  * opening/closing thread) and done_main (the completion thread).
  */
 #include "storage/store_impl.h"
+#include "storage/pg.h"
 
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -989,6 +990,15 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
     return 0;
 }
 
+/* Records in b[0..n) for the statistics: a barrier alone is none. */
+static size_t count_records(struct jd_write **b, size_t n)
+{
+    size_t records = 0;
+    for (size_t i = 0; i < n; i++)
+        records += b[i]->op != JD_W_SYNC_ || b[i]->group_ > 1;
+    return records;
+}
+
 /* Apply and commit b[0..n), then fire every done() in order. */
 static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int64_t *ids, size_t n,
                          struct vcache *vc)
@@ -1015,8 +1025,7 @@ static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int6
         if (apply_savepoints(s, b, rcs, n, now, vc->qc) != 0)
             goto done;
     }
-    for (size_t i = 0; i < n; i++)
-        records += b[i]->op != JD_W_SYNC_ || b[i]->group_ > 1;
+    records = count_records(b, n);
     if (run(s->wst[JD_WS_COMMIT]) != SQLITE_DONE) {
         log_failure(s, "commit");
         goto done;
@@ -1031,7 +1040,26 @@ done:
             b[i]->version = 0;
         }
     }
-    note_commit(s, records, (jd_now_ns() - t0) / 1000, ok);
+    jd_writer_finish_batch(s, b, rcs, n, records, (jd_now_ns() - t0) / 1000, ok);
+}
+
+/* The PostgreSQL backend's commit (storage/pg_write.c), then the same tail. */
+static void commit_batch_pg(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
+{
+    uint64_t t0 = jd_now_ns();
+    int rc = jd_pg_commit_batch(s, b, rcs, n);
+    if (rc != 0)
+        for (size_t i = 0; i < n; i++) {
+            rcs[i] = JD_EIO;
+            b[i]->version = 0;
+        }
+    jd_writer_finish_batch(s, b, rcs, n, count_records(b, n), (jd_now_ns() - t0) / 1000, rc == 0);
+}
+
+void jd_writer_finish_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
+                            size_t records, uint64_t us, bool ok)
+{
+    note_commit(s, records, us, ok);
     atomic_fetch_add_explicit(&s->st_finished, n, memory_order_relaxed); /* a statistic */
     /* acquire: pairs with the release in jd_store_done_thread (dq_mu/dq_cv
      * initialised before it reads true). */
@@ -1251,7 +1279,8 @@ static void maybe_retention(struct jd_store *s)
     if (interval > JD_RETENTION_MAX_INTERVAL_MS)
         interval = JD_RETENTION_MAX_INTERVAL_MS;
     /* A full batch means more expired jobs: go again after the next commit. */
-    s->retention_due_ms = retention_step(s) ? now : now + interval;
+    bool more = s->pg ? jd_pg_retention_step(s) : retention_step(s);
+    s->retention_due_ms = more ? now : now + interval;
 }
 
 /* Wait until a record is pushed, stop is requested, or the retention pass is
@@ -1343,7 +1372,10 @@ static void *writer_main(void *arg)
         }
         if (!pend)
             pend_tail = NULL;
-        commit_batch(s, b, rcs, ids, n, &vc);
+        if (s->pg)
+            commit_batch_pg(s, b, rcs, n);
+        else
+            commit_batch(s, b, rcs, ids, n, &vc);
         maybe_retention(s);
     }
     free(b);
@@ -1357,7 +1389,8 @@ static void *writer_main(void *arg)
 
 int jd_writer_start(struct jd_store *s, struct jd_error *err)
 {
-    for (int i = 0; i < JD_WS_N; i++) {
+    /* PostgreSQL: pg.c set up its connection and queue_retention. */
+    for (int i = 0; !s->pg && i < JD_WS_N; i++) {
         int rc = sqlite3_prepare_v3(s->wdb, writer_sql[i], -1, SQLITE_PREPARE_PERSISTENT,
                                     &s->wst[i], NULL);
         if (rc != SQLITE_OK)
@@ -1367,10 +1400,10 @@ int jd_writer_start(struct jd_store *s, struct jd_error *err)
     }
     s->retention_due_ms = 0;
     sqlite3_stmt *qr = NULL;
-    if (sqlite3_prepare_v2(s->wdb,
-                           "SELECT 1 FROM queues WHERE retain_succeeded_ms > 0 OR"
-                           " retain_failed_ms > 0 OR retain_cancelled_ms > 0 LIMIT 1",
-                           -1, &qr, NULL) == SQLITE_OK)
+    if (!s->pg && sqlite3_prepare_v2(s->wdb,
+                                     "SELECT 1 FROM queues WHERE retain_succeeded_ms > 0 OR"
+                                     " retain_failed_ms > 0 OR retain_cancelled_ms > 0 LIMIT 1",
+                                     -1, &qr, NULL) == SQLITE_OK)
         s->queue_retention = sqlite3_step(qr) == SQLITE_ROW;
     sqlite3_finalize(qr);
     int rc = pthread_create(&s->writer, NULL, writer_main, s);

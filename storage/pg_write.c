@@ -1,0 +1,1049 @@
+/*
+ * The PostgreSQL backend's writes (storage/pg.h): one batch of records in
+ * one transaction on the writer's connection, with the same rules as the
+ * SQLite writer (storage/writer.c): the batch is first applied without
+ * savepoints; if a record fails on its own (a duplicate idempotency key, a
+ * held unique key, a missing or fenced job, bad data) the transaction is
+ * rolled back and the batch redone with each record, or each
+ * all-or-nothing group, inside its own SAVEPOINT, so the record fails
+ * alone. Anything else (the connection, the server) fails the whole batch
+ * with JD_EIO. The caller fires done() only after COMMIT returned, which
+ * with synchronous_commit=on (--sync full) means the commit is flushed.
+ *
+ * Statements are prepared once per session (again after a reconnect) and
+ * written to do a record in one round trip where they can: a job insert
+ * writes the row, its definition, its first event and its labels in one
+ * statement (data-modifying CTEs); a job change bumps the version, sets
+ * its fields and appends its event (seq = the new version) in one.
+ * Statements that can fail for a record's own reason are written not to
+ * raise (ON CONFLICT DO NOTHING, conditional updates): zero rows says it.
+ *
+ * The fence: a job change or crash count is applied only
+ * WHERE id = $1 AND owner_node = <this node incarnation>. Zero rows for a
+ * job that exists means another incarnation owns it: the record fails with
+ * JD_ESTALE (final, never retried), is logged and counted (jd_pg.fenced).
+ *
+ * queue_counts is kept as the SQLite writer keeps it, by the writer: each
+ * (queue, state)'s net change is added once per transaction; here deletes
+ * (DELETE /v1/jobs/{id}, retention) are counted too, since this schema has
+ * no triggers.
+ *
+ * Threading: everything here runs on the writer thread, except
+ * jd_pg_write_free (jd_pg_close, after the writer stopped).
+ */
+#include "storage/pg.h"
+#include "storage/store_impl.h"
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define JD_PG_RETENTION_BATCH 128 /* jobs per retention transaction, as for SQLite */
+#define JD_PG_SCHED_TRIM_EVERY 64 /* trim a schedule's history once per this many events */
+
+#define OID_INT8 20
+#define OID_TEXT 25
+
+/* ---- statements ---- */
+
+enum {
+    PS_IDEM_INSERT,
+    PS_IDEM_GET,
+    PS_UNIQUE_TAKE,
+    PS_UNIQUE_HOLDER,
+    PS_UNIQUE_RELEASE,
+    PS_JOB_INSERT,
+    PS_JOB_INSERT_LABELS,
+    PS_JOB_OWNER,
+    PS_CRASHES,
+    PS_QUEUE_UPSERT,
+    PS_QUEUE_CONFIG,
+    PS_SCHED_UPSERT,
+    PS_SCHED_UPDATE,
+    PS_SCHED_EVENT,
+    PS_SCHED_TRIM,
+    PS_SCHED_DELETE,
+    PS_JOB_DELETE,
+    PS_JOB_STATE,
+    PS_RCMD_UPSERT,
+    PS_RCMD_DELETE,
+    PS_TASK_UPSERT,
+    PS_COUNT_ADD,
+    PS_RET_QUEUES,
+    PS_RET_DELETE,
+    PS_N
+};
+
+/* Deleting jobs j (id, idempotency_key, queue, state) with everything of
+ * theirs: the tail of a data-modifying WITH. */
+#define DELETE_TAIL                                                                                \
+    ", e AS (DELETE FROM events WHERE job_id IN (SELECT id FROM j))"                               \
+    ", d AS (DELETE FROM job_definitions WHERE job_id IN (SELECT id FROM j))"                      \
+    ", t AS (DELETE FROM tasks WHERE job_id IN (SELECT id FROM j))"                                \
+    ", l AS (DELETE FROM job_labels WHERE job_id IN (SELECT id FROM j))"                           \
+    ", u AS (DELETE FROM unique_keys WHERE job_id IN (SELECT id FROM j))"                          \
+    ", i AS (DELETE FROM idempotency WHERE (key, job_id) IN"                                       \
+    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"
+
+/* A job's insert: the row (owned by this node, $11), its definition, its
+ * first event ("state", seq 1, at $13 with data $14). */
+#define JOB_INSERT_HEAD                                                                            \
+    "WITH j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts, version,"        \
+    " created_ms, updated_ms, started_ms, finished_ms, idempotency_key, schedule_id, handler,"     \
+    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, $11))"             \
+    ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"                    \
+    ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                            \
+    " VALUES ($1, 1, $13, 0, 0, $14))"
+
+static const struct {
+    const char *sql;
+    const char *types; /* one letter per parameter: i bigint, t text */
+} pstmt[PS_N] = {
+    [PS_IDEM_INSERT] = {"INSERT INTO idempotency(key, job_id, fingerprint, created_ms)"
+                        " VALUES ($1, $2, $3, $4) ON CONFLICT(key) DO NOTHING RETURNING 1",
+                        "titi"},
+    [PS_IDEM_GET] = {"SELECT job_id FROM idempotency WHERE key = $1", "t"},
+    /* Take the key unless a live hold has it (as in writer.c). */
+    [PS_UNIQUE_TAKE] = {"INSERT INTO unique_keys(key, job_id, expires_ms) VALUES ($1, $2, $3)"
+                        " ON CONFLICT(key) DO UPDATE SET job_id = excluded.job_id,"
+                        " expires_ms = excluded.expires_ms"
+                        " WHERE (unique_keys.expires_ms > 0 AND unique_keys.expires_ms <= $4)"
+                        " OR NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = unique_keys.job_id"
+                        " AND jobs.state < 3) RETURNING 1",
+                        "tiii"},
+    [PS_UNIQUE_HOLDER] = {"SELECT job_id FROM unique_keys WHERE key = $1", "t"},
+    [PS_UNIQUE_RELEASE] = {"DELETE FROM unique_keys WHERE job_id = $1", "i"},
+    [PS_JOB_INSERT] = {JOB_INSERT_HEAD " SELECT 1", "ititiiitttititt"},
+    /* ... and one job_labels row per string member of its "labels" */
+    [PS_JOB_INSERT_LABELS] = {JOB_INSERT_HEAD
+                              ", l AS (INSERT INTO job_labels(key, value, job_id)"
+                              " SELECT k, v #>> '{}', $1 FROM jsonb_each(CASE WHEN"
+                              " jsonb_typeof($12::jsonb -> 'labels') = 'object' THEN"
+                              " $12::jsonb -> 'labels' ELSE '{}'::jsonb END) AS x(k, v)"
+                              " WHERE jsonb_typeof(v) = 'string' ON CONFLICT DO NOTHING)"
+                              " SELECT 1",
+                              "ititiiitttititt"},
+    [PS_JOB_OWNER] = {"SELECT owner_node FROM jobs WHERE id = $1", "i"},
+    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3 RETURNING 1",
+                    "iii"},
+    [PS_QUEUE_UPSERT] = {"INSERT INTO queues(name, paused) VALUES ($1, $2)"
+                         " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
+                         "ti"},
+    [PS_QUEUE_CONFIG] = {"INSERT INTO queues(name, paused, config, retain_succeeded_ms,"
+                         " retain_failed_ms, retain_cancelled_ms) VALUES ($1, 0, $2, $3, $4, $5)"
+                         " ON CONFLICT(name) DO UPDATE SET config = excluded.config,"
+                         " retain_succeeded_ms = excluded.retain_succeeded_ms,"
+                         " retain_failed_ms = excluded.retain_failed_ms,"
+                         " retain_cancelled_ms = excluded.retain_cancelled_ms",
+                         "ttiii"},
+    [PS_SCHED_UPSERT] = {"INSERT INTO schedules(id, definition, paused, retired, next_fire_ms,"
+                         " anchor_ms, created_ms, updated_ms) VALUES ($1, $2, $3, $7, $4, $6, $5,"
+                         " $5) ON CONFLICT(id) DO UPDATE SET definition = excluded.definition,"
+                         " paused = excluded.paused, retired = excluded.retired,"
+                         " next_fire_ms = excluded.next_fire_ms, anchor_ms = excluded.anchor_ms,"
+                         " updated_ms = excluded.updated_ms",
+                         "ttiiiii"},
+    /* every combination of JD_SSET_* in one statement ($3 is the mask) */
+    [PS_SCHED_UPDATE] = {"UPDATE schedules SET"
+                         " paused = CASE WHEN ($3 & 1) <> 0 THEN $4 ELSE paused END,"
+                         " retired = CASE WHEN ($3 & 2) <> 0 THEN $5 ELSE retired END,"
+                         " next_fire_ms = CASE WHEN ($3 & 4) <> 0 THEN $6 ELSE next_fire_ms END,"
+                         " last_fire_ms = CASE WHEN ($3 & 8) <> 0 THEN $7 ELSE last_fire_ms END,"
+                         " last_job_id = CASE WHEN ($3 & 8) <> 0 THEN $8 ELSE last_job_id END,"
+                         " last_outcome = CASE WHEN ($3 & 8) <> 0 THEN $9 ELSE last_outcome END,"
+                         " fires = fires + $10, skips = skips + $11,"
+                         " event_seq = event_seq + $12, updated_ms = $2"
+                         " WHERE id = $1 RETURNING event_seq",
+                         "tiiiiiiitiii"},
+    [PS_SCHED_EVENT] = {"INSERT INTO schedule_events(schedule_id, seq, time_ms, kind, fire_ms,"
+                        " job_id, data) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                        "tiitiit"},
+    [PS_SCHED_TRIM] = {"DELETE FROM schedule_events WHERE schedule_id = $1 AND seq <= $2", "ti"},
+    [PS_SCHED_DELETE] = {"WITH s AS (DELETE FROM schedules WHERE id = $1 RETURNING id),"
+                         " e AS (DELETE FROM schedule_events WHERE schedule_id IN"
+                         " (SELECT id FROM s)) SELECT 1 FROM s",
+                         "t"},
+    /* only a terminal job: a retry racing the delete wins or loses whole */
+    [PS_JOB_DELETE] = {"WITH j AS (DELETE FROM jobs WHERE id = $1 AND state >= 3"
+                       " RETURNING id, idempotency_key, queue, state)" DELETE_TAIL
+                       " SELECT queue, state FROM j",
+                       "i"},
+    [PS_JOB_STATE] = {"SELECT state FROM jobs WHERE id = $1", "i"},
+    [PS_RCMD_UPSERT] = {"INSERT INTO remote_commands(name, timeout_ms, description, created_ms,"
+                        " updated_ms, max_in_flight) VALUES ($1, $2, $3, $4, $4, $5)"
+                        " ON CONFLICT(name) DO UPDATE SET timeout_ms = excluded.timeout_ms,"
+                        " description = excluded.description, updated_ms = excluded.updated_ms,"
+                        " max_in_flight = excluded.max_in_flight",
+                        "titii"},
+    [PS_RCMD_DELETE] = {"DELETE FROM remote_commands WHERE name = $1 RETURNING 1", "t"},
+    [PS_TASK_UPSERT] = {"INSERT INTO tasks(id, job_id, tag, attempt, command, state, worker,"
+                        " lease_expires_ms, updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
+                        " $9) ON CONFLICT(id) DO UPDATE SET state = excluded.state,"
+                        " worker = excluded.worker,"
+                        " lease_expires_ms = excluded.lease_expires_ms,"
+                        " updated_ms = excluded.updated_ms",
+                        "tiiitiiii"},
+    [PS_COUNT_ADD] = {"INSERT INTO queue_counts(queue, state, n) VALUES ($1, $2, $3)"
+                      " ON CONFLICT(queue, state) DO UPDATE SET n = queue_counts.n + excluded.n",
+                      "tii"},
+    /* every (queue, terminal state) that has jobs, with the queue's own
+     * retention for that state (0: the global one) */
+    [PS_RET_QUEUES] = {"SELECT c.queue, c.state, coalesce(CASE c.state"
+                       " WHEN 3 THEN q.retain_succeeded_ms WHEN 4 THEN q.retain_failed_ms"
+                       " ELSE q.retain_cancelled_ms END, 0)"
+                       " FROM queue_counts c LEFT JOIN queues q ON q.name = c.queue"
+                       " WHERE c.state >= 3 AND c.n > 0",
+                       ""},
+    /* up to $4 jobs of (queue $1, state $2) finished before $3, counted
+     * out of queue_counts in the same statement */
+    [PS_RET_DELETE] = {"WITH j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM jobs"
+                       " WHERE queue = $1 AND state = $2 AND state >= 3 AND finished_ms < $3"
+                       " LIMIT $4) RETURNING id, idempotency_key, queue, state)" DELETE_TAIL
+                       ", c AS (UPDATE queue_counts SET n = n - (SELECT count(*) FROM j)"
+                       " WHERE queue = $1 AND state = $2)"
+                       " SELECT count(*) FROM j",
+                       "tiii"},
+};
+
+/* Parameters in text format; NULL is SQL NULL. */
+#define JD_PG_MAX_PARAMS 16
+struct prm {
+    int n;
+    const char *v[JD_PG_MAX_PARAMS];
+    char b[JD_PG_MAX_PARAMS][24];
+};
+
+static void p_int(struct prm *p, int64_t x)
+{
+    snprintf(p->b[p->n], sizeof p->b[p->n], "%lld", (long long)x);
+    p->v[p->n] = p->b[p->n];
+    p->n++;
+}
+
+static void p_text(struct prm *p, const char *s)
+{
+    p->v[p->n++] = s;
+}
+
+static void set_oids(const char *types, Oid *oids, int *n)
+{
+    *n = (int)strlen(types);
+    for (int i = 0; i < *n; i++)
+        oids[i] = types[i] == 't' ? OID_TEXT : OID_INT8;
+}
+
+/* ---- the batch's scratch: queue count changes and saved job ids ---- */
+
+struct qdelta {
+    char *queue;
+    int64_t d[JD_JOB_NSTATES];
+};
+
+struct jd_pg_wscratch {
+    struct qdelta *q; /* distinct queues changed in this transaction */
+    size_t nq, capq;
+    int64_t *saved; /* per (queue, state): the deltas at the savepoint */
+    size_t nsaved, capsaved;
+    int64_t *ids; /* each record's job_id before the optimistic pass */
+    size_t capids;
+};
+
+static struct jd_pg_wscratch *scratch(struct jd_pg *pg)
+{
+    if (!pg->scratch)
+        pg->scratch = jd_xcalloc(1, sizeof *pg->scratch);
+    return pg->scratch;
+}
+
+static void counts_clear(struct jd_pg_wscratch *w)
+{
+    for (size_t i = 0; i < w->nq; i++)
+        free(w->q[i].queue);
+    w->nq = 0;
+}
+
+static void count(struct jd_pg_wscratch *w, const char *queue, int state, int64_t d)
+{
+    if (!queue || state < 0 || state >= JD_JOB_NSTATES)
+        return;
+    size_t i = 0;
+    while (i < w->nq && strcmp(w->q[i].queue, queue) != 0)
+        i++;
+    if (i == w->nq) {
+        if (w->nq == w->capq) {
+            w->capq = w->capq ? 2 * w->capq : 8;
+            w->q = jd_xrealloc(w->q, w->capq * sizeof *w->q);
+        }
+        w->q[i] = (struct qdelta){.queue = jd_xstrdup(queue)};
+        w->nq++;
+    }
+    w->q[i].d[state] += d;
+}
+
+/* Remember the counts as they are (a savepoint). */
+static void counts_mark(struct jd_pg_wscratch *w)
+{
+    size_t need = w->nq * JD_JOB_NSTATES;
+    if (need > w->capsaved) {
+        w->capsaved = need * 2;
+        w->saved = jd_xrealloc(w->saved, w->capsaved * sizeof *w->saved);
+    }
+    for (size_t i = 0; i < w->nq; i++)
+        memcpy(&w->saved[i * JD_JOB_NSTATES], w->q[i].d, sizeof w->q[i].d);
+    w->nsaved = w->nq;
+}
+
+/* Back to the mark (a rollback to the savepoint). */
+static void counts_restore(struct jd_pg_wscratch *w)
+{
+    while (w->nq > w->nsaved)
+        free(w->q[--w->nq].queue);
+    for (size_t i = 0; i < w->nq; i++)
+        memcpy(w->q[i].d, &w->saved[i * JD_JOB_NSTATES], sizeof w->q[i].d);
+}
+
+void jd_pg_write_free(struct jd_pg *pg)
+{
+    struct jd_pg_wscratch *w = pg->scratch;
+    if (!w)
+        return;
+    counts_clear(w);
+    free(w->q);
+    free(w->saved);
+    free(w->ids);
+    free(w);
+    pg->scratch = NULL;
+}
+
+/* ---- running statements ---- */
+
+/* Log a failure once per distinct message, not once per batch. */
+static void log_failure(struct jd_store *s, const char *what)
+{
+    static _Thread_local char last[256];
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s: %s", what, PQerrorMessage(s->pg->wconn));
+    msg[strcspn(msg, "\n")] = '\0';
+    if (strcmp(msg, last) == 0)
+        return;
+    snprintf(last, sizeof last, "%s", msg);
+    jd_log(JD_LOG_ERROR, "storage commit failed", "db", s->pg->display, "error", msg, NULL);
+}
+
+static int simple(struct jd_store *s, const char *sql)
+{
+    PGresult *r = PQexec(s->pg->wconn, sql);
+    int rc = jd_pg_rc(r);
+    PQclear(r);
+    return rc;
+}
+
+static char stmt_name_buf[PS_N][8];
+
+static const char *stmt_name(int i)
+{
+    return stmt_name_buf[i];
+}
+
+/* Prepare every statement on the (new) session. 0 or JD_EIO. */
+static int prepare_all(struct jd_store *s)
+{
+    struct jd_pg *pg = s->pg;
+    for (int i = 0; i < PS_N; i++) {
+        snprintf(stmt_name_buf[i], sizeof stmt_name_buf[i], "w%d", i);
+        Oid oids[JD_PG_MAX_PARAMS];
+        int n;
+        set_oids(pstmt[i].types, oids, &n);
+        PGresult *r = PQprepare(pg->wconn, stmt_name(i), pstmt[i].sql, n, oids);
+        int rc = jd_pg_rc(r);
+        PQclear(r);
+        if (rc) {
+            log_failure(s, "preparing a statement");
+            return JD_EIO;
+        }
+    }
+    memset(pg->upd_prepared, 0, sizeof pg->upd_prepared);
+    pg->wprepared = true;
+    return 0;
+}
+
+/* Run prepared statement i; *res (caller clears) or NULL. The JD_E* code. */
+static int xq(struct jd_store *s, const char *name, const struct prm *p, PGresult **res)
+{
+    PGresult *r = PQexecPrepared(s->pg->wconn, name, p->n, p->v, NULL, NULL, 0);
+    int rc = jd_pg_rc(r);
+    if (rc || !res)
+        PQclear(r);
+    else
+        *res = r;
+    return rc;
+}
+
+/* Rows of a statement run for its row count (RETURNING, SELECT). */
+static int xrows(struct jd_store *s, int i, const struct prm *p, int *rows)
+{
+    PGresult *r = NULL;
+    int rc = xq(s, stmt_name(i), p, &r);
+    if (rc == 0) {
+        *rows = PQntuples(r);
+        PQclear(r);
+    }
+    return rc;
+}
+
+/* The first column of the first row as an integer (*found false: no row). */
+static int xint(struct jd_store *s, int i, const struct prm *p, int64_t *out, bool *found)
+{
+    PGresult *r = NULL;
+    int rc = xq(s, stmt_name(i), p, &r);
+    if (rc == 0) {
+        *found = PQntuples(r) > 0;
+        if (*found && !PQgetisnull(r, 0, 0))
+            *out = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+    }
+    return rc;
+}
+
+/* A record that touched zero rows of job id: JD_ENOENT if the job is gone,
+ * JD_ESTALE if it exists (another node incarnation owns it: fenced). */
+static int missing_or_fenced(struct jd_store *s, int64_t id)
+{
+    struct prm p = {0};
+    p_int(&p, id);
+    int64_t owner = 0;
+    bool found = false;
+    int rc = xint(s, PS_JOB_OWNER, &p, &owner, &found);
+    if (rc)
+        return rc;
+    if (!found)
+        return JD_ENOENT;
+    char idb[24], ob[24], me[24];
+    snprintf(idb, sizeof idb, "%lld", (long long)id);
+    snprintf(ob, sizeof ob, "%lld", (long long)owner);
+    snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
+    jd_log(JD_LOG_WARN, "storage: job write refused, another node owns the job", "job_id", idb,
+           "owner_node", ob, "node", me, NULL);
+    return JD_ESTALE;
+}
+
+/* ---- the records ---- */
+
+static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now,
+                        struct jd_pg_wscratch *ws)
+{
+    const struct jd_job *j = w->job;
+    if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
+        return JD_EINVAL;
+    int64_t id = j->id ? j->id : w->job_id;
+    if (id <= 0)
+        return JD_EINVAL;
+    w->job_id = id;
+    int64_t created = j->created_ms ? j->created_ms : now;
+    int rc, rows = 0;
+
+    if (j->idempotency_key) {
+        struct prm p = {0};
+        p_text(&p, j->idempotency_key);
+        p_int(&p, id);
+        p_text(&p, w->idem_fingerprint);
+        p_int(&p, created);
+        if ((rc = xrows(s, PS_IDEM_INSERT, &p, &rows)) != 0)
+            return rc;
+        if (rows == 0) {
+            struct prm g = {0};
+            p_text(&g, j->idempotency_key);
+            bool found = false;
+            if ((rc = xint(s, PS_IDEM_GET, &g, &w->job_id, &found)) != 0)
+                return rc;
+            return found ? JD_EEXIST : JD_EIO;
+        }
+    }
+    if (w->unique_key) {
+        struct prm p = {0};
+        p_text(&p, w->unique_key);
+        p_int(&p, id);
+        p_int(&p, w->unique_expires_ms);
+        p_int(&p, now);
+        if ((rc = xrows(s, PS_UNIQUE_TAKE, &p, &rows)) != 0)
+            return rc;
+        if (rows == 0) {
+            struct prm g = {0};
+            p_text(&g, w->unique_key);
+            bool found = false;
+            if ((rc = xint(s, PS_UNIQUE_HOLDER, &g, &w->job_id, &found)) != 0)
+                return rc;
+            return found ? JD_ECONFLICT : JD_EIO;
+        }
+    }
+    char data[48];
+    snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
+    struct prm p = {0};
+    p_int(&p, id);
+    p_text(&p, j->queue);
+    p_int(&p, j->priority);
+    p_int(&p, j->state);
+    p_int(&p, j->run_at_ms);
+    p_int(&p, created);
+    p_int(&p, jd_job_state_terminal(j->state) ? created : 0);
+    p_text(&p, j->idempotency_key);
+    p_text(&p, j->schedule_id);
+    p_text(&p, j->handler);
+    p_int(&p, s->pg->node_id);
+    p_text(&p, j->definition);
+    p_int(&p, now);
+    p_text(&p, data);
+    /* the cheap test SQLite's label trigger makes too */
+    bool labels = strstr(j->definition, "\"labels\":") != NULL;
+    if ((rc = xrows(s, labels ? PS_JOB_INSERT_LABELS : PS_JOB_INSERT, &p, &rows)) != 0)
+        return rc;
+    w->version = 1;
+    count(ws, j->queue, j->state, 1);
+    return 0;
+}
+
+/* The job change for one combination of JD_SET_* flags, prepared on first
+ * use. Parameters keep fixed numbers (types declared, so unused ones are
+ * fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
+ * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
+ * $13 data. Returns version, queue, old state, new state; no row: missing
+ * or fenced. A move to a terminal state without an explicit finish time
+ * stamps it now, so retention never sees a terminal job with finished_ms 0. */
+static const char *change_stmt(struct jd_store *s, unsigned set)
+{
+    static char names[JD_UPDATE_MASKS][8];
+    snprintf(names[set], sizeof names[set], "u%u", set);
+    if (s->pg->upd_prepared[set])
+        return names[set];
+    char sql[1536];
+    bool st = set & JD_SET_STATE;
+    int len = snprintf(sql, sizeof sql,
+                       "WITH %su AS (UPDATE jobs SET version = version + 1,"
+                       " updated_ms = $2",
+                       st ? "o AS (SELECT state FROM jobs WHERE id = $1 AND owner_node = $3"
+                            " FOR UPDATE), "
+                          : "");
+    static const char *const cols[7] = {
+        ", state = $4",    ", output = $5",     ", error = $6",        ", run_at_ms = $7",
+        ", attempts = $8", ", started_ms = $9", ", finished_ms = $10",
+    };
+    for (int i = 0; i < 7; i++)
+        if (set & (1u << i))
+            len += snprintf(sql + len, sizeof sql - (size_t)len, "%s", cols[i]);
+    if (st && !(set & JD_SET_FINISHED))
+        len += snprintf(sql + len, sizeof sql - (size_t)len,
+                        ", finished_ms = CASE WHEN $4 >= 3 AND finished_ms = 0 THEN $2"
+                        " ELSE finished_ms END");
+    snprintf(sql + len, sizeof sql - (size_t)len,
+             " WHERE id = $1 AND owner_node = $3 RETURNING version, queue, state),"
+             " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+             " SELECT $1, version, $2, $11, $12, $13 FROM u)"
+             " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             st ? "o.state" : "u.state", st ? ", o" : "");
+    Oid oids[13];
+    int n;
+    set_oids("iiiittiiiiiit", oids, &n);
+    PGresult *r = PQprepare(s->pg->wconn, names[set], sql, n, oids);
+    int rc = jd_pg_rc(r);
+    PQclear(r);
+    if (rc) {
+        log_failure(s, "preparing a job change");
+        return NULL;
+    }
+    s->pg->upd_prepared[set] = true;
+    return names[set];
+}
+
+static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now,
+                        struct jd_pg_wscratch *ws)
+{
+    unsigned set = w->set;
+    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_PROGRESS || set >= JD_UPDATE_MASKS ||
+        ((set & JD_SET_STATE) && (unsigned)w->state >= JD_JOB_NSTATES))
+        return JD_EINVAL;
+    const char *name = change_stmt(s, set);
+    if (!name)
+        return JD_EIO;
+    int rc;
+    if (w->release_unique) {
+        struct prm u = {0};
+        p_int(&u, w->job_id);
+        if ((rc = xq(s, stmt_name(PS_UNIQUE_RELEASE), &u, NULL)) != 0)
+            return rc;
+    }
+    const char *data = w->data;
+    char buf[48];
+    if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE)) {
+        snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
+        data = buf;
+    }
+    struct prm p = {0};
+    p_int(&p, w->job_id);
+    p_int(&p, now);
+    p_int(&p, s->pg->node_id);
+    p_int(&p, w->state);
+    p_text(&p, w->output);
+    p_text(&p, w->error);
+    p_int(&p, w->run_at_ms);
+    p_int(&p, w->attempts);
+    p_int(&p, w->started_ms);
+    p_int(&p, w->finished_ms);
+    p_int(&p, w->kind);
+    p_int(&p, w->tag);
+    p_text(&p, data);
+    PGresult *r = NULL;
+    if ((rc = xq(s, name, &p, &r)) != 0)
+        return rc;
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        return missing_or_fenced(s, w->job_id);
+    }
+    w->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    int old_state = atoi(PQgetvalue(r, 0, 2)), new_state = atoi(PQgetvalue(r, 0, 3));
+    if (old_state != new_state) {
+        count(ws, PQgetvalue(r, 0, 1), old_state, -1);
+        count(ws, PQgetvalue(r, 0, 1), new_state, 1);
+    }
+    PQclear(r);
+    return 0;
+}
+
+static int apply_queue(struct jd_store *s, struct jd_write *w)
+{
+    if (!w->queue)
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_text(&p, w->queue);
+    if (w->op == JD_W_QUEUE) {
+        p_int(&p, w->paused ? 1 : 0);
+        return xq(s, stmt_name(PS_QUEUE_UPSERT), &p, NULL);
+    }
+    p_text(&p, w->queue_config);
+    for (int i = 0; i < 3; i++) {
+        if (w->retain_ms[i] < 0)
+            return JD_EINVAL;
+        p_int(&p, w->retain_ms[i]);
+    }
+    int rc = xq(s, stmt_name(PS_QUEUE_CONFIG), &p, NULL);
+    /* never switched off until the next start (as in writer.c) */
+    if (rc == 0 && (w->retain_ms[0] > 0 || w->retain_ms[1] > 0 || w->retain_ms[2] > 0))
+        s->queue_retention = true;
+    return rc;
+}
+
+/* Update the schedule row as sw says and append its event (if any).
+ * JD_ENOENT when the schedule does not exist. */
+static int apply_schedule_change(struct jd_store *s, const struct jd_schedule_write *sw,
+                                 int64_t now)
+{
+    if (!sw->id || sw->set > 15)
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_text(&p, sw->id);
+    p_int(&p, now);
+    p_int(&p, sw->set);
+    p_int(&p, sw->paused);
+    p_int(&p, sw->retired);
+    p_int(&p, sw->next_fire_ms);
+    p_int(&p, sw->last_fire_ms);
+    p_int(&p, sw->last_job_id);
+    p_text(&p, sw->last_outcome);
+    p_int(&p, sw->add_fires);
+    p_int(&p, sw->add_skips);
+    p_int(&p, sw->event != NULL);
+    int64_t seq = 0;
+    bool found = false;
+    int rc = xint(s, PS_SCHED_UPDATE, &p, &seq, &found);
+    if (rc)
+        return rc;
+    if (!found)
+        return JD_ENOENT;
+    if (!sw->event)
+        return 0;
+    struct prm e = {0};
+    p_text(&e, sw->id);
+    p_int(&e, seq);
+    p_int(&e, now);
+    p_text(&e, sw->event);
+    p_int(&e, sw->event_fire_ms);
+    p_int(&e, sw->event_job_id);
+    p_text(&e, sw->event_data);
+    if ((rc = xq(s, stmt_name(PS_SCHED_EVENT), &e, NULL)) != 0)
+        return rc;
+    if (seq % JD_PG_SCHED_TRIM_EVERY == 0 && seq > JD_SCHEDULE_EVENTS_KEEP) {
+        struct prm t = {0};
+        p_text(&t, sw->id);
+        p_int(&t, seq - JD_SCHEDULE_EVENTS_KEEP);
+        return xq(s, stmt_name(PS_SCHED_TRIM), &t, NULL);
+    }
+    return 0;
+}
+
+static int apply_schedule(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    const struct jd_schedule_write *sw = &w->sched;
+    if (!sw->id)
+        return JD_EINVAL;
+    if (w->op == JD_W_SCHEDULE_CHANGE)
+        return apply_schedule_change(s, sw, now);
+    struct prm p = {0};
+    p_text(&p, sw->id);
+    if (w->op == JD_W_SCHEDULE_DELETE) {
+        int rows = 0;
+        int rc = xrows(s, PS_SCHED_DELETE, &p, &rows);
+        return rc ? rc : rows == 0 ? JD_ENOENT : 0;
+    }
+    if (!sw->definition)
+        return JD_EINVAL;
+    p_text(&p, sw->definition);
+    p_int(&p, sw->paused);
+    p_int(&p, sw->next_fire_ms);
+    p_int(&p, now);
+    p_int(&p, sw->anchor_ms);
+    p_int(&p, sw->retired);
+    int rc = xq(s, stmt_name(PS_SCHED_UPSERT), &p, NULL);
+    if (rc || !sw->event)
+        return rc;
+    struct jd_schedule_write ev = {.id = sw->id,
+                                   .event = sw->event,
+                                   .event_fire_ms = sw->event_fire_ms,
+                                   .event_job_id = sw->event_job_id,
+                                   .event_data = sw->event_data};
+    return apply_schedule_change(s, &ev, now);
+}
+
+/* A job's crash count (no event, no new version); fenced like a change. */
+static int apply_crashes(struct jd_store *s, struct jd_write *w)
+{
+    if (w->job_id <= 0)
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_int(&p, w->job_id);
+    p_int(&p, w->crashes);
+    p_int(&p, s->pg->node_id);
+    int rows = 0;
+    int rc = xrows(s, PS_CRASHES, &p, &rows);
+    if (rc)
+        return rc;
+    return rows > 0 ? 0 : missing_or_fenced(s, w->job_id);
+}
+
+/* Delete a terminal job and everything of its (any node may: it is
+ * finished, nobody owns its future). */
+static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct jd_pg_wscratch *ws)
+{
+    if (w->job_id <= 0)
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_int(&p, w->job_id);
+    PGresult *r = NULL;
+    int rc = xq(s, stmt_name(PS_JOB_DELETE), &p, &r);
+    if (rc)
+        return rc;
+    if (PQntuples(r) > 0) {
+        count(ws, PQgetvalue(r, 0, 0), atoi(PQgetvalue(r, 0, 1)), -1);
+        PQclear(r);
+        return 0;
+    }
+    PQclear(r);
+    int64_t state = 0;
+    bool found = false;
+    if ((rc = xint(s, PS_JOB_STATE, &p, &state, &found)) != 0)
+        return rc;
+    return found ? JD_ECONFLICT : JD_ENOENT;
+}
+
+static int apply_remote(struct jd_store *s, struct jd_write *w, int64_t now)
+{
+    struct prm p = {0};
+    if (w->op == JD_W_TASK_PUT) {
+        const struct jd_task_write *t = &w->task;
+        if (!t->id || !t->command)
+            return JD_EINVAL;
+        p_text(&p, t->id);
+        p_int(&p, t->job_id);
+        p_int(&p, t->tag);
+        p_int(&p, t->attempt);
+        p_text(&p, t->command);
+        p_int(&p, t->state);
+        p_text(&p, t->worker);
+        p_int(&p, t->lease_expires_ms);
+        p_int(&p, now);
+        return xq(s, stmt_name(PS_TASK_UPSERT), &p, NULL);
+    }
+    if (!w->rcmd.name)
+        return JD_EINVAL;
+    p_text(&p, w->rcmd.name);
+    if (w->op == JD_W_COMMAND_DELETE) {
+        int rows = 0;
+        int rc = xrows(s, PS_RCMD_DELETE, &p, &rows);
+        return rc ? rc : rows == 0 ? JD_ENOENT : 0;
+    }
+    p_int(&p, w->rcmd.timeout_ms);
+    p_text(&p, w->rcmd.description);
+    p_int(&p, now);
+    p_int(&p, w->rcmd.max_in_flight);
+    return xq(s, stmt_name(PS_RCMD_UPSERT), &p, NULL);
+}
+
+static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct jd_pg_wscratch *ws)
+{
+    w->version = 0;
+    w->time_ms = now;
+    switch (w->op) {
+    case JD_W_JOB_INSERT:
+        return apply_insert(s, w, now, ws);
+    case JD_W_JOB_CHANGE:
+        return apply_change(s, w, now, ws);
+    case JD_W_QUEUE:
+    case JD_W_QUEUE_CONFIG:
+        return apply_queue(s, w);
+    case JD_W_JOB_CRASHES:
+        return apply_crashes(s, w);
+    case JD_W_JOB_DELETE:
+        return apply_job_delete(s, w, ws);
+    case JD_W_SCHEDULE_PUT:
+    case JD_W_SCHEDULE_CHANGE:
+    case JD_W_SCHEDULE_DELETE:
+        return apply_schedule(s, w, now);
+    case JD_W_COMMAND_PUT:
+    case JD_W_COMMAND_DELETE:
+    case JD_W_TASK_PUT:
+        return apply_remote(s, w, now);
+    default:
+        return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
+    }
+}
+
+/* A record's own failure (its savepoint is rolled back, the rest commits)
+ * rather than the transaction's. */
+static bool record_fault(int rc)
+{
+    return rc == JD_EEXIST || rc == JD_ENOENT || rc == JD_EINVAL || rc == JD_ECONFLICT ||
+           rc == JD_ESTALE;
+}
+
+/* Add the transaction's queue count changes; 0 or the JD_E* code. */
+static int counts_flush(struct jd_store *s, struct jd_pg_wscratch *ws)
+{
+    for (size_t i = 0; i < ws->nq; i++)
+        for (int k = 0; k < JD_JOB_NSTATES; k++) {
+            if (ws->q[i].d[k] == 0)
+                continue;
+            struct prm p = {0};
+            p_text(&p, ws->q[i].queue);
+            p_int(&p, k);
+            p_int(&p, ws->q[i].d[k]);
+            int rc = xq(s, stmt_name(PS_COUNT_ADD), &p, NULL);
+            if (rc)
+                return rc;
+        }
+    counts_clear(ws);
+    return 0;
+}
+
+/* The fast path: every record without savepoints. 0: all applied
+ * (transaction open); 1: a record failed on its own (rolled back, ids
+ * restored: redo with savepoints); -1: the transaction failed. */
+static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
+                            int64_t now, struct jd_pg_wscratch *ws)
+{
+    if (n > ws->capids) {
+        ws->capids = 2 * n;
+        ws->ids = jd_xrealloc(ws->ids, ws->capids * sizeof *ws->ids);
+    }
+    counts_clear(ws);
+    for (size_t i = 0; i < n; i++)
+        ws->ids[i] = b[i]->job_id;
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = 0;
+        if (b[i]->op == JD_W_SYNC_)
+            continue;
+        int rc = apply(s, b[i], now, ws);
+        if (rc == 0)
+            continue;
+        counts_clear(ws);
+        if (!record_fault(rc))
+            return -1;
+        if (simple(s, "ROLLBACK") != 0)
+            return -1;
+        for (size_t k = 0; k <= i; k++) {
+            b[k]->job_id = ws->ids[k];
+            b[k]->version = 0;
+        }
+        return 1;
+    }
+    return counts_flush(s, ws) == 0 ? 0 : -1;
+}
+
+/* The slow path: every record, or group, in its own SAVEPOINT. 0, or -1
+ * when the transaction failed. */
+static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
+                            int64_t now, struct jd_pg_wscratch *ws)
+{
+    counts_clear(ws);
+    for (size_t i = 0; i < n;) {
+        size_t g = b[i]->group_ ? b[i]->group_ : 1;
+        if (g == 1 && b[i]->op == JD_W_SYNC_) {
+            rcs[i++] = 0;
+            continue;
+        }
+        if (simple(s, "SAVEPOINT r") != 0) {
+            log_failure(s, "savepoint");
+            return -1;
+        }
+        counts_mark(ws);
+        int rc = 0;
+        for (size_t k = 0; k < g && rc == 0; k++)
+            rc = apply(s, b[i + k], now, ws);
+        if (rc != 0 && !record_fault(rc)) {
+            log_failure(s, "write");
+            return -1;
+        }
+        if (rc != 0) {
+            counts_restore(ws);
+            if (simple(s, "ROLLBACK TO SAVEPOINT r") != 0) {
+                log_failure(s, "rollback to savepoint");
+                return -1;
+            }
+        }
+        if (simple(s, "RELEASE SAVEPOINT r") != 0) {
+            log_failure(s, "release savepoint");
+            return -1;
+        }
+        for (size_t k = 0; k < g; k++) {
+            rcs[i + k] = rc;
+            if (rc != 0)
+                b[i + k]->version = 0;
+            if (rc == JD_ESTALE)
+                s->pg->fenced++;
+        }
+        i += g;
+    }
+    if (counts_flush(s, ws) != 0) {
+        log_failure(s, "queue counts");
+        return -1;
+    }
+    return 0;
+}
+
+/* A usable session: reconnected (and statements prepared again) after
+ * the connection was lost. 0 or JD_EIO. */
+static int ensure_session(struct jd_store *s)
+{
+    struct jd_pg *pg = s->pg;
+    if (PQstatus(pg->wconn) != CONNECTION_OK) {
+        PQreset(pg->wconn);
+        pg->wprepared = false;
+        if (PQstatus(pg->wconn) != CONNECTION_OK) {
+            log_failure(s, "reconnect");
+            return JD_EIO;
+        }
+        jd_log(JD_LOG_WARN, "storage: reconnected to the database", "db", pg->display, NULL);
+    }
+    if (PQtransactionStatus(pg->wconn) != PQTRANS_IDLE)
+        simple(s, "ROLLBACK");
+    return pg->wprepared ? 0 : prepare_all(s);
+}
+
+/* COMMIT, true only if the server committed (an aborted transaction
+ * answers COMMIT with ROLLBACK). */
+static bool commit(struct jd_store *s)
+{
+    if (PQtransactionStatus(s->pg->wconn) != PQTRANS_INTRANS)
+        return false;
+    PGresult *r = PQexec(s->pg->wconn, "COMMIT");
+    bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    PQclear(r);
+    return ok;
+}
+
+int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
+{
+    struct jd_pg_wscratch *ws = scratch(s->pg);
+    int64_t now = jd_wall_ms();
+    if (ensure_session(s) != 0)
+        goto fail;
+    if (simple(s, "BEGIN") != 0) {
+        log_failure(s, "begin");
+        goto fail;
+    }
+    int fast = apply_optimistic(s, b, rcs, n, now, ws);
+    if (fast < 0) {
+        log_failure(s, "write");
+        goto fail;
+    }
+    if (fast > 0) {
+        if (simple(s, "BEGIN") != 0) {
+            log_failure(s, "begin");
+            goto fail;
+        }
+        if (apply_savepoints(s, b, rcs, n, now, ws) != 0)
+            goto fail;
+    }
+    if (!commit(s)) {
+        log_failure(s, "commit");
+        goto fail;
+    }
+    return 0;
+
+fail:
+    counts_clear(ws);
+    if (PQstatus(s->pg->wconn) == CONNECTION_OK &&
+        PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)
+        simple(s, "ROLLBACK");
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = JD_EIO;
+        b[i]->version = 0;
+    }
+    return JD_EIO;
+}
+
+bool jd_pg_retention_step(struct jd_store *s)
+{
+    int64_t now = jd_wall_ms();
+    int64_t deleted = 0;
+    PGresult *qs = NULL;
+    if (ensure_session(s) != 0 || simple(s, "BEGIN") != 0)
+        goto fail;
+    struct prm none = {0};
+    if (xq(s, stmt_name(PS_RET_QUEUES), &none, &qs) != 0)
+        goto fail;
+    for (int i = 0; i < PQntuples(qs) && deleted < JD_PG_RETENTION_BATCH; i++) {
+        int64_t keep = strtoll(PQgetvalue(qs, i, 2), NULL, 10);
+        if (keep <= 0)
+            keep = s->retention_ms;
+        if (keep <= 0)
+            continue; /* kept forever */
+        struct prm p = {0};
+        p_text(&p, PQgetvalue(qs, i, 0));
+        p_int(&p, strtoll(PQgetvalue(qs, i, 1), NULL, 10));
+        p_int(&p, now - keep);
+        p_int(&p, JD_PG_RETENTION_BATCH - deleted);
+        int64_t k = 0;
+        bool found = false;
+        if (xint(s, PS_RET_DELETE, &p, &k, &found) != 0)
+            goto fail;
+        deleted += k;
+    }
+    PQclear(qs);
+    qs = NULL;
+    if (!commit(s))
+        goto fail;
+    atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)deleted,
+                              memory_order_relaxed); /* a statistic */
+    return deleted >= JD_PG_RETENTION_BATCH;
+
+fail:
+    log_failure(s, "retention");
+    PQclear(qs);
+    if (PQstatus(s->pg->wconn) == CONNECTION_OK &&
+        PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)
+        simple(s, "ROLLBACK");
+    return false;
+}
