@@ -100,30 +100,6 @@ PGconn *jd_pg_connect(const char *url, const char *display, bool sync_full, stru
     return NULL;
 }
 
-int jd_pg_rc(const PGresult *r)
-{
-    switch (r ? PQresultStatus(r) : PGRES_FATAL_ERROR) {
-    case PGRES_COMMAND_OK:
-    case PGRES_TUPLES_OK:
-    case PGRES_PIPELINE_SYNC:
-        return 0;
-    default:
-        break;
-    }
-    const char *st = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
-    if (!st)
-        return JD_EIO;
-    if (strcmp(st, "23505") == 0)
-        return JD_EEXIST; /* unique_violation */
-    if (strncmp(st, "23", 2) == 0 || strncmp(st, "22", 2) == 0 || strncmp(st, "54", 2) == 0)
-        return JD_EINVAL; /* other constraints, bad data (encoding, JSON), too big */
-    if (strncmp(st, "40", 2) == 0 || strcmp(st, "55P03") == 0)
-        return JD_EBUSY; /* serialization failure, deadlock, lock not available */
-    if (strcmp(st, "57014") == 0)
-        return JD_ETIMEOUT; /* statement timeout */
-    return JD_EIO;
-}
-
 /* Run sql (no parameters) on c: 0 or err set. Rows, if any, in *res
  * (caller PQclears) when res is not NULL. */
 static int pg_exec(PGconn *c, const char *display, const char *sql, PGresult **res,
@@ -240,7 +216,6 @@ int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_
     pg->display = jd_pg_display_url(cfg->path);
     pg->lease_ms = JD_PG_LEASE_MS;
     pthread_mutex_init(&pg->id_mu, NULL);
-    pthread_mutex_init(&pg->pool_mu, NULL);
 
     pg->wconn = jd_pg_connect(pg->url, pg->display, cfg->sync_full, err);
     if (!pg->wconn)
@@ -268,6 +243,7 @@ int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_
     s->queue_retention = queue_retention; /* before the writer starts: then it is the writer's */
     if ((rc = jd_pg_readers_open(s, err)) != 0)
         return rc;
+    pg->readers_opened = true;
     return jd_writer_start(s, err);
 }
 
@@ -285,12 +261,12 @@ void jd_pg_close(struct jd_store *s)
                    PQerrorMessage(pg->wconn), NULL);
         PQclear(r);
     }
-    jd_pg_readers_close(s);
+    if (pg->readers_opened)
+        jd_pg_readers_close(s);
     jd_pg_write_free(pg);
     PQfinish(pg->wconn);
     PQfinish(pg->idconn);
     pthread_mutex_destroy(&pg->id_mu);
-    pthread_mutex_destroy(&pg->pool_mu);
     free(pg->url);
     free(pg->display);
     free(pg);

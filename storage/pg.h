@@ -66,6 +66,7 @@ struct jd_pg {
     /* ---- readers (pg_read.c) ---- */
     pthread_mutex_t pool_mu;
     struct jd_pg_rconn *pool; /* idle read connections */
+    bool readers_opened;      /* jd_pg_readers_open succeeded (pg.c) */
 };
 
 /* "postgres://" or "postgresql://" (case-insensitive scheme). */

@@ -118,7 +118,7 @@ static const struct {
                         "tiii"},
     [PS_UNIQUE_HOLDER] = {"SELECT job_id FROM unique_keys WHERE key = $1", "t"},
     [PS_UNIQUE_RELEASE] = {"DELETE FROM unique_keys WHERE job_id = $1", "i"},
-    [PS_JOB_INSERT] = {JOB_INSERT_HEAD " SELECT 1", "ititiiitttititt"},
+    [PS_JOB_INSERT] = {JOB_INSERT_HEAD " SELECT 1", "itiiiiitttitit"},
     /* ... and one job_labels row per string member of its "labels" */
     [PS_JOB_INSERT_LABELS] = {JOB_INSERT_HEAD
                               ", l AS (INSERT INTO job_labels(key, value, job_id)"
@@ -127,7 +127,7 @@ static const struct {
                               " $12::jsonb -> 'labels' ELSE '{}'::jsonb END) AS x(k, v)"
                               " WHERE jsonb_typeof(v) = 'string' ON CONFLICT DO NOTHING)"
                               " SELECT 1",
-                              "ititiiitttititt"},
+                              "itiiiiitttitit"},
     [PS_JOB_OWNER] = {"SELECT owner_node FROM jobs WHERE id = $1", "i"},
     [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3 RETURNING 1",
                     "iii"},
@@ -187,7 +187,7 @@ static const struct {
                         " worker = excluded.worker,"
                         " lease_expires_ms = excluded.lease_expires_ms,"
                         " updated_ms = excluded.updated_ms",
-                        "tiiitiiii"},
+                        "tiiititii"},
     [PS_COUNT_ADD] = {"INSERT INTO queue_counts(queue, state, n) VALUES ($1, $2, $3)"
                       " ON CONFLICT(queue, state) DO UPDATE SET n = queue_counts.n + excluded.n",
                       "tii"},
@@ -209,6 +209,20 @@ static const struct {
                        " SELECT count(*) FROM j",
                        "tiii"},
 };
+
+/* A statement's result as a JD_E* code, telling a record's own fault
+ * (bad data: JD_EINVAL; a duplicate: JD_EEXIST) from the transaction's. */
+static int wrc(const PGresult *r)
+{
+    const char *st = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+    if (jd_pg_rc(r) == 0 || !st)
+        return jd_pg_rc(r);
+    if (strcmp(st, "23505") == 0)
+        return JD_EEXIST; /* unique_violation */
+    if (strncmp(st, "23", 2) == 0 || strncmp(st, "22", 2) == 0 || strncmp(st, "54", 2) == 0)
+        return JD_EINVAL; /* other constraints, bad data (encoding, JSON), too big */
+    return jd_pg_rc(r);
+}
 
 /* Parameters in text format; NULL is SQL NULL. */
 #define JD_PG_MAX_PARAMS 16
@@ -354,6 +368,10 @@ static const char *stmt_name(int i)
 static int prepare_all(struct jd_store *s)
 {
     struct jd_pg *pg = s->pg;
+    if (simple(s, "DEALLOCATE ALL") != 0) { /* a half-prepared session from a failed try */
+        log_failure(s, "preparing statements");
+        return JD_EIO;
+    }
     for (int i = 0; i < PS_N; i++) {
         snprintf(stmt_name_buf[i], sizeof stmt_name_buf[i], "w%d", i);
         Oid oids[JD_PG_MAX_PARAMS];
@@ -376,7 +394,7 @@ static int prepare_all(struct jd_store *s)
 static int xq(struct jd_store *s, const char *name, const struct prm *p, PGresult **res)
 {
     PGresult *r = PQexecPrepared(s->pg->wconn, name, p->n, p->v, NULL, NULL, 0);
-    int rc = jd_pg_rc(r);
+    int rc = wrc(r);
     if (rc || !res)
         PQclear(r);
     else
@@ -513,7 +531,10 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now,
  * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
  * $13 data. Returns version, queue, old state, new state; no row: missing
  * or fenced. A move to a terminal state without an explicit finish time
- * stamps it now, so retention never sees a terminal job with finished_ms 0. */
+ * stamps it now, so retention never sees a terminal job with finished_ms 0.
+ * The old state (o) is a plain read of the statement's snapshot: all parts
+ * of one statement see the row as it was before the UPDATE (FOR UPDATE
+ * there would skip the row the UPDATE changed). */
 static const char *change_stmt(struct jd_store *s, unsigned set)
 {
     static char names[JD_UPDATE_MASKS][8];
@@ -525,9 +546,7 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
     int len = snprintf(sql, sizeof sql,
                        "WITH %su AS (UPDATE jobs SET version = version + 1,"
                        " updated_ms = $2",
-                       st ? "o AS (SELECT state FROM jobs WHERE id = $1 AND owner_node = $3"
-                            " FOR UPDATE), "
-                          : "");
+                       st ? "o AS (SELECT state FROM jobs WHERE id = $1), " : "");
     static const char *const cols[7] = {
         ", state = $4",    ", output = $5",     ", error = $6",        ", run_at_ms = $7",
         ", attempts = $8", ", started_ms = $9", ", finished_ms = $10",

@@ -3,6 +3,13 @@
  * synchronous wrappers around the asynchronous write path (submit, then
  * jd_store_sync, whose return orders the done() callback before the check),
  * and a job builder. Header-only so each test program stays one file.
+ *
+ * Two backends: with JD_TEST_PG_URL set (tests/integration/test_store_pg.sh
+ * starts a throwaway PostgreSQL and sets it), test_db_path() resets that
+ * database (drops and recreates its schema) and returns its URL, so a test
+ * written against test_db_path() runs on PostgreSQL; otherwise it is a
+ * SQLite file in the scratch directory, as db_path(). Tests about SQLite
+ * files themselves use db_path() and skip on PostgreSQL (test_skip_on_pg).
  */
 #ifndef JD_TEST_STORE_UTIL_H
 #define JD_TEST_STORE_UTIL_H
@@ -10,6 +17,8 @@
 #include "common/error.h"
 #include "storage/store.h"
 
+#include <libpq-fe.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +66,47 @@ static inline char *db_path(const char *dir)
     sprintf(p, "%s/jackdaw.db", dir);
     return p;
 }
+
+/* The PostgreSQL URL the tests run on, or NULL for SQLite. */
+static inline const char *test_pg_url(void)
+{
+    const char *u = getenv("JD_TEST_PG_URL");
+    return u && u[0] ? u : NULL;
+}
+
+/* Empty the test database: every table, sequence and row of its schema. */
+static inline void test_pg_reset(const char *url)
+{
+    PGconn *c = PQconnectdb(url);
+    PGresult *r = NULL;
+    if (PQstatus(c) == CONNECTION_OK)
+        r = PQexec(c, "SET client_min_messages = warning;"
+                      " DROP SCHEMA public CASCADE; CREATE SCHEMA public;");
+    if (!r || PQresultStatus(r) != PGRES_COMMAND_OK) {
+        fprintf(stderr, "resetting %s failed: %s\n", url, PQerrorMessage(c));
+        abort();
+    }
+    PQclear(r);
+    PQfinish(c);
+}
+
+/* The database of one test (caller frees): a fresh PostgreSQL schema when
+ * JD_TEST_PG_URL is set, else a SQLite file in dir. */
+static inline char *test_db_path(const char *dir)
+{
+    const char *url = test_pg_url();
+    if (!url)
+        return db_path(dir);
+    test_pg_reset(url);
+    return strdup(url);
+}
+
+/* Inside a cmocka test: skip a test about SQLite files on PostgreSQL. */
+#define test_skip_on_pg()                                                                          \
+    do {                                                                                           \
+        if (test_pg_url())                                                                         \
+            skip();                                                                                \
+    } while (0)
 
 static inline struct jd_job make_job(int64_t id, const char *queue, const char *key)
 {

@@ -162,7 +162,7 @@ static void *reader(void *arg)
 
 static void test_many_producers_and_readers(void **state)
 {
-    char *dir = scratch_dir(), *path = db_path(dir);
+    char *dir = scratch_dir(), *path = test_db_path(dir);
     struct jd_store_config cfg = {.path = path, .sync_full = false, .max_batch = 128};
     struct jd_store *s;
     struct jd_error err;
@@ -246,7 +246,7 @@ static void *racer_main(void *arg)
 
 static void test_close_racing_producers_loses_no_callback(void **state)
 {
-    char *dir = scratch_dir(), *path = db_path(dir);
+    char *dir = scratch_dir(), *path = test_db_path(dir);
     struct jd_store_config cfg = {.path = path, .sync_full = false};
     struct jd_store *s;
     struct jd_error err;

@@ -24,7 +24,7 @@ static int setup(void **state)
 {
     struct fx *f = calloc(1, sizeof *f);
     f->dir = scratch_dir();
-    f->path = db_path(f->dir);
+    f->path = test_db_path(f->dir);
     struct jd_store_config cfg = {.path = f->path};
     struct jd_error err;
     if (jd_store_open(&cfg, &f->s, &err) != 0)
