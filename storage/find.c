@@ -90,7 +90,56 @@ static bool valid(const struct jd_job_find *f)
     return true;
 }
 
-int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
+/* The SQL text as PostgreSQL reads it: each "?" outside quotes numbered
+ * $1, $2, ... in order (the binds are already in that order). */
+static void number_placeholders(struct jd_find_sql *q)
+{
+    size_t len = strlen(q->sql), cap = len + 3 * (size_t)q->n + 1, k = 0;
+    char *t = jd_xmalloc(cap);
+    bool quoted = false;
+    int next = 1;
+    for (const char *p = q->sql; *p; p++) {
+        if (*p == '\'')
+            quoted = !quoted;
+        if (*p == '?' && !quoted)
+            k += (size_t)snprintf(t + k, cap - k, "$%d", next++);
+        else
+            t[k++] = *p;
+    }
+    t[k] = '\0';
+    free(q->sql);
+    q->sql = t;
+}
+
+/* A driver's leading key column equal to a value (text, or the integer
+ * i when text is NULL): "col = ?" for SQLite; for PostgreSQL
+ * "col >= ? AND col <= ?", the same rows, but a range the planner cannot
+ * fold into a constant, so an ORDER BY naming col matches only the index
+ * that leads with it: no plan, generic or custom, walks the primary key
+ * filtering rows instead (which scans the table for a rare value). */
+static void key_eq(struct sqlbuf *q, struct jd_find_sql *out, const char *col, const char *text,
+                   int64_t i, bool pg)
+{
+    put(q, col);
+    put(q, pg ? " >= ?" : " = ?");
+    for (int k = 0; k < (pg ? 2 : 1); k++) {
+        if (k == 1) {
+            put(q, " AND ");
+            put(q, col);
+            put(q, " <= ?");
+        }
+        if (text)
+            bind_text(out, text);
+        else
+            bind_int(out, i);
+    }
+}
+
+/* The SQL of a find page in SQLite's dialect, or PostgreSQL's (pg): the
+ * same reads, without SQLite's INDEXED BY and CROSS JOIN ... ON (PostgreSQL
+ * picks the index from the WHERE and ORDER BY; its indexes carry the id
+ * column SQLite's get implicitly) and with a boolean literal. */
+static int find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out, bool pg)
 {
     memset(out, 0, sizeof *out);
     if (!valid(f))
@@ -98,7 +147,7 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
     enum driver d = pick_driver(f);
     /* The residual filters first: their parameters come first in the text. */
     struct sqlbuf m = {.len = 0};
-    put(&m, "1");
+    put(&m, pg ? "true" : "1");
     if (f->state >= 0 && d != DRV_STATE && !(d == DRV_QUEUE)) {
         put(&m, " AND j.state = ?");
         bind_int(out, f->state);
@@ -139,45 +188,63 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
     put(&q, "SELECT j.id, j.created_ms, j.state, j.queue, ");
     put(&q, m.s);
     int64_t before = f->after_id > 0 ? f->after_id : INT64_MAX;
-    /* The driver: an index range in the listing's order. */
+    /* The driver: an index range in the listing's order. PostgreSQL
+     * orders by the index's whole key (see key_eq); SQLite is told the
+     * index (INDEXED BY). */
+    const char *order = " ORDER BY j.id DESC";
     switch (d) {
     case DRV_LABEL:
-        put(&q, " FROM job_labels l CROSS JOIN jobs j ON j.id = l.job_id"
-                " WHERE l.key = ? AND l.value = ? AND l.job_id < ?");
-        bind_text(out, f->label_key[0]);
-        bind_text(out, f->label_value[0]);
+        put(&q, pg ? " FROM job_labels l JOIN jobs j ON j.id = l.job_id"
+                   : " FROM job_labels l CROSS JOIN jobs j ON j.id = l.job_id");
+        put(&q, " WHERE ");
+        key_eq(&q, out, "l.key", f->label_key[0], 0, pg);
+        put(&q, " AND ");
+        key_eq(&q, out, "l.value", f->label_value[0], 0, pg);
+        put(&q, " AND l.job_id < ?");
         bind_int(out, before);
         if (f->max_id > 0) {
             put(&q, " AND l.job_id <= ?");
             bind_int(out, f->max_id);
         }
-        put(&q, " ORDER BY l.job_id DESC");
+        put(&q,
+            pg ? " ORDER BY l.key DESC, l.value DESC, l.job_id DESC" : " ORDER BY l.job_id DESC");
         break;
     case DRV_SCHEDULE:
-        put(&q, " FROM jobs j INDEXED BY jobs_schedule WHERE j.schedule_id = ? AND j.id < ?");
-        bind_text(out, f->schedule);
+        put(&q, pg ? " FROM jobs j WHERE " : " FROM jobs j INDEXED BY jobs_schedule WHERE ");
+        key_eq(&q, out, "j.schedule_id", f->schedule, 0, pg);
+        put(&q, " AND j.id < ?");
         bind_int(out, before);
+        if (pg)
+            order = " ORDER BY j.schedule_id DESC, j.id DESC";
         break;
     case DRV_QUEUE:
         if (f->state >= 0) {
-            put(&q, " FROM jobs j INDEXED BY jobs_queue_state"
-                    " WHERE j.queue = ? AND j.state = ? AND j.id < ?");
-            bind_text(out, f->queue);
-            bind_int(out, f->state);
+            put(&q, pg ? " FROM jobs j WHERE " : " FROM jobs j INDEXED BY jobs_queue_state WHERE ");
+            key_eq(&q, out, "j.queue", f->queue, 0, pg);
+            put(&q, " AND ");
+            key_eq(&q, out, "j.state", NULL, f->state, pg);
+            if (pg)
+                order = " ORDER BY j.queue DESC, j.state DESC, j.id DESC";
         } else {
-            put(&q, " FROM jobs j INDEXED BY jobs_queue WHERE j.queue = ? AND j.id < ?");
-            bind_text(out, f->queue);
+            put(&q, pg ? " FROM jobs j WHERE " : " FROM jobs j INDEXED BY jobs_queue WHERE ");
+            key_eq(&q, out, "j.queue", f->queue, 0, pg);
+            if (pg)
+                order = " ORDER BY j.queue DESC, j.id DESC";
         }
+        put(&q, " AND j.id < ?");
         bind_int(out, before);
         break;
     case DRV_HANDLER:
-        put(&q, " FROM jobs j INDEXED BY jobs_handler WHERE j.handler = ? AND j.id < ?");
-        bind_text(out, f->handler);
+        put(&q, pg ? " FROM jobs j WHERE " : " FROM jobs j INDEXED BY jobs_handler WHERE ");
+        key_eq(&q, out, "j.handler", f->handler, 0, pg);
+        put(&q, " AND j.id < ?");
         bind_int(out, before);
+        if (pg)
+            order = " ORDER BY j.handler DESC, j.id DESC";
         break;
     case DRV_CREATED: {
-        put(&q,
-            " FROM jobs j INDEXED BY jobs_created WHERE j.created_ms >= ? AND j.created_ms < ?");
+        put(&q, pg ? " FROM jobs j" : " FROM jobs j INDEXED BY jobs_created");
+        put(&q, " WHERE j.created_ms >= ? AND j.created_ms < ?");
         bind_int(out, f->created_after_ms);
         int64_t hi = f->created_before_ms > 0 ? f->created_before_ms : INT64_MAX;
         bind_int(out, hi);
@@ -190,9 +257,12 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
         break;
     }
     case DRV_STATE:
-        put(&q, " FROM jobs j INDEXED BY jobs_state WHERE j.state = ? AND j.id < ?");
-        bind_int(out, f->state);
+        put(&q, pg ? " FROM jobs j WHERE " : " FROM jobs j INDEXED BY jobs_state WHERE ");
+        key_eq(&q, out, "j.state", NULL, f->state, pg);
+        put(&q, " AND j.id < ?");
         bind_int(out, before);
+        if (pg)
+            order = " ORDER BY j.state DESC, j.id DESC";
         break;
     case DRV_ALL:
         put(&q, " FROM jobs j WHERE j.id < ?");
@@ -204,12 +274,24 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
             put(&q, " AND j.id <= ?");
             bind_int(out, f->max_id);
         }
-        put(&q, " ORDER BY j.id DESC");
+        put(&q, order);
     }
     put(&q, " LIMIT ?");
     bind_int(out, JD_FIND_SCAN);
     out->sql = jd_xstrdup(q.s);
+    if (pg)
+        number_placeholders(out);
     return 0;
+}
+
+int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out)
+{
+    return find_sql_build(f, out, false);
+}
+
+int jd_find_sql_build_pg(const struct jd_job_find *f, struct jd_find_sql *out)
+{
+    return find_sql_build(f, out, true);
 }
 
 /* Prepare q on c and bind its parameters; 0 or JD_EIO. */
@@ -317,8 +399,12 @@ done:
 
 /* ---- the global event stream ---- */
 
-int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out)
+/* As find_sql_build, for the event stream. The state is read from the
+ * JSON only for state events (PostgreSQL: one jsonb parse per event). */
+static int event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out, bool pg)
 {
+    const char *state = pg ? "CASE WHEN e.kind = 0 THEN e.data::jsonb ->> 'state' END"
+                           : "json_extract(e.data, '$.state')";
     memset(out, 0, sizeof *out);
     if (f->limit < 1 || f->limit > 1000 || f->after_id < 0 || f->n_labels > JD_FIND_MAX_LABELS ||
         f->state_mask >= (1u << JD_JOB_NSTATES))
@@ -332,7 +418,9 @@ int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out)
         bind_text(out, f->queue);
     }
     if (f->state_mask) {
-        put(&q, " AND json_extract(e.data, '$.state') IN (");
+        put(&q, " AND ");
+        put(&q, state);
+        put(&q, " IN (");
         bool first = true;
         for (int st = 0; st < JD_JOB_NSTATES; st++)
             if (f->state_mask & (1u << st)) {
@@ -350,13 +438,26 @@ int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out)
         bind_text(out, f->label_key[i]);
         bind_text(out, f->label_value[i]);
     }
-    put(&q, "), json_extract(e.data, '$.state')"
-            " FROM events e LEFT JOIN jobs j ON j.id = e.job_id"
+    put(&q, "), ");
+    put(&q, state);
+    put(&q, " FROM events e LEFT JOIN jobs j ON j.id = e.job_id"
             " WHERE e.id > ? ORDER BY e.id LIMIT ?");
     bind_int(out, f->after_id);
     bind_int(out, JD_FIND_SCAN);
     out->sql = jd_xstrdup(q.s);
+    if (pg)
+        number_placeholders(out);
     return 0;
+}
+
+int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out)
+{
+    return event_sql_build(f, out, false);
+}
+
+int jd_event_sql_build_pg(const struct jd_event_find *f, struct jd_find_sql *out)
+{
+    return event_sql_build(f, out, true);
 }
 
 void jd_stream_events_free(struct jd_stream_event *rows, size_t n)

@@ -182,6 +182,9 @@ struct jd_find_sql {
 };
 int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out);
 int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out);
+/* The same reads in PostgreSQL's dialect ($n parameters; pg_find.c). */
+int jd_find_sql_build_pg(const struct jd_job_find *f, struct jd_find_sql *out);
+int jd_event_sql_build_pg(const struct jd_event_find *f, struct jd_find_sql *out);
 
 /* writer.c, shared by both backends: account for a finished batch (stats)
  * and fire its done()s in order (on the writer or the completion thread). */
