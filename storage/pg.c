@@ -100,6 +100,33 @@ PGconn *jd_pg_connect(const char *url, const char *display, bool sync_full, stru
     return NULL;
 }
 
+int jd_pg_rc(const PGresult *r)
+{
+    if (!r)
+        return JD_EIO; /* out of memory, or the query could not be sent */
+    switch (PQresultStatus(r)) {
+    case PGRES_COMMAND_OK:
+    case PGRES_TUPLES_OK:
+    case PGRES_SINGLE_TUPLE:
+    case PGRES_PIPELINE_SYNC:
+        return 0;
+    default:
+        break;
+    }
+    const char *code = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    if (!code)
+        return JD_EIO;
+    if (strncmp(code, "23", 2) == 0)
+        return JD_EEXIST; /* integrity constraint, as SQLITE_CONSTRAINT */
+    if (strncmp(code, "40", 2) == 0 || strcmp(code, "55P03") == 0)
+        return JD_EBUSY; /* serialization failure, deadlock, lock not available */
+    if (strcmp(code, "53200") == 0)
+        return JD_ENOMEM;
+    if (strcmp(code, "XX001") == 0 || strcmp(code, "XX002") == 0)
+        return JD_ECORRUPT;
+    return JD_EIO;
+}
+
 /* Run sql (no parameters) on c: 0 or err set. Rows, if any, in *res
  * (caller PQclears) when res is not NULL. */
 static int pg_exec(PGconn *c, const char *display, const char *sql, PGresult **res,
