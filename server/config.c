@@ -43,7 +43,8 @@ struct opt {
 static const struct opt opts[] = {
     {"--listen", "JACKDAW_LISTEN", OPT_LISTEN, 0, "HOST:PORT",
      "address to listen on (default 127.0.0.1:8080; port 0 picks a free port)"},
-    {"--db", "JACKDAW_DB", OPT_STR, F(db), "FILE", "SQLite database (default ./data/jackdaw.db)"},
+    {"--db", "JACKDAW_DB", OPT_STR, F(db), "FILE|URL",
+     "SQLite database file (default ./data/jackdaw.db), or postgres://user@host:port/db"},
     {"--workers", "JACKDAW_WORKERS", OPT_UINT, F(workers), "N",
      "scheduler worker threads (default 0: one per core)"},
     {"--pin-workers", "JACKDAW_PIN_WORKERS", OPT_BOOL, F(pin_workers), "on|off",

@@ -48,6 +48,8 @@ static char *default_plugin_dir(void)
  * the default ./data), so a fresh checkout starts without a manual mkdir. */
 static void ensure_db_dir(const char *db)
 {
+    if (strstr(db, "://"))
+        return; /* a PostgreSQL URL */
     char *copy = jd_xstrdup(db);
     const char *dir = dirname(copy);
     struct stat st;
@@ -65,6 +67,7 @@ int main(int argc, char **argv)
     struct jd_schedules *schedules = NULL;
     struct jd_http *http = NULL;
     int status = 1;
+    char *db_shown = NULL;
 
     char *plugdir = default_plugin_dir();
     int rc = jd_config_parse(&cfg, argc, argv, plugdir, &err);
@@ -92,13 +95,14 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     ensure_db_dir(cfg.db);
+    db_shown = jd_store_display_path(cfg.db); /* no password in the logs */
     struct jd_store_config scfg = {
         .path = cfg.db,
         .sync_full = cfg.sync_full,
         .retention_ms = cfg.retention_ms,
     };
     if ((rc = jd_store_open(&scfg, &store, &err)) != 0) {
-        jd_log(JD_LOG_ERROR, "cannot open the database", "db", cfg.db, "error",
+        jd_log(JD_LOG_ERROR, "cannot open the database", "db", db_shown, "error",
                err.message[0] ? err.message : jd_strerror(rc), NULL);
         goto out;
     }
@@ -158,7 +162,7 @@ int main(int argc, char **argv)
     }
     jd_http_attach_schedules(http, schedules);
     jd_http_attach(http, jobs);
-    jd_log(JD_LOG_INFO, "ready", "addr", addr, "db", cfg.db, "plugin_dir",
+    jd_log(JD_LOG_INFO, "ready", "addr", addr, "db", db_shown, "plugin_dir",
            cfg.plugin_dir ? cfg.plugin_dir : "", NULL);
 
     int sig = 0;
@@ -192,6 +196,7 @@ out:
         jd_jobs_destroy(jobs);
     if (store != NULL)
         jd_store_close(store);
+    free(db_shown);
     if (status == 0 && !cfg.help)
         jd_log(JD_LOG_INFO, "stopped", NULL);
     jd_config_free(&cfg);

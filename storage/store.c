@@ -370,6 +370,11 @@ static int mark_open(struct jd_store *s, struct jd_error *err)
     return 0;
 }
 
+char *jd_store_display_path(const char *path)
+{
+    return jd_store_path_is_pg(path) ? jd_pg_display_url(path) : jd_xstrdup(path);
+}
+
 bool jd_store_unclean(const struct jd_store *s)
 {
     return s->unclean;

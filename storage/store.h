@@ -1,5 +1,6 @@
 /*
- * Durable storage behind one interface (SQLite today; PostgreSQL later).
+ * Durable storage behind one interface: SQLite (a file path) or PostgreSQL
+ * (a postgres:// URL; storage/pg.h).
  *
  * Writes: one writer thread owns the write connection. Producers on any
  * thread enqueue struct jd_write records (lock-free MPSC); the writer drains
@@ -118,6 +119,10 @@ void jd_store_close(struct jd_store *s);
  * it (it crashed or was killed): then the jobs it was running were being run
  * when it died. False for a new database. */
 bool jd_store_unclean(const struct jd_store *s);
+
+/* The database as logs may show it (caller frees): a PostgreSQL URL
+ * without its password, a file path as it is. */
+char *jd_store_display_path(const char *path);
 
 /* The schema version this binary migrates to. */
 int jd_store_schema_version(void);
