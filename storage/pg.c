@@ -29,12 +29,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #define JD_PG_LEASE_MS 10000           /* a node's lease (phase 2 heartbeats it; --lease) */
 #define JD_PG_IDLE_TX_TIMEOUT_MS 60000 /* a stuck session never pins dead tuples for long */
 #define JD_PG_CONNECT_TIMEOUT_S "10"
 #define JD_PG_NODE_LOCK 0x4a44574b4e4f4445LL /* "JDWKNODE": one node per database (phase 1) */
+#define JD_PG_LOCK_WAITS 100                 /* ... of JD_PG_LOCK_WAIT_NS: 2 s at most */
+#define JD_PG_LOCK_WAIT_NS 20000000          /* 20 ms */
 
 bool jd_store_path_is_pg(const char *path)
 {
@@ -188,11 +191,21 @@ static int register_node(struct jd_store *s, struct jd_error *err)
     PGresult *r = NULL;
     char sql[512];
     snprintf(sql, sizeof sql, "SELECT pg_try_advisory_lock(%lld)", (long long)JD_PG_NODE_LOCK);
-    int rc = pg_exec(pg->wconn, pg->display, sql, &r, err);
-    if (rc)
-        return rc;
-    bool locked = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
-    PQclear(r);
+    bool locked = false;
+    int rc;
+    /* A node killed a moment ago holds the lock until the server has seen
+     * its connections close: give that a moment rather than refuse a
+     * restart (as the SQLite lock file does for an orphaned lock). */
+    for (int i = 0; !locked && i < JD_PG_LOCK_WAITS; i++) {
+        if (i > 0) {
+            struct timespec ts = {0, JD_PG_LOCK_WAIT_NS};
+            nanosleep(&ts, NULL);
+        }
+        if ((rc = pg_exec(pg->wconn, pg->display, sql, &r, err)) != 0)
+            return rc;
+        locked = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
+        PQclear(r);
+    }
     if (!locked)
         return jd_error_set(err, JD_EBUSY, NULL,
                             "PostgreSQL database %s is in use by another running Jackdaw node; "

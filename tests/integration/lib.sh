@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 BUILD=${JD_BUILD:-build}
 JACKDAWD=$BUILD/jackdawd
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jackdaw-it.XXXXXX")
-DB=$WORK/jackdaw.db
+DB=${JD_TEST_DB:-$WORK/jackdaw.db} # JD_TEST_DB: another database (a postgres:// URL)
 TAPN=0
 FAILED=0
 SERVER_PID=

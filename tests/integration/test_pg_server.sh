@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# jackdawd on PostgreSQL (issue 16, phase 1: one node): `--db postgres://...`
+# against a throwaway server (tests/pg/pg.sh). The API tour (submit, wait,
+# list, messages, cancel, idempotency, schedules), then SIGKILL in the middle
+# of work and a restart on the same database: every acknowledged job is
+# found and finishes, waiting workflows still take their message, and the
+# database itself checks out (history seq 1..version per job, queue counts
+# equal to the rows, nothing owned by a dead node). Also: an unreachable
+# database is a clear error without the password, a foreign database and a
+# second node on the same database are refused. Prints TAP.
+# shellcheck disable=SC2016,SC2034
+# shellcheck source=tests/integration/lib.sh
+. "$(dirname "$0")/lib.sh"
+# shellcheck source=tests/pg/pg.sh
+. tests/pg/pg.sh
+
+if ! pg_start nofsync; then
+    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
+    finish
+    exit 1
+fi
+DB=$PG_URL
+sql() { pg_psql -At -c "$1"; }
+
+start_server || exit 1
+check "the ready line shows the database URL" grep -qF "\"db\":\"$PG_URL\"" "$LOG"
+
+# ---- the tour ----
+json_post /v1/jobs '{"handler":"echo","args":{"hello":"pg"}}'
+id=$(location_id)
+check "submit: 201 once durable" status_is 201
+wait_job "$id"
+check "wait: succeeded with its output and 5 history events" \
+    eval 'body_has "\"state\":\"succeeded\"" && body_has "\"output\":{\"hello\":\"pg\"}" && body_has "\"version\":5"'
+req GET "/v1/jobs/$id/events"
+check "history as JSON, seq 1 first" body_has '{"events":[{"seq":1,'
+req GET "/v1/jobs?limit=5"
+check "list shows it" body_has "\"id\":\"$id\""
+
+json_post /v1/jobs '{"steps":[{"id":"a","call":"echo","args":{"n":1}},{"id":"ok","wait":"approval","timeout_ms":600000}],"labels":{"team":"pg"}}'
+wf=$(location_id)
+json_post "/v1/jobs/$wf/messages" '{"topic":"approval","data":{"by":"me"}}'
+check "message accepted" eval 'status_is 202 || status_is 200'
+wait_job "$wf"
+check "the workflow finished with the message" body_has '"ok":{"by":"me"}'
+req GET "/v1/jobs?label=team:pg"
+check "found by its label" body_has "\"id\":\"$wf\""
+
+json_post /v1/jobs '{"handler":"echo","args":{},"delay_ms":60000}'
+later=$(location_id)
+req POST "/v1/jobs/$later/cancel"
+wait_job "$later" 5s
+check "a delayed job cancelled" body_has '"state":"cancelled"'
+
+json_post /v1/jobs '{"handler":"echo","args":{"k":1}}' -H 'Idempotency-Key: pg-k1'
+k1=$(location_id)
+json_post /v1/jobs '{"handler":"echo","args":{"k":1}}' -H 'Idempotency-Key: pg-k1'
+check "the same idempotency key returns the same job" body_has "\"id\":\"$k1\""
+
+req PUT /v1/schedules/beat -H 'Content-Type: application/json' \
+    --data-binary '{"every":"1s","overlap":"skip","job":{"handler":"echo","args":{"beat":true}}}'
+check "schedule created" eval 'status_is 201 || status_is 200'
+for _ in $(seq 1 50); do
+    req GET "/v1/jobs?schedule=beat&limit=5"
+    body_has '"state":"succeeded"' && break
+    sleep 0.1
+done
+check "the schedule fired a job that ran" body_has '"state":"succeeded"'
+req DELETE /v1/schedules/beat
+check "schedule deleted" status_is 204
+
+# ---- SIGKILL mid-work, restart on the same database ----
+ids=()
+for i in $(seq 1 40); do
+    json_post /v1/jobs "{\"handler\":\"sleep\",\"args\":{\"ms\":$((i % 5 * 100))},\"queue\":\"work\"}"
+    ids+=("$(location_id)")
+done
+json_post /v1/jobs '{"steps":[{"id":"w","wait":"go","timeout_ms":600000}]}'
+waiting=$(location_id)
+sleep 0.3
+stop_server KILL
+start_server || exit 1
+check "after the restart only the new node's row is left" \
+    eval '[ "$(sql "SELECT count(*) FROM jd_nodes")" = 1 ]'
+left=0
+for j in "${ids[@]}"; do
+    wait_job "$j" 20s
+    body_has '"state":"succeeded"' || left=$((left + 1))
+done
+check "all 40 acknowledged jobs finished after the SIGKILL" eval '[ "$left" = 0 ]'
+json_post "/v1/jobs/$waiting/messages" '{"topic":"go","data":1}'
+wait_job "$waiting"
+check "the waiting workflow took its message after the restart" body_has '"state":"succeeded"'
+json_post /v1/jobs '{"handler":"echo","args":{}}'
+check "ids go on above the ones before the restart" eval '[ "$(location_id)" -gt "$waiting" ]'
+req GET /v1/queues/work
+check "queue counts: 40 succeeded" body_has '"succeeded":40'
+
+check "every job's history is seq 1..version" \
+    eval '[ "$(sql "SELECT count(*) FROM jobs j WHERE version <> (SELECT count(*) FROM events e WHERE e.job_id = j.id) OR version <> (SELECT max(seq) FROM events e WHERE e.job_id = j.id)")" = 0 ]'
+check "queue_counts equal the rows" \
+    eval '[ "$(sql "SELECT count(*) FROM (SELECT queue, state, count(*) AS n FROM jobs GROUP BY 1, 2) a FULL JOIN queue_counts c USING (queue, state) WHERE coalesce(a.n, 0) <> coalesce(c.n, 0)")" = 0 ]'
+check "no unfinished job is owned by a dead node" \
+    eval '[ "$(sql "SELECT count(*) FROM jobs WHERE state < 3 AND owner_node NOT IN (SELECT id FROM jd_nodes)")" = 0 ]'
+
+# ---- refusals ----
+timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "$PG_URL" --plugin-dir "$BUILD/plugins" \
+    >"$WORK/second.log" 2>&1
+rc=$?
+check "a second node on the same database is refused (exit $rc)" \
+    eval '[ "$rc" != 0 ] && grep -q "in use by another running Jackdaw" "$WORK/second.log"'
+stop_server
+check "clean stop: the node row is gone" eval '[ "$(sql "SELECT count(*) FROM jd_nodes")" = 0 ]'
+
+bad="postgres://jackdaw:s3cret@127.0.0.1:1/jackdaw"
+timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "$bad" --plugin-dir "$BUILD/plugins" \
+    >"$WORK/bad.log" 2>&1
+rc=$?
+check "an unreachable database: exit $rc, the URL named without its password" \
+    eval '[ "$rc" != 0 ] && grep -qF "postgres://jackdaw:***@127.0.0.1:1/jackdaw" "$WORK/bad.log" && ! grep -q s3cret "$WORK/bad.log"'
+
+sql "CREATE DATABASE other" >/dev/null
+psql -X -q "${PG_URL%/*}/other" -c "CREATE TABLE accounts(id int)" >/dev/null
+timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "${PG_URL%/*}/other" \
+    --plugin-dir "$BUILD/plugins" >"$WORK/foreign.log" 2>&1
+rc=$?
+check "a foreign database is refused and left alone (exit $rc)" \
+    eval '[ "$rc" != 0 ] && grep -q "not a Jackdaw database" "$WORK/foreign.log" && [ "$(psql -X -At "${PG_URL%/*}/other" -c "SELECT count(*) FROM pg_tables WHERE schemaname = '"'"'public'"'"'")" = 1 ]'
+finish
