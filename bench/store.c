@@ -17,7 +17,10 @@
  * records/s on a shared machine).
  * Runs are repeated --reps times, interleaved (full, normal, full, ...), and
  * the median of each column is printed. The database lives in a fresh
- * directory under --dir (default: build), on the real disk, so fsync is real.
+ * directory under --dir (default: build), on the real disk, so fsync is real;
+ * or, with --db postgres://..., in that PostgreSQL database (emptied before
+ * each run: its schema is dropped; CPU per record is then only this
+ * process's, not the server's).
  *
  * Threading: producers submit; done() runs on the writer thread and records
  * the latency into its producer's array (only the writer appends to it;
@@ -28,6 +31,7 @@
 #include "common/error.h"
 #include "storage/store.h"
 
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -204,16 +208,41 @@ static void prepopulate(struct jd_store *s)
     free(ws);
 }
 
+/* Empty the PostgreSQL database at url (its public schema). */
+static int pg_reset(const char *url)
+{
+    PGconn *c = PQconnectdb(url);
+    PGresult *r = PQstatus(c) == CONNECTION_OK
+                      ? PQexec(c, "SET client_min_messages = warning;"
+                                  " DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+                      : NULL;
+    int rc = r && PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
+    if (rc)
+        fprintf(stderr, "resetting %s: %s\n", url, PQerrorMessage(c));
+    PQclear(r);
+    PQfinish(c);
+    return rc;
+}
+
+static const char *pg_url; /* --db: run on PostgreSQL */
+
 static int run_once(const char *dir, bool full, unsigned producers, unsigned window, double secs,
                     struct result *out)
 {
-    char tmpl[4096];
-    snprintf(tmpl, sizeof tmpl, "%s/bench-store-XXXXXX", dir);
-    if (!mkdtemp(tmpl)) {
-        perror("mkdtemp");
-        return -1;
+    char tmpl[4096] = "";
+    char *path;
+    if (pg_url) {
+        if (pg_reset(pg_url) != 0)
+            return -1;
+        path = jd_xstrdup(pg_url);
+    } else {
+        snprintf(tmpl, sizeof tmpl, "%s/bench-store-XXXXXX", dir);
+        if (!mkdtemp(tmpl)) {
+            perror("mkdtemp");
+            return -1;
+        }
+        path = jd_xasprintf("%s/jackdaw.db", tmpl);
     }
-    char *path = jd_xasprintf("%s/jackdaw.db", tmpl);
     struct jd_store_config cfg = {.path = path, .sync_full = full};
     struct jd_store *s;
     struct jd_error err;
@@ -276,7 +305,7 @@ static int run_once(const char *dir, bool full, unsigned producers, unsigned win
     free(t);
     jd_store_close(s);
     char *cmd = jd_xasprintf("rm -rf '%s'", tmpl);
-    if (system(cmd) != 0)
+    if (tmpl[0] && system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", tmpl);
     free(cmd);
     free(path);
@@ -306,6 +335,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
             dir = argv[++i];
+        else if (strcmp(argv[i], "--db") == 0 && i + 1 < argc)
+            pg_url = argv[++i];
         else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
             secs = atof(argv[++i]);
         else if (strcmp(argv[i], "--window") == 0 && i + 1 < argc)
@@ -318,7 +349,8 @@ int main(int argc, char **argv)
             only_producers = (unsigned)atoi(argv[++i]);
         else {
             fprintf(stderr,
-                    "usage: %s [--dir DIR] [--seconds S] [--window N per producer] [--reps N]"
+                    "usage: %s [--dir DIR | --db postgres://...] [--seconds S] [--window N per "
+                    "producer] [--reps N]"
                     " [--sync full|normal] [--producers N]\n",
                     argv[0]);
             return 2;

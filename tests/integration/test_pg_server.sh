@@ -8,7 +8,7 @@
 # equal to the rows, nothing owned by a dead node). Also: an unreachable
 # database is a clear error without the password, a foreign database and a
 # second node on the same database are refused. Prints TAP.
-# shellcheck disable=SC2016,SC2034
+# shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 # shellcheck source=tests/pg/pg.sh
