@@ -205,7 +205,14 @@ static void make_request_id(struct jd_http *h, struct jd_req *r)
     }
     /* relaxed: only uniqueness matters */
     uint64_t n = atomic_fetch_add_explicit(&h->rid_counter, 1, memory_order_relaxed);
-    snprintf(r->rid, sizeof r->rid, "%016" PRIx64 "%08" PRIx64, h->rid_seed, n & 0xffffffffu);
+    /* "%016" PRIx64 "%08" PRIx64 of the seed and the counter's low half,
+     * without snprintf (one per request) */
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++)
+        r->rid[i] = hex[(h->rid_seed >> (60 - 4 * i)) & 15];
+    for (int i = 0; i < 8; i++)
+        r->rid[16 + i] = hex[(n >> (28 - 4 * i)) & 15];
+    r->rid[24] = '\0';
 }
 
 static void log_request(struct jd_req *r, bool terminated)
@@ -422,7 +429,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->serial = atomic_fetch_add_explicit(&h->serial_counter, 1, memory_order_relaxed) + 1;
         pthread_mutex_init(&r->mu, NULL);
         r->start_ns = jd_now_ns();
-        snprintf(r->method, sizeof r->method, "%s", method);
+        size_t ml = strnlen(method, sizeof r->method - 1); /* truncated as before */
+        memcpy(r->method, method, ml);
+        r->method[ml] = '\0';
         r->path = jd_xstrdup(url);
         make_request_id(h, r);
         r->match_rc = jd_router_match(method, url, &r->m);

@@ -160,9 +160,16 @@ void jd_sb_string(struct jd_sbuf *b, const char *s)
  * as such, anything else through cJSON itself. */
 void jd_sb_number(struct jd_sbuf *b, int64_t v)
 {
-    char buf[32];
     if (v >= -2147483647 - 1 && v <= 2147483647) {
-        jd_sb_put(b, buf, (size_t)snprintf(buf, sizeof buf, "%d", (int)v));
+        /* "%d" by hand: eleven numbers in every job rendered */
+        char buf[12], *e = buf + sizeof buf, *p = e;
+        uint32_t u = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
+        do
+            *--p = (char)('0' + u % 10);
+        while ((u /= 10) != 0);
+        if (v < 0)
+            *--p = '-';
+        jd_sb_put(b, p, (size_t)(e - p));
         return;
     }
     cJSON *n = cJSON_CreateNumber((double)v);

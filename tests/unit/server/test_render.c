@@ -209,8 +209,10 @@ static void test_embedded_json_matches_cjson_reprint(void **state)
     jd_sb_json(&b, NULL, "{}");
     jd_sb_number(&b, 3000000000LL);
     jd_sb_number(&b, -5);
+    jd_sb_number(&b, 0);
+    jd_sb_number(&b, 10);
     jd_sb_string(&b, "x\"");
-    assert_string_equal(b.p, "{}3000000000-5\"x\\\"\"");
+    assert_string_equal(b.p, "{}3000000000-5010\"x\\\"\"");
     free(b.p);
 }
 
