@@ -69,6 +69,8 @@ enum {
 
 struct jd_rconn; /* a pooled read-only connection (store.c) */
 
+#define JD_EV_ROWS 16 /* most events one INSERT writes (writer.c, the batch path) */
+
 struct jd_store {
     char *path;      /* the database file */
     char *lock_path; /* "<path>.lock", held with flock(LOCK_EX) while open */
@@ -82,7 +84,8 @@ struct jd_store {
     /* ---- writer thread ---- */
     sqlite3 *wdb;
     sqlite3_stmt *wst[JD_WS_N];
-    sqlite3_stmt *upd[JD_UPDATE_MASKS]; /* UPDATE per JD_SET_* combination, lazily */
+    sqlite3_stmt *upd[JD_UPDATE_MASKS];    /* UPDATE per JD_SET_* combination, lazily */
+    sqlite3_stmt *ev_rows[JD_EV_ROWS + 1]; /* INSERT of n events (writer.c), lazily */
     pthread_t writer;
     bool writer_started;
     int64_t retention_due_ms; /* wall ms of the next retention pass */
