@@ -96,7 +96,8 @@ static enum how pattern_match(const char *pattern, const struct seg *segs, int n
         } else {
             /* strncmp stops at the pattern's end; the segment holds no 0 */
             size_t len = segs[k].n;
-            if (strncmp(p, segs[k].p, len) != 0 || (p[len] != '/' && p[len] != '\0'))
+            if (p[0] != segs[k].p[0] || strncmp(p, segs[k].p, len) != 0 ||
+                (p[len] != '/' && p[len] != '\0'))
                 return NO_MATCH;
             p += len;
         }
