@@ -95,7 +95,11 @@ char *jd_problem_json_reason(int status, const char *reason, const char *detail,
     cJSON_Delete(o);
     if (text == NULL)
         abort();
-    char *out = jd_xasprintf("%s\n", text);
+    size_t n = strlen(text);
+    char *out = jd_xmalloc(n + 2);
+    memcpy(out, text, n);
+    out[n] = '\n';
+    out[n + 1] = '\0';
     cJSON_free(text);
     return out;
 }

@@ -70,7 +70,9 @@ static unsigned method_bit(const char *method)
 enum how { NO_MATCH = 0, VIA_REST, VIA_PARAM, LITERAL };
 
 /* How pattern matches segs[0..n); *param is the index of the {name}
- * segment, or -1; *rest the index where "*" took over, or -1. */
+ * segment, or -1; *rest the index where "*" took over, or -1. A literal
+ * segment is compared in place (no search for its end: most patterns fail
+ * on their first or second segment). */
 static enum how pattern_match(const char *pattern, const struct seg *segs, int n, int *param,
                               int *rest)
 {
@@ -80,9 +82,7 @@ static enum how pattern_match(const char *pattern, const struct seg *segs, int n
     for (int k = 0;; k++) {
         if (*p == '\0')
             return k == n ? how : NO_MATCH;
-        const char *slash = strchr(p, '/');
-        size_t len = slash ? (size_t)(slash - p) : strlen(p);
-        if (len == 1 && p[0] == '*') {
+        if (p[0] == '*' && (p[1] == '\0' || p[1] == '/')) {
             *rest = k;
             return VIA_REST;
         }
@@ -91,10 +91,16 @@ static enum how pattern_match(const char *pattern, const struct seg *segs, int n
         if (p[0] == '{') {
             *param = k;
             how = VIA_PARAM;
-        } else if (len != segs[k].n || memcmp(p, segs[k].p, len) != 0) {
-            return NO_MATCH;
+            const char *slash = strchr(p, '/');
+            p = slash ? slash : p + strlen(p);
+        } else {
+            /* strncmp stops at the pattern's end; the segment holds no 0 */
+            size_t len = segs[k].n;
+            if (p[0] != segs[k].p[0] || strncmp(p, segs[k].p, len) != 0 ||
+                (p[len] != '/' && p[len] != '\0'))
+                return NO_MATCH;
+            p += len;
         }
-        p += len;
         if (*p == '/')
             p++;
     }
@@ -135,11 +141,23 @@ int jd_router_match_in(const struct jd_route_def *rows, size_t nrows, const char
     unsigned mb = method_bit(method);
     unsigned lookup = mb == JD_M_HEAD ? JD_M_GET : mb;
 
-    /* The best (most literal) kind of match decides which patterns count. */
+    /* The best (most literal) kind of match decides which patterns count.
+     * Each pattern is matched once; the results are kept for the second
+     * walk (a table longer than MAXROWS is matched again instead). */
+    enum { MAXROWS = 128 };
+    struct {
+        unsigned char how;
+        signed char param, rest;
+    } seen[MAXROWS];
     enum how best = NO_MATCH;
     for (size_t i = 0; i < nrows; i++) {
         int param, rest;
         enum how how = pattern_match(rows[i].pattern, segs, n, &param, &rest);
+        if (i < MAXROWS) {
+            seen[i].how = (unsigned char)how;
+            seen[i].param = (signed char)param; /* both < MAXSEG */
+            seen[i].rest = (signed char)rest;
+        }
         if (how > best)
             best = how;
     }
@@ -147,7 +165,15 @@ int jd_router_match_in(const struct jd_route_def *rows, size_t nrows, const char
         return JD_ENOENT;
     for (size_t i = 0; i < nrows; i++) {
         int param, rest;
-        if (pattern_match(rows[i].pattern, segs, n, &param, &rest) != best)
+        enum how how;
+        if (i < MAXROWS) {
+            how = (enum how)seen[i].how;
+            param = seen[i].param;
+            rest = seen[i].rest;
+        } else {
+            how = pattern_match(rows[i].pattern, segs, n, &param, &rest);
+        }
+        if (how != best)
             continue;
         m->allow |= rows[i].method;
         if (rows[i].method == JD_M_GET)

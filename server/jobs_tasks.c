@@ -48,6 +48,25 @@
  * g_current). Set before replay, cleared by destroy. */
 static struct jd_jobs *_Atomic g_jobs;
 
+/* "<job_id>:<tag>" (jobs_run.c writes it) -> true and the two numbers;
+ * without sscanf, which cost ~1 % of the server's CPU at one call per task. */
+static bool parse_job_key(const char *key, int64_t *job_id, unsigned *tag)
+{
+    if (!key || !isdigit((unsigned char)key[0]))
+        return false;
+    char *end;
+    errno = 0;
+    long long id = strtoll(key, &end, 10);
+    if (errno || *end != ':' || !isdigit((unsigned char)end[1]))
+        return false;
+    unsigned long t = strtoul(end + 1, &end, 10);
+    if (errno || *end != '\0' || t > UINT32_MAX)
+        return false;
+    *job_id = id;
+    *tag = (unsigned)t;
+    return true;
+}
+
 static void remote_handle(const struct jd_call_info *info);
 static void remote_cancel(struct jd_call *call);
 
@@ -621,7 +640,7 @@ static void remote_handle(const struct jd_call_info *info)
     struct jd_tasks *t = j->tasks;
     int64_t job_id = 0;
     unsigned tag = 0;
-    if (sscanf(info->idempotency_key, "%" SCNd64 ":%u", &job_id, &tag) != 2) {
+    if (!parse_job_key(info->idempotency_key, &job_id, &tag)) {
         host->fail(info->call, "internal", "the call has no job key", 0, NULL);
         return;
     }

@@ -160,9 +160,16 @@ void jd_sb_string(struct jd_sbuf *b, const char *s)
  * as such, anything else through cJSON itself. */
 void jd_sb_number(struct jd_sbuf *b, int64_t v)
 {
-    char buf[32];
     if (v >= -2147483647 - 1 && v <= 2147483647) {
-        jd_sb_put(b, buf, (size_t)snprintf(buf, sizeof buf, "%d", (int)v));
+        /* "%d" by hand: eleven numbers in every job rendered */
+        char buf[12], *e = buf + sizeof buf, *p = e;
+        uint32_t u = v < 0 ? (uint32_t)0 - (uint32_t)v : (uint32_t)v;
+        do
+            *--p = (char)('0' + u % 10);
+        while ((u /= 10) != 0);
+        if (v < 0)
+            *--p = '-';
+        jd_sb_put(b, p, (size_t)(e - p));
         return;
     }
     cJSON *n = cJSON_CreateNumber((double)v);
@@ -247,8 +254,10 @@ static const char *canonical_escape(const char *p)
 }
 
 /* End of the JSON value starting at p if it is exactly what cJSON prints
- * for itself unformatted (no whitespace, integers of at most 9 digits, no
- * escapes cJSON would print differently), or NULL. NULL sends the caller
+ * for itself unformatted (no whitespace, integers of at most 15 digits, no
+ * escapes cJSON would print differently), or NULL. (cJSON prints an
+ * integer beyond int with "%1.15g": up to 15 digits, all exact in a double,
+ * that is the integer itself; a 16th digit turns into an exponent.) NULL sends the caller
  * to the exact cJSON path, so this may be stricter than needed, never looser. */
 static const char *skip_value(const char *p, int depth)
 {
@@ -292,8 +301,8 @@ static const char *skip_value(const char *p, int depth)
             const char *e = d;
             while (*e >= '0' && *e <= '9')
                 e++;
-            if (e == d || e - d > 9 || (*d == '0' && (e - d > 1 || d != p)))
-                return NULL; /* empty, too long for "%d", leading zero or -0 */
+            if (e == d || e - d > 15 || (*d == '0' && (e - d > 1 || d != p)))
+                return NULL; /* empty, too long for "%1.15g", leading zero or -0 */
             if (*e == '.' || *e == 'e' || *e == 'E')
                 return NULL;
             return e;

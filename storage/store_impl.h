@@ -70,6 +70,8 @@ enum {
 struct jd_rconn; /* a pooled read-only connection (store.c) */
 struct jd_pg;    /* the PostgreSQL backend (storage/pg.h); NULL for SQLite */
 
+#define JD_EV_ROWS 16 /* most events one INSERT writes (writer.c, the batch path) */
+
 struct jd_store {
     struct jd_pg *pg; /* set: the store is on PostgreSQL (storage/pg.h), none of the SQLite
                          fields below are used but the queue, the writer and the stats */
@@ -85,7 +87,8 @@ struct jd_store {
     /* ---- writer thread ---- */
     sqlite3 *wdb;
     sqlite3_stmt *wst[JD_WS_N];
-    sqlite3_stmt *upd[JD_UPDATE_MASKS]; /* UPDATE per JD_SET_* combination, lazily */
+    sqlite3_stmt *upd[JD_UPDATE_MASKS];    /* UPDATE per JD_SET_* combination, lazily */
+    sqlite3_stmt *ev_rows[JD_EV_ROWS + 1]; /* INSERT of n events (writer.c), lazily */
     pthread_t writer;
     bool writer_started;
     int64_t retention_due_ms; /* wall ms of the next retention pass */

@@ -69,6 +69,10 @@ static void test_unknown_paths_404(void **state)
                            "/ui/../v1/jobs",
                            "/ui/a/./b",
                            "/uix",
+                           "/v1/job",
+                           "/v1/jobsx",
+                           "/v1/jobs/1/event",
+                           "/livez*",
                            NULL};
     for (int i = 0; paths[i] != NULL; i++) {
         struct jd_route_match m;

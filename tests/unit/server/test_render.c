@@ -149,6 +149,10 @@ static void test_definitions_without_labels_or_not_compact_match(void **state)
         "{\"labels\":{\"a\":-0,\"b\":0123}}",
         "{\"labels\":{\"a\":123456789,\"b\":-123456789}}",
         "{\"labels\":{\"a\":1234567890}}",
+        "{\"args\":{\"t\":12345678901234},\"labels\":{\"a\":-999999999999999}}",
+        "{\"labels\":{\"a\":100000000000000,\"b\":123456789012345}}",
+        "{\"labels\":{\"a\":1234567890123456}}",
+        "{\"labels\":{\"a\":-9007199254740993}}",
         "[1,2]",
         "not json",
         "{\"labels\":{\"a\":1}",
@@ -176,6 +180,10 @@ static void test_embedded_json_matches_cjson_reprint(void **state)
         "-1",
         "123456789",
         "1234567890",
+        "999999999999999",
+        "-100000000000000",
+        "1000000000000000",
+        "9007199254740993",
         "1.5",
         "-0",
         "1e3",
@@ -209,8 +217,10 @@ static void test_embedded_json_matches_cjson_reprint(void **state)
     jd_sb_json(&b, NULL, "{}");
     jd_sb_number(&b, 3000000000LL);
     jd_sb_number(&b, -5);
+    jd_sb_number(&b, 0);
+    jd_sb_number(&b, 10);
     jd_sb_string(&b, "x\"");
-    assert_string_equal(b.p, "{}3000000000-5\"x\\\"\"");
+    assert_string_equal(b.p, "{}3000000000-5010\"x\\\"\"");
     free(b.p);
 }
 

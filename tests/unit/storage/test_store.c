@@ -466,6 +466,68 @@ static void test_records_of_one_job_in_one_batch_get_consecutive_versions(void *
     run_mixed_batch(*state, true);
 }
 
+/* The batch path writes history events 16 rows to an INSERT (storage/writer.c):
+ * an event that cannot be inserted (here: its seq already taken, planted
+ * behind the writer's back) still fails only its own record, whether its
+ * row went in with a full buffer mid-batch or with the rest at the end,
+ * and the other records' events all land, in order. */
+static void test_a_failing_event_fails_only_its_record(void **state)
+{
+    struct fx *f = *state;
+    for (int round = 0; round < 2; round++) {
+        struct tres r;
+        struct jd_job a = make_job(jd_store_next_id(f->s), "default", NULL);
+        struct jd_job b = make_job(jd_store_next_id(f->s), "default", NULL);
+        assert_int_equal(insert_wait(f->s, &a, NULL, &r), 0);
+        assert_int_equal(insert_wait(f->s, &b, NULL, &r), 0);
+        sqlite3 *db;
+        assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+        sqlite3_busy_timeout(db, 5000);
+        char sql[160];
+        snprintf(sql, sizeof sql,
+                 "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, id)"
+                 " VALUES (%lld, 2, 0, 3, 0, NULL, %lld)",
+                 (long long)a.id, 900000000LL + round);
+        assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+        sqlite3_close(db);
+
+        enum { N = 21 };
+        int bad = round == 0 ? 3 : N - 1; /* in the first full buffer, or in the tail */
+        struct gate g;
+        struct jd_write gw;
+        gate_hold(f->s, &g, &gw);
+        struct jd_write w[N];
+        struct tres res[N];
+        memset(res, 0, sizeof res);
+        for (int i = 0; i < N; i++) {
+            w[i] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                     .job_id = i == bad ? a.id : b.id,
+                                     .kind = JD_EVK_MESSAGE,
+                                     .data = "{\"m\":1}",
+                                     .done = tres_done,
+                                     .arg = &res[i]};
+            assert_int_equal(jd_store_submit(f->s, &w[i]), 0);
+        }
+        gate_release(&g);
+        assert_int_equal(jd_store_sync(f->s), 0);
+        int64_t v = 1;
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(res[i].calls, 1);
+            if (i == bad) {
+                assert_int_equal(res[i].rc, JD_EEXIST);
+                continue;
+            }
+            assert_int_equal(res[i].rc, 0);
+            assert_int_equal(res[i].version, ++v);
+        }
+        check_job_history(f->s, b.id, N, JD_JOB_QUEUED);
+        struct jd_job got;
+        assert_int_equal(jd_store_job_get(f->s, a.id, &got), 0);
+        assert_int_equal(got.version, 1);
+        jd_job_clear(&got);
+    }
+}
+
 static void test_max_batch_splits_transactions_but_never_a_group(void **state)
 {
     struct fx *f = *state;
@@ -1297,6 +1359,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_change_to_missing_job_is_enoent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_idempotency_key_returns_existing_job, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_failing_event_fails_only_its_record, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_one_bad_record_fails_alone_in_a_group_commit, setup,
                                         teardown),
