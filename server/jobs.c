@@ -213,6 +213,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     snprintf(j->output_cap, sizeof j->output_cap, "%zu",
              cfg->output_cap ? cfg->output_cap : (size_t)64 << 10);
     j->max_job_memory = cfg->max_job_memory ? cfg->max_job_memory : (size_t)256 << 20;
+    j->window = cfg->queue_window < (1u << 24) ? cfg->queue_window : 1u << 24; /* 2N fits */
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->series = jd_stats_create();
