@@ -284,6 +284,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     *out = j;
     return 0;
 fail:
+    jobs_window_fini(j);
     if (j->reg)
         jd_registry_destroy(j->reg);
     if (j->sched)
@@ -369,6 +370,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     if (!j)
         return;
     jd_jobs_drain(j, 0);
+    jobs_window_fini(j);
     jobs_bulk_fini(j);
     jd_registry_destroy(j->reg);
     jd_sched_destroy(j->sched);

@@ -175,8 +175,12 @@ struct queue {
     unsigned nready; /* jobs in the ready list */
     bool partial;
     struct jd_queued_pos floor;
-    bool refilling; /* a page read is on its way */
-    uint64_t epoch; /* bumped when floor moves back (a page read before is stale) */
+    bool refilling;   /* a page read is on its way */
+    bool page_wanted; /* for the pager thread */
+    uint64_t epoch;   /* bumped when floor moves back (a page read before is stale) */
+    /* A due job left memory while a page was read: the best ranked such */
+    bool drop_seen;
+    struct jd_queued_pos drop_min;
 };
 
 /* The argument of a job-level timer; lives inside struct job. */
@@ -292,8 +296,15 @@ struct jd_jobs {
     int64_t later_run_at, later_id; /* later_pos */
     unsigned later_mem;
     uint64_t later_epoch;
-    bool later_paging, later_full, later_timer;
+    bool later_paging, later_full, later_timer, later_wanted;
     uint64_t later_timer_id;
+    bool later_drop_seen; /* a delayed job left memory while a later page was read */
+    int64_t later_drop_run_at, later_drop_id;
+    /* The pager thread reads pages (pager_cv under mu); without it, pages
+     * are read in a write barrier's done callback. */
+    pthread_t pager;
+    pthread_cond_t pager_cv;
+    bool pager_on, pager_stop;
 };
 
 struct idem {
@@ -402,6 +413,11 @@ void jobs_window_settle_locked(struct jd_jobs *j, struct job *jb);
 /* At create (window on), after the started jobs: the first page of each
  * queue and the delayed jobs due soon; arms the later timer. */
 int jobs_window_recover(struct jd_jobs *j, struct jd_error *err);
+/* jb leaves the table (its end, or out of memory): a page being read
+ * must not take its snapshot's copy of it for granted. */
+void jobs_window_gone_locked(struct jd_jobs *j, struct job *jb);
+/* Stop and join the pager thread (destroy, after drain; without mu). */
+void jobs_window_fini(struct jd_jobs *j);
 /* Build a job from a stored row and its events (recovery and paging;
  * touches no shared state). */
 struct job *jobs_job_from_row(struct jd_jobs *j, const struct jd_job *row,

@@ -25,17 +25,22 @@
  *    flight; a cancel or message reads it in first (`transient`), and it is
  *    placed once its record commits.
  *
- * Why pages cannot miss or double a job: a page is read in the done
- * callback of a write barrier, on the store's completion thread, which runs
- * commit callbacks one at a time in commit order. Every job submitted
- * before the barrier had its insert's callback decide (with the floor then)
- * whether it stays; every job submitted after it is still in the table
- * (struct job made at submit) whatever the page's snapshot holds, so the
- * page skips it (dedupe by id) and its own callback decides later, with the
- * new floor. A job read in on demand is in the table too.
+ * Why pages cannot miss or double a job: a page is read without mu, from
+ * a snapshot. A job committed before it is in the snapshot (read in unless
+ * already in the table: dedupe by id). A job whose insert has not had its
+ * commit callback yet is in the table (struct job made at submit), so the
+ * page skips it and its callback decides later, with the new floor. What is
+ * left is a job whose callback ran during the read, left it out of memory
+ * (with the old floor) and is not in the snapshot: every job a callback
+ * leaves out while a page is read is noted (drop_seen, the best ranked),
+ * and the new floor stops just before it, so a later page reads it. The
+ * delayed set does the same with later_pos. A job read in on demand is in
+ * the table too.
  *
- * Threading: the *_locked functions under mu; page reads without mu, on the
- * completion thread (or at create); the later tick on the timer thread.
+ * Threading: the *_locked functions under mu. Pages are read without mu on
+ * the pager thread (pager_cv, under mu), or, if it could not start, in a
+ * write barrier's done callback on the completion thread; at create, on the
+ * creating thread. The later tick runs on the timer thread.
  */
 #include "server/jobs_impl.h"
 
@@ -44,6 +49,7 @@
 #include "common/log.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #define LATER_HORIZON_MS 10000 /* delayed jobs due within this are read in ahead */
@@ -68,6 +74,12 @@ static void request_page_locked(struct jd_jobs *j, struct queue *q);
 static bool up_to(const struct job *jb, struct jd_queued_pos f)
 {
     return jb->priority > f.priority || (jb->priority == f.priority && jb->id <= f.id);
+}
+
+/* Is rank a before rank b? */
+static bool rank_before(struct jd_queued_pos a, struct jd_queued_pos b)
+{
+    return a.priority > b.priority || (a.priority == b.priority && a.id < b.id);
 }
 
 static bool later_covers(const struct jd_jobs *j, const struct job *jb)
@@ -112,6 +124,24 @@ static void window_out_locked(struct jd_jobs *j, struct job *jb)
     jb->dropped = true;
     j->st.window_out++;
     jobs_job_remove(j, jb);
+}
+
+void jobs_window_gone_locked(struct jd_jobs *j, struct job *jb)
+{
+    struct queue *q = jb->qp ? jb->qp : jobs_queue_find(j, jb->queue);
+    if (q && q->refilling && q->partial && !up_to(jb, q->floor)) {
+        struct jd_queued_pos r = {jb->priority, jb->id};
+        if (!q->drop_seen || rank_before(r, q->drop_min))
+            q->drop_min = r;
+        q->drop_seen = true;
+    }
+    if (j->later_paging && !later_covers(j, jb) &&
+        (!j->later_drop_seen || jb->run_at_ms < j->later_drop_run_at ||
+         (jb->run_at_ms == j->later_drop_run_at && jb->id < j->later_drop_id))) {
+        j->later_drop_seen = true;
+        j->later_drop_run_at = jb->run_at_ms;
+        j->later_drop_id = jb->id;
+    }
 }
 
 /* Under mu: a ready list past twice the window is cut back to it. */
@@ -188,14 +218,21 @@ void jobs_window_later_done_locked(struct jd_jobs *j, struct job *jb)
         request_page_locked(j, NULL);
 }
 
-/* Under mu: put a page's jobs in memory (q: a queue's page, all due and
- * ranked up to its new floor; NULL: the later set's). */
-static void apply_locked(struct jd_jobs *j, struct job *list, struct queue *q)
+/* Under mu: put a page's jobs in memory (q: a queue's page, all due; only
+ * those ranked up to its new floor; NULL: the later set's, only those up
+ * to later_pos). Returns the rest, not applied. */
+static struct job *apply_locked(struct jd_jobs *j, struct job *list, struct queue *q)
 {
+    struct job *rest = NULL;
     while (list) {
         struct job *jb = list;
         list = jb->qnext;
         jb->qnext = NULL;
+        if (q ? q->partial && !up_to(jb, q->floor) : !later_covers(j, jb)) {
+            jb->qnext = rest;
+            rest = jb;
+            continue;
+        }
         struct job *have = jobs_job_find(j, jb->id);
         if (have) { /* in memory already, or its own commit will place it */
             if (have->parked && q) {
@@ -214,6 +251,7 @@ static void apply_locked(struct jd_jobs *j, struct job *list, struct queue *q)
         else
             jobs_window_place_locked(j, jb);
     }
+    return rest;
 }
 
 /* Read and apply the next page of q (done of a barrier, or at create;
@@ -224,7 +262,15 @@ static void queue_page(struct jd_jobs *j, struct queue *q, int rc, bool admit)
     bool go = rc == 0 && !j->stopping && !j->draining && q->partial;
     struct jd_queued_pos after = q->floor;
     uint64_t epoch = q->epoch;
+    /* The window, plus what admission can start at once: a drain is not
+     * held to the window's pace (started jobs are bounded by max_running). */
     unsigned limit = q->nready < j->window ? j->window - q->nready : 1;
+    unsigned slots = j->running < j->max_running ? j->max_running - j->running : 0;
+    if (q->ctl.max_running && slots > q->ctl.max_running - q->running)
+        slots = q->running < q->ctl.max_running ? q->ctl.max_running - q->running : 0;
+    if (!q->paused && admit)
+        limit += slots;
+    q->drop_seen = false;
     if (!go)
         q->refilling = false;
     pthread_mutex_unlock(&j->mu);
@@ -240,12 +286,15 @@ static void queue_page(struct jd_jobs *j, struct queue *q, int rc, bool admit)
     q->refilling = false;
     j->st.window_pages++;
     if (rc == 0 && q->epoch == epoch && !j->stopping) {
-        if (n < limit)
+        if (q->drop_seen) { /* stop before it: the next page reads it */
+            struct jd_queued_pos b = {q->drop_min.priority, q->drop_min.id - 1};
+            q->floor = n == limit && rank_before(pg.last, b) ? pg.last : b;
+        } else if (n < limit) {
             q->partial = false;
-        else
+        } else {
             q->floor = pg.last;
-        apply_locked(j, pg.list, q);
-        pg.list = NULL;
+        }
+        pg.list = apply_locked(j, pg.list, q);
         if (admit)
             jobs_admit_locked(j, &start);
         jobs_window_low_locked(j, q); /* the page was all known jobs: the next one */
@@ -265,6 +314,7 @@ static void later_page(struct jd_jobs *j, int rc, bool admit)
     int64_t ar = j->later_run_at, ai = j->later_id;
     uint64_t epoch = j->later_epoch;
     unsigned limit = j->later_mem < j->window ? j->window - j->later_mem : 0;
+    j->later_drop_seen = false;
     if (!go || limit == 0) {
         j->later_paging = false;
         j->later_full = j->later_full || limit == 0;
@@ -287,8 +337,14 @@ static void later_page(struct jd_jobs *j, int rc, bool admit)
         j->later_full = n == limit;
         j->later_run_at = n == limit ? pg.last_run_at : until;
         j->later_id = n == limit ? pg.last.id : INT64_MAX;
-        apply_locked(j, pg.list, NULL);
-        pg.list = NULL;
+        if (j->later_drop_seen &&
+            (j->later_drop_run_at < j->later_run_at ||
+             (j->later_drop_run_at == j->later_run_at && j->later_drop_id <= j->later_id))) {
+            j->later_run_at = j->later_drop_run_at; /* stop before it */
+            j->later_id = j->later_drop_id - 1;
+            j->later_full = true;
+        }
+        pg.list = apply_locked(j, pg.list, NULL);
         if (admit)
             jobs_admit_locked(j, &start);
     } else if (rc) {
@@ -310,9 +366,18 @@ static void page_done(void *arg, struct jd_write *w, int rc)
     free(p);
 }
 
-/* Under mu: read a page once everything submitted so far has committed. */
+/* Under mu: have a page read (by the pager thread, or after a barrier). */
 static void request_page_locked(struct jd_jobs *j, struct queue *q)
 {
+    if (j->pager_on) {
+        if (q) {
+            q->page_wanted = q->refilling = true;
+        } else {
+            j->later_wanted = j->later_paging = true;
+        }
+        pthread_cond_signal(&j->pager_cv);
+        return;
+    }
     struct wpage *p = jd_xcalloc(1, sizeof *p);
     jd_store_write_barrier(&p->w);
     p->w.done = page_done;
@@ -327,6 +392,51 @@ static void request_page_locked(struct jd_jobs *j, struct queue *q)
         q->refilling = true;
     else
         j->later_paging = true;
+}
+
+static void *pager_main(void *arg)
+{
+    struct jd_jobs *j = arg;
+    pthread_mutex_lock(&j->mu);
+    while (!j->pager_stop) {
+        struct queue *q = NULL;
+        for (struct queue *x = j->queues; x && !q; x = x->next)
+            if (x->page_wanted)
+                q = x;
+        if (!q && !j->later_wanted) {
+            pthread_cond_wait(&j->pager_cv, &j->mu);
+            continue;
+        }
+        if (q)
+            q->page_wanted = false;
+        else
+            j->later_wanted = false;
+        pthread_mutex_unlock(&j->mu);
+        if (q)
+            queue_page(j, q, 0, true);
+        else
+            later_page(j, 0, true);
+        pthread_mutex_lock(&j->mu);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+void jobs_window_fini(struct jd_jobs *j)
+{
+    pthread_mutex_lock(&j->mu);
+    bool on = j->pager_on;
+    j->pager_stop = true;
+    if (on)
+        pthread_cond_signal(&j->pager_cv);
+    pthread_mutex_unlock(&j->mu);
+    if (!on)
+        return;
+    pthread_join(j->pager, NULL);
+    pthread_mutex_lock(&j->mu);
+    j->pager_on = false;
+    pthread_mutex_unlock(&j->mu);
+    pthread_cond_destroy(&j->pager_cv);
 }
 
 static void later_tick(void *arg);
@@ -418,7 +528,16 @@ int jobs_window_recover(struct jd_jobs *j, struct jd_error *err)
     j->later_paging = true;
     pthread_mutex_unlock(&j->mu);
     later_page(j, 0, false);
-    pthread_mutex_lock(&j->mu);
+    pthread_cond_init(&j->pager_cv, NULL);
+    if (pthread_create(&j->pager, NULL, pager_main, j) == 0) {
+        pthread_mutex_lock(&j->mu);
+        j->pager_on = true;
+    } else {
+        pthread_cond_destroy(&j->pager_cv);
+        jd_log(JD_LOG_WARN, "no pager thread; queued jobs are paged in on the completion thread",
+               NULL);
+        pthread_mutex_lock(&j->mu);
+    }
     later_arm_locked(j);
     size_t in_mem = j->st.queued_mem + j->later_mem;
     pthread_mutex_unlock(&j->mu);
