@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # bench/backlog.sh (`make bench-backlog`): what a large backlog of queued
 # jobs costs the server. One jackdawd on a fresh data directory; the queue
-# "backlog" is paused, then N echo jobs (~130 bytes of args each) are
-# submitted to it through POST /v1/jobs/batch (1000 a request, 2 requests in
-# flight). Printed, from the same run:
+# "backlog" is paused, then N echo jobs (~130 bytes of args each,
+# priorities 0-3 in turn) are submitted to it through POST /v1/jobs/batch
+# (1000 a request, 2 requests in flight). The server runs with its default
+# --queue-window (1000), so all but the next jobs wait in the store.
+# Printed, from the same run:
 #
 #   idle RSS              the fresh server before any job: the baseline
 #   RSS with N queued     after the last batch committed (and its ratio to idle)
@@ -13,10 +15,18 @@
 #   drain                 resume the queue; time until it has no queued or
 #                         running job, as jobs per second
 #   RSS after drain       1 s after the queue emptied (and its ratio to idle)
+#   priority order        from the database after the drain: jobs that
+#                         started more than 50 ms before the last start of
+#                         a higher priority (0 when the drain kept the
+#                         order), and the same for the baseline
+#   baseline drain        the normal rate: a fresh server with
+#                         --queue-window 0 (every queued job in memory, as
+#                         before the window) drains min(N, 50000) the same way
 #
 # RSS is VmRSS from /proc/PID/status. Environment: JD_BUILD (build dir),
 # N (jobs, default 200000; `make bench-backlog BIG=1` runs 1000000),
-# SYNC (jackdawd --sync, default full), ARGS (more jackdawd flags).
+# SYNC (jackdawd --sync, default full), ARGS (more jackdawd flags),
+# BASE_N (the baseline's jobs, default min(N, 50000); 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${JD_BUILD:-build}
@@ -56,8 +66,8 @@ start() {
     : >"$log"
     t0=$(now_ns)
     # shellcheck disable=SC2086
-    "$JACKDAWD" --listen 127.0.0.1:0 --db "$WORK/jd.db" --plugin-dir "$BUILD/plugins" \
-        --sync "$SYNC" $EXTRA 2>"$log" &
+    "$JACKDAWD" --listen 127.0.0.1:0 --db "$WORK/${DBNAME:-jd}.db" --plugin-dir "$BUILD/plugins" \
+        --sync "$SYNC" $EXTRA "$@" 2>"$log" &
     PID=$!
     for _ in $(seq 1 6000); do
         addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$log" | head -n 1 | cut -d'"' -f8 || true)
@@ -98,8 +108,8 @@ batch_body() { # first-n
         pad = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore";
         printf "{\"jobs\":[";
         for (i = 0; i < per; i++) {
-            printf "%s{\"handler\":\"echo\",\"queue\":\"%s\",\"args\":{\"n\":%d,\"user\":\"u%06d\",\"text\":\"%s\"}}",
-                   (i ? "," : ""), q, base + i, (base + i) % 1000000, pad;
+            printf "%s{\"handler\":\"echo\",\"queue\":\"%s\",\"priority\":%d,\"args\":{\"n\":%d,\"user\":\"u%06d\",\"text\":\"%s\"}}",
+                   (i ? "," : ""), q, (base + i) % 4, base + i, (base + i) % 1000000, pad;
         }
         printf "]}";
     }'
@@ -119,20 +129,36 @@ submit_one() { # batch number
 export -f submit_one batch_body
 export WORK BASE Q PER
 
+# submit_all n: pause the queue and submit n jobs to it (n a multiple of PER).
+submit_all() {
+    curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/pause"
+    export BASE
+    seq 0 $(($1 / PER - 1)) | xargs -P 2 -I{} bash -c 'submit_one {}'
+    local have
+    have=$(queue_left)
+    if [ "$have" != "$1" ]; then
+        echo "bench-backlog: queue holds $have jobs, expected $1" >&2
+        exit 1
+    fi
+}
+# drain_ms: resume the queue and time until it is empty.
+drain_ms() {
+    local t0
+    t0=$(now_ns)
+    curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/resume"
+    until [ "$(queue_left)" = 0 ]; do sleep 0.05; done
+    echo $((($(now_ns) - t0) / 1000000))
+}
+
+N=$((N / PER * PER))
+BASE_N=${BASE_N:-$((N < 50000 ? N : 50000))}
+BASE_N=$((BASE_N / PER * PER))
 start
 sleep 0.5
 IDLE=$(rss_kb)
-curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/pause"
-export BASE
 T0=$(now_ns)
-seq 0 $((N / PER - 1)) | xargs -P 2 -I{} bash -c 'submit_one {}'
+submit_all "$N"
 SUBMIT_MS=$((($(now_ns) - T0) / 1000000))
-HAVE=$(queue_left)
-if [ "$HAVE" != "$((N / PER * PER))" ]; then
-    echo "bench-backlog: queue holds $HAVE jobs, expected $((N / PER * PER))" >&2
-    exit 1
-fi
-N=$HAVE
 sleep 0.5
 QUEUED=$(rss_kb)
 
@@ -147,15 +173,36 @@ LEFT=$(queue_left)
     exit 1
 }
 
-T0=$(now_ns)
-curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/resume"
-until [ "$(queue_left)" = 0 ]; do sleep 0.1; done
-DRAIN_MS=$((($(now_ns) - T0) / 1000000))
+DRAIN_MS=$(drain_ms)
 sleep 1
 DRAINED=$(rss_kb)
 stop
 
-echo "backlog: $N queued echo jobs (~130-byte args), --sync $SYNC, $(date -u +%Y-%m-%d), $(nproc) CPUs"
+# inversions db: jobs that started more than 50 ms before the last start of
+# a higher priority (a drain in priority order has none; start times are
+# stamped by whichever thread runs an admitted list, so a thread descheduled
+# on a busy machine can stamp a little late: hence the slack).
+inversions() {
+    sqlite3 "$1" "CREATE TEMP TABLE m AS SELECT priority p, MAX(started_ms) last
+        FROM jobs WHERE queue = '$Q' GROUP BY priority;
+        CREATE TEMP TABLE t AS SELECT a.p, (SELECT MAX(b.last) FROM m b WHERE b.p > a.p) thr FROM m a;
+        SELECT COUNT(*) FROM jobs j JOIN t ON t.p = j.priority
+        WHERE j.queue = '$Q' AND j.started_ms + 50 < t.thr;"
+}
+INVERSIONS=$(inversions "$WORK/jd.db")
+
+BASE_MS=0
+BASE_INV=-
+if [ "$BASE_N" -gt 0 ]; then
+    DBNAME=base start --queue-window 0
+    submit_all "$BASE_N"
+    BASE_MS=$(drain_ms)
+    stop
+    BASE_INV=$(inversions "$WORK/base.db")
+fi
+
+echo "backlog: $N queued echo jobs (~130-byte args, priorities 0-3), --sync $SYNC," \
+    "default --queue-window, $(date -u +%Y-%m-%d), $(nproc) CPUs"
 printf '%-28s %14s %10s\n' "" "value" "vs idle"
 printf '%-28s %14s %10s\n' "idle RSS (baseline)" "$(mib "$IDLE")" "1.00x"
 printf '%-28s %14s %10s\n' "RSS with $N queued" "$(mib "$QUEUED")" "$(ratio "$QUEUED" "$IDLE")"
@@ -165,5 +212,12 @@ printf '%-28s %14s %10s\n' "RSS after drain" "$(mib "$DRAINED")" "$(ratio "$DRAI
 printf '%-28s %14s\n' "submit (batch route)" "$(awk -v n="$N" -v ms="$SUBMIT_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')"
 printf '%-28s %14s\n' "restart until ready" "$(awk -v ms="$RESTART_MS" 'BEGIN {printf "%.2f s", ms / 1000}')"
 printf '%-28s %14s\n' "drain after resume" "$(awk -v n="$N" -v ms="$DRAIN_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')"
+if [ "$BASE_N" -gt 0 ]; then
+    printf '%-28s %14s %10s\n' "baseline drain ($BASE_N, w 0)" \
+        "$(awk -v n="$BASE_N" -v ms="$BASE_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')" \
+        "$(awk -v n="$N" -v ms="$DRAIN_MS" -v bn="$BASE_N" -v bms="$BASE_MS" 'BEGIN {printf "%.2fx", (n / ms) / (bn / bms)}')"
+fi
+printf '%-28s %14s %10s\n' "started out of priority" "$INVERSIONS jobs" "base $BASE_INV"
 echo "RESULT backlog n=$N idle_kb=$IDLE queued_kb=$QUEUED restarted_kb=$RESTARTED drained_kb=$DRAINED" \
-    "submit_ms=$SUBMIT_MS restart_ms=$RESTART_MS drain_ms=$DRAIN_MS"
+    "submit_ms=$SUBMIT_MS restart_ms=$RESTART_MS drain_ms=$DRAIN_MS base_n=$BASE_N base_ms=$BASE_MS" \
+    "inversions=$INVERSIONS base_inversions=$BASE_INV"

@@ -103,6 +103,9 @@ static const struct opt opts[] = {
     {"--max-replays", "JACKDAW_MAX_REPLAYS", OPT_UINT, F(max_replays), "N",
      "fail a job as quarantined once the server died N times in a row while running it "
      "(default 3, 0: never)"},
+    {"--queue-window", "JACKDAW_QUEUE_WINDOW", OPT_UINT, F(queue_window), "N",
+     "queued jobs each queue keeps in memory, the next to run; the rest wait in the store "
+     "and are read in as these drain (default 1000, 0: all in memory)"},
     {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
      "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
@@ -304,6 +307,7 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->max_job_memory = (size_t)256 << 20; /* ~128 jobs of the largest size (1 MiB) at once */
     c->max_schedules = 10000;              /* each holds a timer and its definition in memory */
     c->max_replays = JD_JOBS_MAX_REPLAYS_DEFAULT;
+    c->queue_window = 1000; /* ~3 MB of queued jobs per queue; a backlog waits in the store */
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
 

@@ -46,6 +46,7 @@ struct jd_config {
     unsigned max_schedules;        /* --max-schedules; default 10000 */
     size_t max_job_memory;         /* --max-job-memory; definitions in memory, default 256 MiB */
     unsigned max_replays;          /* --max-replays; poison-job quarantine, default 3, 0: off */
+    unsigned queue_window;         /* --queue-window; queued jobs in memory per queue, 0: all */
     bool ui;                       /* --ui on|off; serve the dashboard, default on */
     bool help;                     /* --help was given: print usage, exit 0 */
 };

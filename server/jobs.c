@@ -213,6 +213,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     snprintf(j->output_cap, sizeof j->output_cap, "%zu",
              cfg->output_cap ? cfg->output_cap : (size_t)64 << 10);
     j->max_job_memory = cfg->max_job_memory ? cfg->max_job_memory : (size_t)256 << 20;
+    j->window = cfg->queue_window < (1u << 24) ? cfg->queue_window : 1u << 24; /* 2N fits */
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->series = jd_stats_create();
@@ -283,6 +284,7 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
     *out = j;
     return 0;
 fail:
+    jobs_window_fini(j);
     if (j->reg)
         jd_registry_destroy(j->reg);
     if (j->sched)
@@ -368,6 +370,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
     if (!j)
         return;
     jd_jobs_drain(j, 0);
+    jobs_window_fini(j);
     jobs_bulk_fini(j);
     jd_registry_destroy(j->reg);
     jd_sched_destroy(j->sched);

@@ -85,6 +85,11 @@ struct jd_jobs_config {
      * start and jobs a schedule fires are counted but never refused.
      * 0: 256 MiB. */
     size_t max_job_memory;
+    /* --queue-window: each queue keeps at most about this many of its next
+     * queued jobs (priority desc, then id) in memory, and reads more from
+     * the store as they drain; delayed jobs come in as they fall due.
+     * 0: no window, every queued job in memory. */
+    unsigned queue_window;
 };
 
 /* Parse a --command-limit value (empty: none); 0 or JD_EINVAL with err
@@ -399,6 +404,9 @@ struct jd_jobs_stats {
     uint64_t bulk_running, webhook_attempts, webhooks_delivered, webhooks_failed;
     uint64_t def_bytes;   /* what live jobs' definitions and outputs hold (max_job_memory) */
     uint64_t def_refused; /* submits refused because of max_job_memory */
+    /* The queued-job window (--queue-window): pages read from the store,
+     * queued jobs read in by them (or for an action), and left to the store */
+    uint64_t window_pages, window_in, window_out;
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

@@ -33,6 +33,8 @@ static int live_job(struct jd_jobs *j, int64_t id, struct job **out)
         *out = jb;
         return 0;
     }
+    if (j->window) /* queued, but only in the store: read it in */
+        return jobs_window_load_locked(j, id, out);
     struct jd_job row = {0};
     int rc = jd_store_job_get(j->store, id, &row);
     jd_job_clear(&row);
@@ -56,9 +58,7 @@ int jd_jobs_cancel(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *
     if (!jb->spawned && !jb->admitted) {
         /* Not running: cancelled at once. */
         jobs_ready_remove(j, jb);
-        if (jb->run_at_timer && jd_sched_timer_cancel(j->sched, jb->run_at_timer) == 0)
-            jobs_job_unref(jb);
-        jb->run_at_timer = 0;
+        jobs_run_at_cancel_locked(j, jb);
         jb->finished = true;
         jobs_record(ce);
         struct wrec *r = jobs_state_rec(j, jb, JD_JOB_CANCELLED, AFTER_FINAL);
@@ -137,6 +137,7 @@ int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
     size_t n = strlen(text);
     if (jb->messages >= j->limits.max_messages || jb->message_bytes > j->limits.max_message_bytes ||
         n > j->limits.max_message_bytes - jb->message_bytes) {
+        jobs_window_settle_locked(j, jb);
         pthread_mutex_unlock(&j->mu);
         free(res);
         free(text);

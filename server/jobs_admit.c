@@ -107,7 +107,7 @@ static bool queue_may_start(struct jd_jobs *j, struct queue *q, int64_t *now)
     return false;
 }
 
-static void ready_push(struct jd_jobs *j, struct job *jb)
+void jobs_ready_push(struct jd_jobs *j, struct job *jb)
 {
     struct queue *q = jobs_queue_get(j, jb->queue);
     struct job *after = q->tail;
@@ -127,6 +127,7 @@ static void ready_push(struct jd_jobs *j, struct job *jb)
     jb->in_ready = true;
     jb->refs++;
     j->st.queued_mem++;
+    q->nready++;
 }
 
 void jobs_ready_remove(struct jd_jobs *j, struct job *jb)
@@ -145,7 +146,9 @@ void jobs_ready_remove(struct jd_jobs *j, struct job *jb)
     jb->qprev = jb->qnext = NULL;
     jb->in_ready = false;
     j->st.queued_mem--;
+    q->nready--;
     jobs_job_unref(jb);
+    jobs_window_low_locked(j, q);
 }
 
 /* Under mu: pick ready jobs while slots are free; they are started by the
@@ -226,10 +229,23 @@ uint64_t jobs_arm_job_timer(struct jd_jobs *j, struct job *jb, int64_t delay_ms,
 void jobs_enqueue_locked(struct jd_jobs *j, struct job *jb)
 {
     int64_t now = jd_wall_ms();
-    if (jb->run_at_ms > now + 1)
+    if (jb->run_at_ms > now + 1) {
         jb->run_at_timer = jobs_arm_job_timer(j, jb, jb->run_at_ms - now, 0);
-    else
-        ready_push(j, jb);
+        if (jb->run_at_timer && j->window && !jb->later) {
+            jb->later = true;
+            j->later_mem++;
+        }
+    } else {
+        jobs_ready_push(j, jb);
+    }
+}
+
+void jobs_run_at_cancel_locked(struct jd_jobs *j, struct job *jb)
+{
+    if (jb->run_at_timer && jd_sched_timer_cancel(j->sched, jb->run_at_timer) == 0)
+        jobs_job_unref(jb);
+    jb->run_at_timer = 0;
+    jobs_window_later_done_locked(j, jb);
 }
 
 static void job_timer_fire(void *arg)
@@ -245,8 +261,12 @@ static void job_timer_fire(void *arg)
     pthread_mutex_lock(&j->mu);
     if (kind == 0) {
         jb->run_at_timer = 0;
+        jobs_window_later_done_locked(j, jb);
         if (!jb->finished && !jb->in_ready && !jb->admitted && !j->stopping) {
-            ready_push(j, jb);
+            if (j->window)
+                jobs_window_due_locked(j, jb);
+            else
+                jobs_ready_push(j, jb);
             jobs_admit_locked(j, &start);
         }
     } else if (!jb->finished && jb->spawned && !j->stopping) {

@@ -12,6 +12,8 @@
  *   jobs_act.c     cancel, message, retry, queue pause/resume
  *   jobs_queues.c  queue controls (max_running, rate, retention), GET /v1/queues
  *   jobs_unique.c  unique keys: who holds one, taking and dropping, recovery
+ *   jobs_window.c  the queued-job window: which queued jobs are in memory,
+ *                  paging the rest in from the store (--queue-window)
  *   jobs_watch.c   watches (change notification)
  *   jobs_read.c    JSON reads and counters
  *   jobs_tasks*.c  remote commands and their tasks (tasks.h; own lock, after mu;
@@ -167,6 +169,18 @@ struct queue {
     uint64_t rate_timer_id; /* (monotonic ms) */
     int64_t rate_timer_at;
     uint64_t rate_waits; /* times admission found its bucket empty with a job ready */
+    /* The queued-job window (jobs_window.c). partial: some due queued jobs
+     * of this queue, all ranked after floor, are only in the store; every
+     * queued job ranked up to floor is in memory. Not partial: all are. */
+    unsigned nready; /* jobs in the ready list */
+    bool partial;
+    struct jd_queued_pos floor;
+    bool refilling;   /* a page read is on its way */
+    bool page_wanted; /* for the pager thread */
+    uint64_t epoch;   /* bumped when floor moves back (a page read before is stale) */
+    /* A due job left memory while a page was read: the best ranked such */
+    bool drop_seen;
+    struct jd_queued_pos drop_min;
 };
 
 /* The argument of a job-level timer; lives inside struct job. */
@@ -197,6 +211,12 @@ struct job {
     size_t message_bytes; /* and their event text together */
     bool admitted, spawned, finished, cancel_requested, cancel_sent, timed_out;
     bool slot_free; /* admitted, but waiting for a message: not counted in running */
+    /* The queued-job window (jobs_window.c): parked, queued past its
+     * queue's floor but kept (it holds a unique key); transient, read from
+     * the store for a cancel or message, placed once that commits; dropped,
+     * left memory for the store; later, waits for run_at (counted in
+     * jd_jobs.later_mem). */
+    bool parked, transient, dropped, later;
     jd_pid pid;
     uint64_t run_at_timer, timeout_timer, grace_timer;
     struct rec *recs;
@@ -268,6 +288,23 @@ struct jd_jobs {
      * jobs_job_new, given back as each is freed) and their bound. */
     _Atomic size_t def_mem;
     size_t max_job_memory;
+    /* The queued-job window (jobs_window.c); window 0: off, every queued
+     * job in memory. Delayed jobs: every queued job waiting for run_at
+     * with (run_at_ms, id) up to later_pos is in memory (later_mem of
+     * them); later_epoch is bumped when later_pos moves back. */
+    unsigned window;
+    int64_t later_run_at, later_id; /* later_pos */
+    unsigned later_mem;
+    uint64_t later_epoch;
+    bool later_paging, later_full, later_timer, later_wanted;
+    uint64_t later_timer_id;
+    bool later_drop_seen; /* a delayed job left memory while a later page was read */
+    int64_t later_drop_run_at, later_drop_id;
+    /* The pager thread reads pages (pager_cv under mu); without it, pages
+     * are read in a write barrier's done callback. */
+    pthread_t pager;
+    pthread_cond_t pager_cv;
+    bool pager_on, pager_stop;
 };
 
 struct idem {
@@ -349,10 +386,45 @@ void jobs_start_list(struct jd_jobs *j, struct job *start);
 void jobs_admit(struct jd_jobs *j);
 uint64_t jobs_arm_job_timer(struct jd_jobs *j, struct job *jb, int64_t delay_ms, int kind);
 void jobs_enqueue_locked(struct jd_jobs *j, struct job *jb);
+void jobs_ready_push(struct jd_jobs *j, struct job *jb);
+/* Cancel jb's run_at timer, if armed (a cancel before it ran). */
+void jobs_run_at_cancel_locked(struct jd_jobs *j, struct job *jb);
 struct queue *jobs_job_queue(struct jd_jobs *j, struct job *jb);
 /* A job takes or gives back one of max_running's slots (and its queue's). */
 void jobs_slot_take_locked(struct jd_jobs *j, struct job *jb);
 void jobs_slot_give_locked(struct jd_jobs *j, struct job *jb);
+
+/* jobs_window.c: the queued-job window (under mu unless noted). */
+/* A committed queued job (an insert, a retry, a settled transient one):
+ * into its ready list, onto its run_at timer, or out of memory. */
+void jobs_window_place_locked(struct jd_jobs *j, struct job *jb);
+/* A job in memory whose run_at came (its timer fired): ready, or out. */
+void jobs_window_due_locked(struct jd_jobs *j, struct job *jb);
+/* The ready list of q lost a job: page more in when it runs low. */
+void jobs_window_low_locked(struct jd_jobs *j, struct queue *q);
+/* Out of the later set (its run_at timer fired or was cancelled). */
+void jobs_window_later_done_locked(struct jd_jobs *j, struct job *jb);
+/* Job id, queued but only in the store: read it into the table as
+ * transient. 0 with *out; JD_ENOENT (no such job) or JD_ECONFLICT (not
+ * queued). Reads the store under mu (rare: an action on such a job). */
+int jobs_window_load_locked(struct jd_jobs *j, int64_t id, struct job **out);
+/* A transient job whose action is done (or refused): placed as above. */
+void jobs_window_settle_locked(struct jd_jobs *j, struct job *jb);
+/* At create (window on), after the started jobs: the first page of each
+ * queue and the delayed jobs due soon; arms the later timer. */
+int jobs_window_recover(struct jd_jobs *j, struct jd_error *err);
+/* jb leaves the table (its end, or out of memory): a page being read
+ * must not take its snapshot's copy of it for granted. */
+void jobs_window_gone_locked(struct jd_jobs *j, struct job *jb);
+/* Stop and join the pager thread (destroy, after drain; without mu). */
+void jobs_window_fini(struct jd_jobs *j);
+/* Build a job from a stored row and its events (recovery and paging;
+ * touches no shared state). */
+struct job *jobs_job_from_row(struct jd_jobs *j, const struct jd_job *row,
+                              const struct jd_job_event *ev, size_t n);
+/* Under mu: a queued job read back with its cancel recorded but not its
+ * end (a crash between the two): record the end now. */
+void jobs_cancel_recovered_locked(struct jd_jobs *j, struct job *jb);
 
 /* jobs_queues.c: queue controls (under mu unless noted). */
 static inline int64_t jobs_mono_ms(void)

@@ -345,6 +345,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
             deliver_message_locked(j, jb, r->res);
             r->res = NULL;
         }
+        jobs_window_settle_locked(j, jb); /* read in for this message: back to its place */
         break;
     case AFTER_CANCEL:
         if (jb->spawned && !jb->finished && !jb->cancel_sent) {
@@ -372,7 +373,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         break;
     case AFTER_QUEUED:
         if (rc == 0 && !jb->finished && !j->draining) {
-            jobs_enqueue_locked(j, jb);
+            jobs_window_place_locked(j, jb);
             jobs_admit_locked(j, &start);
         } else if (rc != 0) {
             jb->finished = true;

@@ -42,11 +42,10 @@ static struct rec *rec_get(struct job *jb, uint32_t tag)
     return r;
 }
 
-static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_event *ev, size_t n)
+struct job *jobs_job_from_row(struct jd_jobs *j, const struct jd_job *row,
+                              const struct jd_job_event *ev, size_t n)
 {
-    struct recover_ctx *rc = arg;
-    struct job *jb =
-        jobs_job_new(rc->j, jobs_parse_stored(row->definition), row->id, row->created_ms);
+    struct job *jb = jobs_job_new(j, jobs_parse_stored(row->definition), row->id, row->created_ms);
     free(jb->queue);
     jb->queue = jd_xstrdup(row->queue ? row->queue : "default");
     jb->priority = row->priority;
@@ -117,9 +116,27 @@ static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_
         }
         cJSON_Delete(d);
     }
+    return jb;
+}
+
+static int recover_one(void *arg, const struct jd_job *row, const struct jd_job_event *ev, size_t n)
+{
+    struct recover_ctx *rc = arg;
+    struct job *jb = jobs_job_from_row(rc->j, row, ev, n);
     jb->qnext = rc->list;
     rc->list = jb;
     return 0;
+}
+
+void jobs_cancel_recovered_locked(struct jd_jobs *j, struct job *jb)
+{
+    jb->finished = true;
+    struct wrec *r = jobs_state_rec(j, jb, JD_JOB_CANCELLED, AFTER_FINAL);
+    r->error = jobs_err_json("cancelled", "the job was cancelled before it ran");
+    r->w.set |= JD_SET_ERROR | JD_SET_FINISHED;
+    r->w.error = r->error;
+    r->w.finished_ms = jd_wall_ms();
+    jobs_record(r);
 }
 
 /* Under mu: fail a started job that the process died running `crashes` times
@@ -162,12 +179,16 @@ static bool count_crash_locked(struct jd_jobs *j, struct job *jb, bool unclean, 
 /* Read every non-terminal job back with its history and resume it: a queued
  * one enters its queue (or ends, if its cancel was recorded), a started one
  * is spawned again and replays (or is quarantined). Jobs are resumed in id
- * order. */
+ * order. With the queued-job window, only the started ones are read here;
+ * the queued ones come in by pages (jobs_window_recover). */
 int jobs_recover(struct jd_jobs *j, struct jd_error *err)
 {
     int rc;
     struct recover_ctx rctx = {.j = j};
-    if ((rc = jd_store_recover(j->store, recover_one, &rctx))) {
+    /* With the window, the queued jobs come in by pages afterwards. */
+    rc = j->window ? jd_store_recover_started(j->store, recover_one, &rctx)
+                   : jd_store_recover(j->store, recover_one, &rctx);
+    if (rc) {
         jd_error_set(err, rc, NULL, "reading jobs to resume failed: %s", jd_strerror(rc));
         while (rctx.list) {
             struct job *n = rctx.list->qnext;
@@ -195,13 +216,7 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
         jobs_job_insert(j, jb);
         if (jb->state == JD_JOB_QUEUED) {
             if (jb->cancel_requested) {
-                jb->finished = true;
-                struct wrec *r = jobs_state_rec(j, jb, JD_JOB_CANCELLED, AFTER_FINAL);
-                r->error = jobs_err_json("cancelled", "the job was cancelled before it ran");
-                r->w.set |= JD_SET_ERROR | JD_SET_FINISHED;
-                r->w.error = r->error;
-                r->w.finished_ms = jd_wall_ms();
-                jobs_record(r);
+                jobs_cancel_recovered_locked(j, jb);
             } else {
                 jobs_enqueue_locked(j, jb);
             }
@@ -224,5 +239,5 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
     free(starts);
     if (nstart)
         jd_logf(JD_LOG_INFO, "resumed %zu running jobs", nstart);
-    return 0;
+    return j->window ? jobs_window_recover(j, err) : 0;
 }

@@ -133,9 +133,7 @@ static size_t replace_records(struct jd_jobs *j, struct job *h, int64_t new_id,
     ce->w.data = ce->data;
     h->cancel_requested = true;
     jobs_ready_remove(j, h);
-    if (h->run_at_timer && jd_sched_timer_cancel(j->sched, h->run_at_timer) == 0)
-        jobs_job_unref(h);
-    h->run_at_timer = 0;
+    jobs_run_at_cancel_locked(j, h);
     h->finished = true;
     struct wrec *r = jobs_state_rec(j, h, JD_JOB_CANCELLED, AFTER_FINAL);
     char m[96];

@@ -94,6 +94,8 @@ void jobs_job_remove(struct jd_jobs *j, struct job *jb)
     if (*pp) {
         *pp = jb->hnext;
         j->live--;
+        if (j->window)
+            jobs_window_gone_locked(j, jb);
         jobs_unique_drop_locked(j, jb);
         jobs_job_unref(jb);
     }

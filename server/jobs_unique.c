@@ -75,20 +75,48 @@ void jobs_unique_drop_locked(struct jd_jobs *j, struct job *jb)
     jb->ukey = NULL;
 }
 
-static void recover_one(void *arg, const char *key, int64_t job_id, int64_t expires_ms)
+struct held {
+    char *key;
+    int64_t job_id, expires_ms;
+    struct held *next;
+};
+
+static void collect_one(void *arg, const char *key, int64_t job_id, int64_t expires_ms)
 {
-    struct jd_jobs *j = arg;
-    struct job *jb = jobs_job_find(j, job_id);
+    struct held **list = arg;
+    struct held *h = jd_xcalloc(1, sizeof *h);
+    h->key = jd_xstrdup(key);
+    h->job_id = job_id;
+    h->expires_ms = expires_ms;
+    h->next = *list;
+    *list = h;
+}
+
+/* Under mu. With the queued-job window a holder may be only in the store:
+ * it is read in, and stays in memory while it holds (jobs_window.c). */
+static void recover_one(struct jd_jobs *j, const struct held *h)
+{
+    struct job *jb = jobs_job_find(j, h->job_id);
+    bool loaded = !jb && j->window && jobs_window_load_locked(j, h->job_id, &jb) == 0;
     /* A row of a job that is not live cannot hold (the store takes such a
      * row over), so the index leaves it out too. */
-    if (!jb || jb->finished || !jb->def || !jb->def->has_unique)
-        return;
-    jobs_unique_hold_locked(j, jb, key, jb->def->unique_while_queued, expires_ms);
+    if (jb && !jb->finished && jb->def && jb->def->has_unique)
+        jobs_unique_hold_locked(j, jb, h->key, jb->def->unique_while_queued, h->expires_ms);
+    if (loaded)
+        jobs_window_settle_locked(j, jb);
 }
 
 void jobs_unique_recover(struct jd_jobs *j)
 {
+    struct held *list = NULL;
+    jd_store_unique_keys(j->store, collect_one, &list);
     pthread_mutex_lock(&j->mu);
-    jd_store_unique_keys(j->store, recover_one, j);
+    while (list) {
+        struct held *h = list;
+        list = h->next;
+        recover_one(j, h);
+        free(h->key);
+        free(h);
+    }
     pthread_mutex_unlock(&j->mu);
 }

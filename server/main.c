@@ -147,6 +147,7 @@ int main(int argc, char **argv)
         .max_replays = cfg.max_replays ? (int)cfg.max_replays : -1, /* at most 10^6 */
         .command_limits = cfg.command_limits,
         .max_job_memory = cfg.max_job_memory,
+        .queue_window = cfg.queue_window,
     };
     if ((rc = jd_jobs_create(&jcfg, &jobs, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot start the job layer", "error",

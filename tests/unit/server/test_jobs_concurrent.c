@@ -5,7 +5,8 @@
  * at random moments, watch and unwatch, and read. Every job must end in the
  * state its treatment implies (cancelled only if a cancel was accepted;
  * otherwise succeeded), and each job's history must be seq 1..version with
- * one final state event. JD_STRESS=long runs ten times more jobs.
+ * one final state event. JD_STRESS=long runs ten times more jobs. Run
+ * twice: all queued jobs in memory, and with a queued-job window of 4.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -79,14 +80,15 @@ static void *submitter(void *arg)
     return NULL;
 }
 
-static void test_concurrent_submit_message_cancel(void **state)
+/* window: --queue-window (0: every queued job in memory). */
+static void run_concurrent(unsigned window, unsigned max_running)
 {
-    (void)state;
     per_thread = getenv("JD_STRESS") && strcmp(getenv("JD_STRESS"), "long") == 0 ? 600 : 60;
     int n = THREADS * per_thread;
     ids = calloc((size_t)n, sizeof *ids);
     cancel_ok = calloc((size_t)n, sizeof *cancel_ok);
-    struct jd_jobs_config cfg = {.max_running = 16, .cancel_grace_ms = 200};
+    struct jd_jobs_config cfg = {
+        .max_running = max_running, .cancel_grace_ms = 200, .queue_window = window};
     env_up(&E, &cfg);
     pthread_t th[THREADS];
     for (int t = 0; t < THREADS; t++)
@@ -133,15 +135,37 @@ static void test_concurrent_submit_message_cancel(void **state)
     assert_int_equal(st.succeeded, (uint64_t)succeeded);
     assert_int_equal(st.cancelled, (uint64_t)cancelled);
     assert_int_equal(st.running, 0);
+    if (window) { /* the backlog did cross the window both ways */
+        printf("# window %u: %llu pages, %llu jobs read in, %llu left to the store\n", window,
+               (unsigned long long)st.window_pages, (unsigned long long)st.window_in,
+               (unsigned long long)st.window_out);
+        assert_true(st.window_out > 0 && st.window_in > 0);
+    }
     env_down(&E);
     free(ids);
     free((void *)cancel_ok);
+}
+
+static void test_concurrent_submit_message_cancel(void **state)
+{
+    (void)state;
+    run_concurrent(0, 16);
+}
+
+/* The same with a queued-job window of 4 and few running at once: the
+ * backlog crosses the window all the time, messages and cancels reach jobs
+ * that are only in the store, and pages race the submits. */
+static void test_concurrent_window(void **state)
+{
+    (void)state;
+    run_concurrent(4, 6);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_submit_message_cancel),
+        cmocka_unit_test(test_concurrent_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
