@@ -148,6 +148,10 @@ enum jd_write_op {
     JD_W_COMMAND_PUT = 9,     /* create or replace remote command `rcmd` */
     JD_W_COMMAND_DELETE = 10, /* delete remote command `rcmd.name` (JD_ENOENT if none) */
     JD_W_TASK_PUT = 11,       /* create or replace task row `task` */
+    JD_W_JOB_REQUEST = 12,    /* (cluster) put a request for job `job_id` in its inbox:
+                                 kind JD_EVK_MESSAGE or JD_EVK_CANCEL with `data`; not
+                                 fenced (any node may write it); JD_ENOENT if the job is
+                                 missing, JD_ECONFLICT if it is terminal; sets request_id */
 };
 
 /* The remote-command part of a write record (borrowed strings). */
@@ -240,6 +244,9 @@ struct jd_write {
     uint32_t attempts;
     uint32_t crashes;    /* JD_W_JOB_CRASHES */
     bool release_unique; /* JD_W_JOB_CHANGE: delete the job's unique key in the same commit */
+    int64_t request_id;  /* JD_W_JOB_CHANGE: delete this inbox request in the same commit (the
+                            owner recording a cancel or message another node took; 0: none);
+                            JD_W_JOB_REQUEST: set to the new request's id */
     /* the event (JD_W_JOB_CHANGE; for an insert the store writes
      * {"state":"queued"} itself) */
     enum jd_event_kind kind;
@@ -550,5 +557,77 @@ struct jd_store_stats {
     uint64_t checkpoints; /* WAL checkpoints that copied frames (background or writer) */
 };
 void jd_store_stats(struct jd_store *s, struct jd_store_stats *out);
+
+/* ---- the cluster (PostgreSQL only: storage/pg.h) ----
+ *
+ * Several nodes share one PostgreSQL database. Each node incarnation holds
+ * a lease (its jd_nodes row), heartbeated every lease/5 with the database's
+ * clock. Every node runs a takeover pass every lease/2: node rows whose
+ * lease lapsed are deleted and, in the same statement, their unfinished
+ * jobs lose their owner; any node then claims unowned jobs
+ * (jd_store_claim) and replays them from their history. Every write for a
+ * job is fenced on its owner (JD_ESTALE: another incarnation owns it now).
+ * Cancels and messages for a job another node owns go to the job's inbox
+ * (JD_W_JOB_REQUEST); the owner takes them (jd_store_requests) and records
+ * them in its own history order, deleting the request in that same commit
+ * (jd_write.request_id). Every commit that changed jobs sends one NOTIFY
+ * carrying the (id, version) pairs (or an overflow mark), which each node's
+ * listener hands to the hooks below. For SQLite, jd_store_clustered is
+ * false and none of the rest is called.
+ */
+bool jd_store_clustered(const struct jd_store *s);
+int64_t jd_store_node_id(const struct jd_store *s); /* this incarnation; 0 for SQLite */
+
+struct jd_job_change {
+    int64_t id, version;
+};
+struct jd_store_cluster_hooks {
+    /* On the listener thread; must not block. Jobs some node's commit
+     * changed, or n == 0: anything may have changed (an overflowing notice,
+     * a listener reconnect): re-read whatever is watched. */
+    void (*changed)(void *arg, const struct jd_job_change *c, size_t n);
+    /* Hints (a notice, and a timer every lease/2 as a fallback); must not
+     * block: requests may be waiting in the inboxes of jobs this node owns;
+     * unowned jobs may be waiting to be claimed. */
+    void (*requests)(void *arg);
+    void (*claimable)(void *arg);
+    /* Once, on the heartbeat thread: this node lost its lease (it stalled
+     * past it, or its row was taken over). Its job writes are refused from
+     * now on; the server's answer is to start over as a new incarnation. */
+    void (*lease_lost)(void *arg);
+    void *arg;
+};
+/* Start the heartbeat, takeover and listener threads (after recovery).
+ * 0, JD_EIO, or JD_EINVAL for a SQLite store. */
+int jd_store_cluster_start(struct jd_store *s, const struct jd_store_cluster_hooks *h);
+/* The lease is valid and not within its safety margin of its deadline:
+ * false means start no new handler call. Always true for SQLite. */
+bool jd_store_lease_ok(struct jd_store *s);
+/* The database answered the last heartbeat (or, for SQLite, true): /readyz. */
+bool jd_store_healthy(struct jd_store *s);
+
+/* Claim up to limit (1..256) unowned unfinished jobs for this node, by
+ * priority then id (FOR UPDATE SKIP LOCKED, only while this node's lease is
+ * valid); a claimed job that was started gets its crash count raised in the
+ * same statement; then each is handed to fn with its history as
+ * jd_store_recover does. *n: jobs claimed. */
+int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+
+/* Inbox requests for jobs this node owns, ascending id after after_id, at
+ * most limit (1..1000). Free with jd_job_requests_free. */
+struct jd_job_request {
+    int64_t id, job_id;
+    enum jd_event_kind kind; /* JD_EVK_MESSAGE or JD_EVK_CANCEL */
+    char *data;              /* JSON text */
+};
+int jd_store_requests(struct jd_store *s, int64_t after_id, unsigned limit,
+                      struct jd_job_request **rows, size_t *n);
+void jd_job_requests_free(struct jd_job_request *rows, size_t n);
+
+struct jd_cluster_stats {
+    uint64_t claims, takeovers, fenced, requests, notices, lease_lost;
+    uint64_t heartbeats, heartbeat_us_sum, heartbeat_us_max;
+};
+void jd_store_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out);
 
 #endif
