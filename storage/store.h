@@ -200,6 +200,9 @@ struct jd_schedule_write {
     int64_t last_fire_ms, last_job_id;
     const char *last_outcome;
     int64_t add_fires, add_skips; /* CHANGE: added to the counts */
+    int64_t expect_next_fire_ms;  /* CHANGE: non-zero: apply only if the row's next_fire_ms is
+                                     this (else JD_ECONFLICT), so a fire commits once however
+                                     many nodes attempt it */
     /* the history event appended (PUT and CHANGE; event NULL: none) */
     const char *event; /* "fired", "skipped", "caught_up", "paused", ... */
     int64_t event_fire_ms, event_job_id;
@@ -586,6 +589,9 @@ struct jd_store_cluster_hooks {
      * changed, or n == 0: anything may have changed (an overflowing notice,
      * a listener reconnect): re-read whatever is watched. */
     void (*changed)(void *arg, const struct jd_job_change *c, size_t n);
+    /* On the listener thread; must not block. Schedule id was put, changed
+     * (a fire, a pause) or deleted by some node (NULL: any may have been). */
+    void (*schedule_changed)(void *arg, const char *id);
     /* Hints (a notice, and a timer every lease/2 as a fallback); must not
      * block: requests may be waiting in the inboxes of jobs this node owns;
      * unowned jobs may be waiting to be claimed. */
@@ -603,6 +609,11 @@ int jd_store_cluster_start(struct jd_store *s, const struct jd_store_cluster_hoo
 /* The lease is valid and not within its safety margin of its deadline:
  * false means start no new handler call. Always true for SQLite. */
 bool jd_store_lease_ok(struct jd_store *s);
+/* This node runs the cluster's singleton chores (firing schedules): the
+ * live node with the lowest id, as of the last heartbeat. Always true for
+ * SQLite. Two nodes may both believe it for a moment during a handover, so
+ * each chore's write is also conditional (a fire: sched.expect_next_fire_ms). */
+bool jd_store_is_leader(struct jd_store *s);
 /* The database answered the last heartbeat (or, for SQLite, true): /readyz. */
 bool jd_store_healthy(struct jd_store *s);
 
