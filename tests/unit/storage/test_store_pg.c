@@ -177,6 +177,71 @@ static void test_a_bad_definition_fails_alone(void **state)
     jd_queue_counts_free(rows, n);
 }
 
+/* Inserts of one batch go in one statement of arrays (pg_write.c): every
+ * character that array literals quote comes back as it went in. */
+static void test_batched_inserts_keep_every_byte(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    static const char *const defs[3] = {
+        "{\"handler\":\"echo\",\"args\":{\"q\":\"a \\\"quoted\\\" {x,y} \\\\ back\"},"
+        "\"labels\":{\"team\":\"a,b \\\"c\\\"\",\"n\":1}}",
+        "{\"handler\":\"echo\",\"args\":\"NULL\"}",
+        "{\"handler\":\"echo\",\"args\":\"\u00e9\u00e8 \u2603 \\\\\"}",
+    };
+    static const char *const queues[3] = {"NULL", "a,b", "q \"x\" \\"};
+    struct jd_job jobs[3];
+    struct jd_write ws[3];
+    struct tres rs[3];
+    struct jd_write *g[3];
+    for (int i = 0; i < 3; i++) {
+        jobs[i] = make_job(jd_store_next_id(f->s), queues[i], i == 1 ? "key \"1\"" : NULL);
+        jobs[i].definition = (char *)defs[i];
+        jobs[i].handler = i == 2 ? (char *)"h,\"x\"" : NULL;
+        ws[i] = (struct jd_write){
+            .op = JD_W_JOB_INSERT, .job = &jobs[i], .done = tres_done, .arg = &rs[i]};
+        g[i] = &ws[i];
+    }
+    assert_int_equal(jd_store_submit_many(f->s, g, 3), 0);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rs[i].rc, 0);
+        assert_int_equal(rs[i].version, 1);
+        struct jd_job got;
+        assert_int_equal(jd_store_job_get(f->s, jobs[i].id, &got), 0);
+        assert_string_equal(got.definition, defs[i]);
+        assert_string_equal(got.queue, queues[i]);
+        if (i == 1)
+            assert_string_equal(got.idempotency_key, "key \"1\"");
+        else
+            assert_null(got.idempotency_key);
+        jd_job_clear(&got);
+    }
+    /* the string label is indexed, the number is not */
+    struct jd_job_find lf = {.state = -1, .limit = 10, .n_labels = 1};
+    lf.label_key[0] = "team";
+    lf.label_value[0] = "a,b \"c\"";
+    struct jd_job *rows;
+    size_t n;
+    struct jd_job_find_cursor next;
+    assert_int_equal(jd_store_job_find(f->s, &lf, true, &rows, &n, &next), 0);
+    assert_int_equal(n, 1);
+    assert_true(rows[0].id == jobs[0].id);
+    jd_jobs_free(rows, n);
+    /* a duplicate id in a batch fails alone (the slow path) */
+    struct jd_job dup = make_job(jobs[0].id, "default", NULL), fresh = make_job(0, "default", NULL);
+    fresh.id = jd_store_next_id(f->s);
+    struct tres rd, rf;
+    struct jd_write wd = {.op = JD_W_JOB_INSERT, .job = &dup, .done = tres_done, .arg = &rd};
+    struct jd_write wf = {.op = JD_W_JOB_INSERT, .job = &fresh, .done = tres_done, .arg = &rf};
+    assert_int_equal(jd_store_submit(f->s, &wd), 0);
+    assert_int_equal(jd_store_submit(f->s, &wf), 0);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    assert_int_equal(rd.rc, JD_EEXIST);
+    assert_int_equal(rf.rc, 0);
+}
+
 static void test_unclean_restart_adopts_jobs_and_ids_go_on(void **state)
 {
     struct fx *f = *state;
@@ -241,6 +306,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_job_owned_by_another_node_is_fenced, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_bad_definition_fails_alone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batched_inserts_keep_every_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unclean_restart_adopts_jobs_and_ids_go_on, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
