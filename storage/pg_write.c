@@ -77,6 +77,7 @@ enum {
     PS_RET_QUEUES,
     PS_RET_DELETE,
     PS_JOB_INSERTS,
+    PS_JOB_APPENDS,
     PS_N
 };
 
@@ -242,6 +243,24 @@ static const struct {
                         " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                         " SELECT count(*) FROM v",
                         "ITIIIIITTTTTii"},
+    /* History appends (changes that set no field) of a pipelined batch in
+     * one statement: per job, the version goes up by its number of appends
+     * (fenced on $6, this node), and each event's seq is the old version
+     * plus its rank among the job's appends, in batch order ($5: now).
+     * Returns each job's old version; a job missing from the answer was
+     * missing or fenced. */
+    [PS_JOB_APPENDS] = {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
+                        " $4::text[]) WITH ORDINALITY AS v(job_id, kind, tag, data, ord)),"
+                        " c AS (SELECT job_id, count(*) AS k FROM v GROUP BY job_id),"
+                        " u AS (UPDATE jobs j SET version = j.version + c.k, updated_ms = $5"
+                        " FROM c WHERE j.id = c.job_id AND j.owner_node = $6"
+                        " RETURNING j.id, j.version - c.k AS base),"
+                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                        " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
+                        " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
+                        " ON u.id = v.job_id ORDER BY v.ord)"
+                        " SELECT id, base FROM u",
+                        "IIITii"},
 };
 
 /* A statement's result as a JD_E* code, telling a record's own fault
@@ -302,6 +321,7 @@ enum {
     RK_CHANGE,  /* a job change's row: version, queue, old and new state */
     RK_DELETE,  /* a job delete's row: queue and state, counted out */
     RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see apply_pipelined) */
+    RK_APPENDS, /* the batch's grouped history appends (w: the first; see emit_appends) */
 };
 #define NOROW 1 /* a statement that had to touch a row touched none */
 
@@ -331,6 +351,20 @@ struct jd_pg_wscratch {
     struct pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
     struct abuf arr[12]; /* PS_JOB_INSERTS's array parameters, reused */
+    /* emit_appends: per job of the batch (open addressing on id), and per
+     * record whether it went in the grouped statement and its rank there */
+    struct jslot *jt;
+    size_t jcap;
+    unsigned char *grp;
+    int64_t *rank;
+    size_t capgrp;
+};
+
+struct jslot {
+    int64_t id; /* 0: empty */
+    bool busy;  /* the batch has a record for it other than an append or its insert */
+    bool found; /* the grouped statement returned its row */
+    int64_t appends, base;
 };
 
 static struct jd_pg_wscratch *scratch(struct jd_pg *pg)
@@ -399,6 +433,9 @@ void jd_pg_write_free(struct jd_pg *pg)
     free(w->pq);
     for (size_t i = 0; i < sizeof w->arr / sizeof w->arr[0]; i++)
         free(w->arr[i].p);
+    free(w->jt);
+    free(w->grp);
+    free(w->rank);
     free(w);
     pg->scratch = NULL;
 }
@@ -501,6 +538,8 @@ struct ctx {
                      (PS_JOB_INSERTS); apply_insert only takes keys */
 };
 
+static int take_appends(struct ctx *c, const PGresult *r);
+
 /* Check r against kind for w and apply what it tells (version, counts).
  * 0, NOROW, or the statement's error code. */
 static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
@@ -523,6 +562,8 @@ static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
             }
         return 0;
     }
+    if (kind == RK_APPENDS)
+        return take_appends(c, r);
     if (PQntuples(r) == 0)
         return NOROW;
     if (kind == RK_CHANGE) {
@@ -1012,8 +1053,8 @@ static void ab_text(struct abuf *a, const char *v)
  * every other record's statements: a record about a job comes after the
  * job's insert in the batch, so it still finds the row. apply_insert then
  * only takes the inserts' keys; a key taken after a release earlier in the
- * batch fails here and sends the batch the slow way, in order. Only for
- * two or more inserts. 0, or JD_EINVAL for a record apply_insert would
+ * batch fails here and sends the batch the slow way, in order. 0, or
+ * JD_EINVAL for a record apply_insert would
  * refuse (the slow path says which). */
 static int emit_inserts(struct ctx *c)
 {
@@ -1021,7 +1062,7 @@ static int emit_inserts(struct ctx *c)
     size_t nins = 0;
     for (size_t i = 0; i < c->nb; i++)
         nins += c->b[i]->op == JD_W_JOB_INSERT;
-    if (nins < 2)
+    if (nins == 0)
         return 0;
     const size_t na = sizeof ws->arr / sizeof ws->arr[0];
     for (size_t k = 0; k < na; k++) {
@@ -1114,6 +1155,119 @@ static int pipe_drain(struct ctx *c)
     return synced ? out : PIPE_FATAL;
 }
 
+static struct jslot *jslot(struct jd_pg_wscratch *ws, int64_t id)
+{
+    size_t i = (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 20) & (ws->jcap - 1);
+    while (ws->jt[i].id != 0 && ws->jt[i].id != id)
+        i = (i + 1) & (ws->jcap - 1);
+    return &ws->jt[i];
+}
+
+static bool is_append(const struct jd_write *w)
+{
+    return w->op == JD_W_JOB_CHANGE && w->set == 0 && !w->release_unique && change_valid(w);
+}
+
+/* Queue the history appends of jobs that have nothing but appends (and
+ * their insert) in the batch as one statement (PS_JOB_APPENDS), after the
+ * inserts: nothing else in the batch touches those jobs, so their order
+ * against other records does not matter, and among themselves the rank
+ * keeps it. ws->grp[i] marks the records it took. Only for two or more. */
+static int emit_appends(struct ctx *c)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    size_t n = c->nb;
+    if (n > ws->capgrp) {
+        ws->capgrp = 2 * n;
+        ws->grp = jd_xrealloc(ws->grp, ws->capgrp);
+        ws->rank = jd_xrealloc(ws->rank, ws->capgrp * sizeof *ws->rank);
+    }
+    memset(ws->grp, 0, n);
+    size_t want = 64;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > ws->jcap) {
+        free(ws->jt);
+        ws->jt = jd_xmalloc(want * sizeof *ws->jt);
+        ws->jcap = want;
+    }
+    memset(ws->jt, 0, ws->jcap * sizeof *ws->jt);
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = c->b[i];
+        bool job_record =
+            w->op == JD_W_JOB_CHANGE || w->op == JD_W_JOB_CRASHES || w->op == JD_W_JOB_DELETE;
+        if (!job_record || w->job_id <= 0)
+            continue;
+        struct jslot *js = jslot(ws, w->job_id);
+        js->id = w->job_id;
+        if (!is_append(w))
+            js->busy = true;
+    }
+    size_t ng = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = c->b[i];
+        if (!is_append(w) || jslot(ws, w->job_id)->busy)
+            continue;
+        ws->grp[i] = 1;
+        ws->rank[i] = ++jslot(ws, w->job_id)->appends;
+        ng++;
+    }
+    if (ng < 2) {
+        memset(ws->grp, 0, n);
+        return 0;
+    }
+    for (size_t k = 0; k < 4; k++) {
+        ws->arr[k].len = 0;
+        ab_put(&ws->arr[k], "{", 1);
+    }
+    struct jd_write *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!ws->grp[i])
+            continue;
+        struct jd_write *w = c->b[i];
+        w->version = 0;
+        w->time_ms = c->now;
+        ab_int(&ws->arr[0], w->job_id);
+        ab_int(&ws->arr[1], w->kind);
+        ab_int(&ws->arr[2], w->tag);
+        ab_text(&ws->arr[3], w->data);
+        if (!first)
+            first = w;
+    }
+    struct prm p = {0};
+    for (size_t k = 0; k < 4; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
+    p_int(&p, c->now);
+    p_int(&p, c->s->pg->node_id);
+    return emit(c, first, stmt_name(PS_JOB_APPENDS), &p, RK_APPENDS);
+}
+
+/* The grouped appends' answer: each job's old version, so each record's
+ * version is that plus its rank. NOROW if a job did not answer (missing or
+ * fenced: the slow path says which). */
+static int take_appends(struct ctx *c, const PGresult *r)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    for (int k = 0; k < PQntuples(r); k++) {
+        struct jslot *js = jslot(ws, strtoll(PQgetvalue(r, k, 0), NULL, 10));
+        if (js->id == 0)
+            return JD_EIO; /* a row for a job we did not send: cannot be */
+        js->found = true;
+        js->base = strtoll(PQgetvalue(r, k, 1), NULL, 10);
+    }
+    for (size_t i = 0; i < c->nb; i++) {
+        if (!ws->grp[i])
+            continue;
+        struct jslot *js = jslot(ws, c->b[i]->job_id);
+        if (!js->found)
+            return NOROW;
+        c->b[i]->version = js->base + ws->rank[i];
+    }
+    return 0;
+}
+
 /* The fast path: every record's statements pipelined in one transaction,
  * a few round trips for the whole batch. 0: all applied (transaction
  * open, counts written); 1: a record did not apply (rolled back, ids
@@ -1128,6 +1282,8 @@ static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t 
     }
     counts_clear(ws);
     ws->npq = 0;
+    if (ws->grp)
+        memset(ws->grp, 0, n < ws->capgrp ? n : ws->capgrp);
     for (size_t i = 0; i < n; i++) {
         ws->ids[i] = b[i]->job_id;
         rcs[i] = 0;
@@ -1150,11 +1306,13 @@ static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t 
         c->b = b;
         c->nb = n;
         int rc = emit_inserts(c);
+        if (rc == 0)
+            rc = emit_appends(c);
         if (rc)
             out = record_fault(rc) ? PIPE_FAULT : PIPE_FATAL;
     }
     for (size_t i = 0; i < n && out == PIPE_OK; i++) {
-        if (b[i]->op == JD_W_SYNC_)
+        if (b[i]->op == JD_W_SYNC_ || (ws->grp && i < ws->capgrp && ws->grp[i]))
             continue;
         int rc = apply(c, b[i]);
         if (rc)
