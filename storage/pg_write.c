@@ -50,6 +50,7 @@
 #define OID_TEXT 25
 #define OID_INT8_ARRAY 1016
 #define OID_TEXT_ARRAY 1009
+#define OID_BOOL_ARRAY 1000
 
 /* ---- statements ---- */
 
@@ -219,12 +220,16 @@ static const struct {
                        "tiii"},
     /* The job inserts of a pipelined batch in one statement (arrays, one
      * element per job; $13 this node, $14 now): rows, definitions, first
-     * events and labels, as PS_JOB_INSERT_LABELS does one by one. */
+     * events and labels, as PS_JOB_INSERT_LABELS does one by one. $15 is
+     * each job's "labels" member as the writer found it in the definition
+     * (NULL: none), so PostgreSQL parses only that; or, where $16 is true,
+     * the whole definition (it did not scan). */
     [PS_JOB_INSERTS] = {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
                         " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
-                        " $9::text[], $10::text[], $11::text[], $12::text[]) AS v(id, queue,"
-                        " priority, state, run_at_ms, created_ms, finished_ms, idem, schedule_id,"
-                        " handler, definition, data)),"
+                        " $9::text[], $10::text[], $11::text[], $12::text[], $15::text[],"
+                        " $16::bool[]) AS v(id, queue, priority, state, run_at_ms, created_ms,"
+                        " finished_ms, idem, schedule_id, handler, definition, data, lbl,"
+                        " lwhole)),"
                         " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
                         " version, created_ms, updated_ms, started_ms, finished_ms,"
                         " idempotency_key, schedule_id, handler, owner_node)"
@@ -236,13 +241,13 @@ static const struct {
                         " SELECT id, 1, $14, 0, 0, data FROM v),"
                         " l AS (INSERT INTO job_labels(key, value, job_id)"
                         " SELECT x.k, x.v #>> '{}', v.id FROM v,"
-                        " LATERAL (SELECT CASE WHEN strpos(v.definition, '\"labels\":') > 0"
-                        " THEN v.definition::jsonb -> 'labels' END AS ls) AS d,"
+                        " LATERAL (SELECT CASE WHEN v.lwhole THEN v.lbl::jsonb -> 'labels'"
+                        " ELSE v.lbl::jsonb END AS ls) AS d,"
                         " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
                         " ELSE '{}'::jsonb END) AS x(k, v)"
                         " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                         " SELECT count(*) FROM v",
-                        "ITIIIIITTTTTii"},
+                        "ITIIIIITTTTTiiTB"},
     /* History appends (changes that set no field) of a pipelined batch in
      * one statement: per job, the version goes up by its number of appends
      * (fenced on $6, this node), and each event's seq is the old version
@@ -308,6 +313,7 @@ static void set_oids(const char *types, Oid *oids, int *n)
         oids[i] = types[i] == 't'   ? OID_TEXT
                   : types[i] == 'I' ? OID_INT8_ARRAY
                   : types[i] == 'T' ? OID_TEXT_ARRAY
+                  : types[i] == 'B' ? OID_BOOL_ARRAY
                                     : OID_INT8;
 }
 
@@ -350,7 +356,7 @@ struct jd_pg_wscratch {
     size_t capids;
     struct pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
-    struct abuf arr[12]; /* PS_JOB_INSERTS's array parameters, reused */
+    struct abuf arr[14]; /* PS_JOB_INSERTS's array parameters, reused */
     /* emit_appends: per job of the batch (open addressing on id), and per
      * record whether it went in the grouped statement and its rank there */
     struct jslot *jt;
@@ -1028,8 +1034,9 @@ static void ab_int(struct abuf *a, int64_t v)
     ab_put(a, b, (size_t)n);
 }
 
-/* A text element: NULL, or double-quoted with '"' and '\' escaped. */
-static void ab_text(struct abuf *a, const char *v)
+/* A text element of n bytes: NULL, or double-quoted with '"' and '\'
+ * escaped. */
+static void ab_textn(struct abuf *a, const char *v, size_t n)
 {
     ab_sep(a);
     if (!v) {
@@ -1037,16 +1044,113 @@ static void ab_text(struct abuf *a, const char *v)
         return;
     }
     ab_put(a, "\"", 1);
-    for (const char *run = v;;) {
-        size_t k = strcspn(run, "\"\\");
-        ab_put(a, run, k);
-        if (!run[k])
+    const char *end = v + n;
+    for (const char *run = v; run < end;) {
+        const char *q = run;
+        while (q < end && *q != '"' && *q != '\\')
+            q++;
+        ab_put(a, run, (size_t)(q - run));
+        if (q == end)
             break;
         ab_put(a, "\\", 1);
-        ab_put(a, run + k, 1);
-        run += k + 1;
+        ab_put(a, q, 1);
+        run = q + 1;
     }
     ab_put(a, "\"", 1);
+}
+
+static void ab_text(struct abuf *a, const char *v)
+{
+    ab_textn(a, v, v ? strlen(v) : 0);
+}
+
+/* ---- the "labels" member of a definition, found without parsing it ---- */
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* p at a '"': past the closing one, or NULL. */
+static const char *skip_string(const char *p)
+{
+    for (p++; *p; p++) {
+        if (*p == '\\') {
+            if (!*++p)
+                return NULL;
+        } else if (*p == '"') {
+            return p + 1;
+        }
+    }
+    return NULL;
+}
+
+/* Past one JSON value at p (whether it is valid inside is PostgreSQL's to
+ * say), or NULL. */
+static const char *skip_value(const char *p)
+{
+    if (*p == '"')
+        return skip_string(p);
+    if (*p != '{' && *p != '[') {
+        const char *q = p;
+        while (*q && !strchr(",}] \t\r\n", *q))
+            q++;
+        return q > p ? q : NULL;
+    }
+    int depth = 0;
+    do {
+        if (*p == '"') {
+            if (!(p = skip_string(p)))
+                return NULL;
+            continue;
+        }
+        if (*p == '{' || *p == '[')
+            depth++;
+        else if (*p == '}' || *p == ']')
+            depth--;
+        else if (!*p)
+            return NULL;
+        p++;
+    } while (depth > 0);
+    return p;
+}
+
+/* The text of the top-level "labels" member of the JSON object def (the
+ * last one, as jsonb keeps): 1 with [*at, *at + *len), 0 when there is
+ * none, -1 when def does not scan (PostgreSQL then parses it whole). */
+static int labels_member(const char *def, const char **at, size_t *len)
+{
+    const char *p = skip_ws(def);
+    int found = 0;
+    if (*p++ != '{')
+        return -1;
+    for (p = skip_ws(p); *p != '}';) {
+        if (*p != '"')
+            return -1;
+        const char *k = p + 1, *ke = skip_string(p);
+        if (!ke || memchr(k, '\\', (size_t)(ke - k)))
+            return -1; /* an escaped key could spell "labels" */
+        bool is_labels = ke - k == 7 && memcmp(k, "labels\"", 7) == 0;
+        p = skip_ws(ke);
+        if (*p++ != ':')
+            return -1;
+        const char *vs = skip_ws(p);
+        if (!(p = skip_value(vs)))
+            return -1;
+        if (is_labels) {
+            *at = vs;
+            *len = (size_t)(p - vs);
+            found = 1;
+        }
+        p = skip_ws(p);
+        if (*p == ',')
+            p = skip_ws(p + 1);
+        else if (*p != '}')
+            return -1;
+    }
+    return found;
 }
 
 /* Queue the batch's job rows as one statement (PS_JOB_INSERTS), before
@@ -1096,16 +1200,30 @@ static int emit_inserts(struct ctx *c)
         ab_text(&ws->arr[9], j->handler);
         ab_text(&ws->arr[10], j->definition);
         ab_text(&ws->arr[11], data);
+        const char *lat = NULL;
+        size_t llen = 0;
+        int lm =
+            strstr(j->definition, "\"labels\":") ? labels_member(j->definition, &lat, &llen) : 0;
+        if (lm < 0)
+            ab_text(&ws->arr[12], j->definition);
+        else
+            ab_textn(&ws->arr[12], lm ? lat : NULL, llen);
+        ab_sep(&ws->arr[13]);
+        ab_put(&ws->arr[13], lm < 0 ? "t" : "f", 1);
         if (!first)
             first = w;
     }
     struct prm p = {0};
-    for (size_t k = 0; k < na; k++) {
+    for (size_t k = 0; k < 12; k++) {
         ab_put(&ws->arr[k], "}", 1);
         p_text(&p, ws->arr[k].p);
     }
     p_int(&p, c->s->pg->node_id);
     p_int(&p, c->now);
+    for (size_t k = 12; k < na; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
     c->hoisted = true;
     return emit(c, first, stmt_name(PS_JOB_INSERTS), &p, RK_INSERTS);
 }
