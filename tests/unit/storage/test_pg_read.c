@@ -432,7 +432,9 @@ static void test_names_in_byte_order(void **state)
     assert_string_equal(rows[1].id, "_");
     assert_string_equal(next, "_");
     jd_schedule_rows_free(rows, n);
-    assert_int_equal(jd_store_schedule_list(f->s, next, 2, &rows, &n, &next), 0);
+    char *after = next;
+    assert_int_equal(jd_store_schedule_list(f->s, after, 2, &rows, &n, &next), 0);
+    free(after);
     assert_int_equal(n, 1);
     assert_string_equal(rows[0].id, "a");
     assert_null(next);
