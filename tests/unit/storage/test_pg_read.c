@@ -175,6 +175,10 @@ static void check_plan(PGconn *db, const char *what, const char *label, bool sor
         const char *bad = NULL;
         if (!pkey && strstr(line, "using jobs_pkey on jobs") && !strstr(after, "(id = "))
             bad = "walks the primary key";
+        /* definitions are looked up per job, never walked (a merge join
+         * would read every older one) */
+        if (strstr(line, "using job_definitions_pkey") && !strstr(after, "(job_id = "))
+            bad = "walks job_definitions";
         if (!sorted && strstr(line, "Sort"))
             bad = "sorts";
         if (bad) {
