@@ -48,6 +48,8 @@
 
 #define OID_INT8 20
 #define OID_TEXT 25
+#define OID_INT8_ARRAY 1016
+#define OID_TEXT_ARRAY 1009
 
 /* ---- statements ---- */
 
@@ -74,6 +76,7 @@ enum {
     PS_COUNT_ADD,
     PS_RET_QUEUES,
     PS_RET_DELETE,
+    PS_JOB_INSERTS,
     PS_N
 };
 
@@ -100,7 +103,7 @@ enum {
 
 static const struct {
     const char *sql;
-    const char *types; /* one letter per parameter: i bigint, t text */
+    const char *types; /* one letter per parameter: i bigint, t text, I bigint[], T text[] */
 } pstmt[PS_N] = {
     [PS_IDEM_INSERT] = {"INSERT INTO idempotency(key, job_id, fingerprint, created_ms)"
                         " VALUES ($1, $2, $3, $4) ON CONFLICT(key) DO NOTHING RETURNING 1",
@@ -120,10 +123,11 @@ static const struct {
     /* ... and one job_labels row per string member of its "labels" */
     [PS_JOB_INSERT_LABELS] = {JOB_INSERT_HEAD
                               ", l AS (INSERT INTO job_labels(key, value, job_id)"
-                              " SELECT k, v #>> '{}', $1 FROM jsonb_each(CASE WHEN"
-                              " jsonb_typeof($12::jsonb -> 'labels') = 'object' THEN"
-                              " $12::jsonb -> 'labels' ELSE '{}'::jsonb END) AS x(k, v)"
-                              " WHERE jsonb_typeof(v) = 'string' ON CONFLICT DO NOTHING)"
+                              " SELECT x.k, x.v #>> '{}', $1"
+                              " FROM (SELECT $12::jsonb -> 'labels' AS ls) AS d,"
+                              " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
+                              " ELSE '{}'::jsonb END) AS x(k, v)"
+                              " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                               " SELECT 1",
                               "itiiiiitttitit"},
     [PS_JOB_OWNER] = {"SELECT owner_node FROM jobs WHERE id = $1", "i"},
@@ -212,6 +216,32 @@ static const struct {
                        " WHERE queue = $1 AND state = $2)"
                        " SELECT count(*) FROM j",
                        "tiii"},
+    /* The job inserts of a pipelined batch in one statement (arrays, one
+     * element per job; $13 this node, $14 now): rows, definitions, first
+     * events and labels, as PS_JOB_INSERT_LABELS does one by one. */
+    [PS_JOB_INSERTS] = {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
+                        " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
+                        " $9::text[], $10::text[], $11::text[], $12::text[]) AS v(id, queue,"
+                        " priority, state, run_at_ms, created_ms, finished_ms, idem, schedule_id,"
+                        " handler, definition, data)),"
+                        " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
+                        " version, created_ms, updated_ms, started_ms, finished_ms,"
+                        " idempotency_key, schedule_id, handler, owner_node)"
+                        " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
+                        " created_ms, 0, finished_ms, idem, schedule_id, handler, $13 FROM v),"
+                        " d AS (INSERT INTO job_definitions(job_id, definition)"
+                        " SELECT id, definition FROM v),"
+                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                        " SELECT id, 1, $14, 0, 0, data FROM v),"
+                        " l AS (INSERT INTO job_labels(key, value, job_id)"
+                        " SELECT x.k, x.v #>> '{}', v.id FROM v,"
+                        " LATERAL (SELECT CASE WHEN strpos(v.definition, '\"labels\":') > 0"
+                        " THEN v.definition::jsonb -> 'labels' END AS ls) AS d,"
+                        " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
+                        " ELSE '{}'::jsonb END) AS x(k, v)"
+                        " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
+                        " SELECT count(*) FROM v",
+                        "ITIIIIITTTTTii"},
 };
 
 /* A statement's result as a JD_E* code, telling a record's own fault
@@ -256,20 +286,30 @@ static void set_oids(const char *types, Oid *oids, int *n)
 {
     *n = (int)strlen(types);
     for (int i = 0; i < *n; i++)
-        oids[i] = types[i] == 't' ? OID_TEXT : OID_INT8;
+        oids[i] = types[i] == 't'   ? OID_TEXT
+                  : types[i] == 'I' ? OID_INT8_ARRAY
+                  : types[i] == 'T' ? OID_TEXT_ARRAY
+                                    : OID_INT8;
 }
 
 /* ---- the batch's scratch: queue count changes and saved job ids ---- */
 
 /* What a statement's result must show for its record to have applied. */
 enum {
-    RK_ANY,    /* nothing to check */
-    RK_ROW,    /* at least one row (RETURNING, a found row) */
-    RK_INSERT, /* a job insert: version 1, counted in */
-    RK_CHANGE, /* a job change's row: version, queue, old and new state */
-    RK_DELETE, /* a job delete's row: queue and state, counted out */
+    RK_ANY,     /* nothing to check */
+    RK_ROW,     /* at least one row (RETURNING, a found row) */
+    RK_INSERT,  /* a job insert: version 1, counted in */
+    RK_CHANGE,  /* a job change's row: version, queue, old and new state */
+    RK_DELETE,  /* a job delete's row: queue and state, counted out */
+    RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see apply_pipelined) */
 };
 #define NOROW 1 /* a statement that had to touch a row touched none */
+
+/* An array literal being built ("{1,2}", "{\"a\",NULL}"). */
+struct abuf {
+    char *p;
+    size_t len, cap;
+};
 
 struct pend {
     struct jd_write *w; /* NULL: the BEGIN */
@@ -290,6 +330,7 @@ struct jd_pg_wscratch {
     size_t capids;
     struct pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
+    struct abuf arr[12]; /* PS_JOB_INSERTS's array parameters, reused */
 };
 
 static struct jd_pg_wscratch *scratch(struct jd_pg *pg)
@@ -356,6 +397,8 @@ void jd_pg_write_free(struct jd_pg *pg)
     free(w->saved);
     free(w->ids);
     free(w->pq);
+    for (size_t i = 0; i < sizeof w->arr / sizeof w->arr[0]; i++)
+        free(w->arr[i].p);
     free(w);
     pg->scratch = NULL;
 }
@@ -452,6 +495,10 @@ struct ctx {
     struct jd_pg_wscratch *ws;
     int64_t now;
     bool pipe;
+    struct jd_write **b; /* the batch (pipelined) */
+    size_t nb;
+    bool hoisted; /* pipelined: the batch's job rows went in one statement first
+                     (PS_JOB_INSERTS); apply_insert only takes keys */
 };
 
 /* Check r against kind for w and apply what it tells (version, counts).
@@ -466,6 +513,14 @@ static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
     if (kind == RK_INSERT) {
         w->version = 1;
         count(c->ws, w->job->queue, (int)w->job->state, 1);
+        return 0;
+    }
+    if (kind == RK_INSERTS) {
+        for (size_t i = 0; i < c->nb; i++)
+            if (c->b[i]->op == JD_W_JOB_INSERT) {
+                c->b[i]->version = 1;
+                count(c->ws, c->b[i]->job->queue, (int)c->b[i]->job->state, 1);
+            }
         return 0;
     }
     if (PQntuples(r) == 0)
@@ -577,6 +632,8 @@ static int apply_insert(struct ctx *c, struct jd_write *w)
         if (rc)
             return rc;
     }
+    if (c->hoisted)
+        return 0;
     char data[48];
     snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
     struct prm p = {0};
@@ -905,6 +962,113 @@ static int counts_flush(struct ctx *c)
 
 /* ---- the pipelined fast path ---- */
 
+static void ab_put(struct abuf *a, const char *v, size_t n)
+{
+    if (a->len + n + 1 > a->cap) {
+        a->cap = 2 * (a->len + n + 1) + 256;
+        a->p = jd_xrealloc(a->p, a->cap);
+    }
+    memcpy(a->p + a->len, v, n);
+    a->len += n;
+    a->p[a->len] = '\0';
+}
+
+static void ab_sep(struct abuf *a)
+{
+    if (a->len > 1) /* past the "{" */
+        ab_put(a, ",", 1);
+}
+
+static void ab_int(struct abuf *a, int64_t v)
+{
+    char b[24];
+    int n = snprintf(b, sizeof b, "%lld", (long long)v);
+    ab_sep(a);
+    ab_put(a, b, (size_t)n);
+}
+
+/* A text element: NULL, or double-quoted with '"' and '\' escaped. */
+static void ab_text(struct abuf *a, const char *v)
+{
+    ab_sep(a);
+    if (!v) {
+        ab_put(a, "NULL", 4);
+        return;
+    }
+    ab_put(a, "\"", 1);
+    for (const char *run = v;;) {
+        size_t k = strcspn(run, "\"\\");
+        ab_put(a, run, k);
+        if (!run[k])
+            break;
+        ab_put(a, "\\", 1);
+        ab_put(a, run + k, 1);
+        run += k + 1;
+    }
+    ab_put(a, "\"", 1);
+}
+
+/* Queue the batch's job rows as one statement (PS_JOB_INSERTS), before
+ * every other record's statements: a record about a job comes after the
+ * job's insert in the batch, so it still finds the row. apply_insert then
+ * only takes the inserts' keys; a key taken after a release earlier in the
+ * batch fails here and sends the batch the slow way, in order. Only for
+ * two or more inserts. 0, or JD_EINVAL for a record apply_insert would
+ * refuse (the slow path says which). */
+static int emit_inserts(struct ctx *c)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    size_t nins = 0;
+    for (size_t i = 0; i < c->nb; i++)
+        nins += c->b[i]->op == JD_W_JOB_INSERT;
+    if (nins < 2)
+        return 0;
+    const size_t na = sizeof ws->arr / sizeof ws->arr[0];
+    for (size_t k = 0; k < na; k++) {
+        ws->arr[k].len = 0;
+        ab_put(&ws->arr[k], "{", 1);
+    }
+    struct jd_write *first = NULL;
+    for (size_t i = 0; i < c->nb; i++) {
+        struct jd_write *w = c->b[i];
+        if (w->op != JD_W_JOB_INSERT)
+            continue;
+        const struct jd_job *j = w->job;
+        if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
+            return JD_EINVAL;
+        int64_t id = j->id ? j->id : w->job_id;
+        if (id <= 0)
+            return JD_EINVAL;
+        w->job_id = id;
+        int64_t created = j->created_ms ? j->created_ms : c->now;
+        char data[48];
+        snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
+        ab_int(&ws->arr[0], id);
+        ab_text(&ws->arr[1], j->queue);
+        ab_int(&ws->arr[2], j->priority);
+        ab_int(&ws->arr[3], j->state);
+        ab_int(&ws->arr[4], j->run_at_ms);
+        ab_int(&ws->arr[5], created);
+        ab_int(&ws->arr[6], jd_job_state_terminal(j->state) ? created : 0);
+        ab_text(&ws->arr[7], j->idempotency_key);
+        ab_text(&ws->arr[8], j->schedule_id);
+        ab_text(&ws->arr[9], j->handler);
+        ab_text(&ws->arr[10], j->definition);
+        ab_text(&ws->arr[11], data);
+        if (!first)
+            first = w;
+    }
+    struct prm p = {0};
+    for (size_t k = 0; k < na; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
+    p_int(&p, c->s->pg->node_id);
+    p_int(&p, c->now);
+    c->hoisted = true;
+    return emit(c, first, stmt_name(PS_JOB_INSERTS), &p, RK_INSERTS);
+}
+
 #define JD_PG_PIPE_CHUNK                                                                           \
     256 /* statements in flight before reading their results: the                                  \
            results must fit the sockets' buffers, or both ends block */
@@ -983,6 +1147,11 @@ static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t 
             ws->pq = jd_xrealloc(ws->pq, ws->cappq * sizeof *ws->pq);
         }
         ws->pq[ws->npq++] = (struct pend){0}; /* w NULL: the BEGIN */
+        c->b = b;
+        c->nb = n;
+        int rc = emit_inserts(c);
+        if (rc)
+            out = record_fault(rc) ? PIPE_FAULT : PIPE_FATAL;
     }
     for (size_t i = 0; i < n && out == PIPE_OK; i++) {
         if (b[i]->op == JD_W_SYNC_)
@@ -997,7 +1166,7 @@ static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t 
         int d = pipe_drain(c);
         out = d > out ? d : out;
     }
-    c->pipe = false;
+    c->pipe = c->hoisted = false;
     if (out == PIPE_FATAL || !PQexitPipelineMode(conn))
         return -1;
     if (out == PIPE_FAULT) {
