@@ -282,6 +282,7 @@ struct jd_jobs {
      * the system (jobs_trim_due_locked). */
     size_t live, live_peak;
     bool trim_tail;       /* a trim happened; one more when the table empties */
+    bool release_due;     /* that last one: the store's page caches go back too */
     uint64_t commits;     /* job records committed (their callbacks run): GET /v1/events */
     char *webhook_secret; /* or NULL (jobs_notify.c) */
     /* Bytes the definitions of live jobs hold (jd_jobdef_charge in

@@ -107,7 +107,10 @@ void jobs_job_remove(struct jd_jobs *j, struct job *jb)
  * table shrinks, each time it is down to a quarter of its size at the last
  * trim, having lost at least TRIM_MIN_JOBS, and once more when it is empty,
  * the free pages go back (malloc_trim walks every arena). A steady load
- * never shrinks that far and never trims.
+ * never shrinks that far and never trims. The one when it is empty also
+ * asks the store to give its page caches back (release_due): a drain of a
+ * large backlog fills the writer's 32 MiB cache, which an idle server does
+ * not need.
  */
 bool jobs_trim_due_locked(struct jd_jobs *j)
 {
@@ -119,6 +122,7 @@ bool jobs_trim_due_locked(struct jd_jobs *j)
     }
     if (j->live == 0 && j->trim_tail) {
         j->trim_tail = false;
+        j->release_due = true;
         j->live_peak = 0;
         j->st.heap_trims++;
         return true;

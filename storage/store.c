@@ -1458,6 +1458,29 @@ void jd_store_write_barrier(struct jd_write *w)
     w->op = JD_W_SYNC_;
 }
 
+static void release_done(void *arg, struct jd_write *w, int rc)
+{
+    (void)w;
+    (void)rc;
+    free(arg);
+}
+
+void jd_store_release_memory(struct jd_store *s)
+{
+    pthread_mutex_lock(&s->pool_mu);
+    for (struct jd_rconn *c = s->pool; c; c = c->next)
+        sqlite3_db_release_memory(c->db);
+    pthread_mutex_unlock(&s->pool_mu);
+    atomic_store(&s->release_wanted, 1);
+    /* A barrier wakes the writer, which then finds the flag when idle. */
+    struct jd_write *w = jd_xcalloc(1, sizeof *w);
+    jd_store_write_barrier(w);
+    w->done = release_done;
+    w->arg = w;
+    if (jd_store_submit(s, w) != 0)
+        free(w);
+}
+
 int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,
                           bool *claimed)
 {

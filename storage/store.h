@@ -546,6 +546,11 @@ int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t 
  * before it has been committed. */
 void jd_store_write_barrier(struct jd_write *w);
 
+/* A hint after a large drain (the queued-job window, issue 17): give the
+ * page caches back (the idle read connections' now, the writer's once it
+ * is idle, then freed heap to the system). A backend may do nothing. */
+void jd_store_release_memory(struct jd_store *s);
+
 /* Was attempt `attempt` of (job_id, tag) ever claimed (has a task row)?
  * 0 with *claimed set, or a JD_E* code. */
 int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,

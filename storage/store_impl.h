@@ -105,6 +105,7 @@ struct jd_store {
      * queue without ABA (nobody pops single nodes). */
     _Atomic(struct jd_write *) head;
     atomic_int writer_sleeping; /* the writer is (about to be) waiting on cv */
+    atomic_int release_wanted;  /* jd_store_release_memory: drop the page cache when idle */
     atomic_int closing;         /* jd_store_close began: submits refused */
     atomic_int submitters;      /* submits in progress (close waits for 0) */
     pthread_mutex_t mu;         /* guards stop and the cv wait */

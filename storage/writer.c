@@ -43,6 +43,9 @@
 #include "common/log.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1439,6 +1442,12 @@ static void *writer_main(void *arg)
         }
         if (!pend) {
             maybe_retention(s);
+            if (atomic_exchange(&s->release_wanted, 0)) { /* jd_store_release_memory */
+                sqlite3_db_release_memory(s->wdb);
+#ifdef __GLIBC__
+                malloc_trim(0);
+#endif
+            }
             if (writer_wait(s))
                 break;
             continue;
