@@ -529,6 +529,104 @@ static void test_a_failing_event_fails_only_its_record(void **state)
     }
 }
 
+/* Submits w[0..n) so that they commit in one batch (the gate holds the
+ * writer meanwhile) and waits; res[i] gets each done(). */
+static void one_batch(struct jd_store *s, struct jd_write *w, struct tres *res, int n)
+{
+    struct gate g;
+    struct jd_write gw;
+    gate_hold(s, &g, &gw);
+    memset(res, 0, (size_t)n * sizeof *res);
+    for (int i = 0; i < n; i++) {
+        w[i].done = tres_done;
+        w[i].arg = &res[i];
+        assert_int_equal(jd_store_submit(s, &w[i]), 0);
+    }
+    gate_release(&g);
+    assert_int_equal(jd_store_sync(s), 0);
+}
+
+/* On the batch path part of a job's row may wait in the writer's slot (an
+ * append's version does; a change's fields did in a tried-and-dropped
+ * variant): whatever reads jobs rows later in the same batch must still
+ * see every earlier record. A job changed twice with a dispatch
+ * between keeps the fields of both changes. A failed job that still holds
+ * its unique key is retried (queued again) and, in the same batch, a new
+ * job asks for its key: a conflict, the retried job holds it again. A
+ * failed job is retried and deleted in one batch: the delete loses. Each
+ * wrong answer here would be a success, which no redo would correct. */
+static void test_deferred_rows_are_seen_by_later_records_of_the_batch(void **state)
+{
+    struct fx *f = *state;
+    struct tres r, res[3];
+    struct jd_job a = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct jd_job d = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct jd_job e = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &a, NULL, &r), 0);
+    struct jd_write wd = {.op = JD_W_JOB_INSERT, .job = &d, .unique_key = "u-deferred"};
+    assert_int_equal(submit_wait(f->s, &wd, &r), 0);
+    assert_int_equal(insert_wait(f->s, &e, NULL, &r), 0);
+    /* failed, d still holding its key (the layer above releases it; the
+     * store's take treats a finished holder's key as free) */
+    assert_int_equal(change_state_wait(f->s, d.id, JD_JOB_FAILED, &r), 0);
+    assert_int_equal(change_state_wait(f->s, e.id, JD_JOB_FAILED, &r), 0);
+
+    struct jd_write w1[3] = {
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = a.id,
+         .set = JD_SET_STATE | JD_SET_STARTED,
+         .state = JD_JOB_RUNNING,
+         .started_ms = 111,
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_CHANGE, .job_id = a.id, .kind = JD_EVK_DISPATCH, .tag = 1},
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = a.id,
+         .set = JD_SET_STATE | JD_SET_OUTPUT | JD_SET_FINISHED,
+         .state = JD_JOB_SUCCEEDED,
+         .output = "{\"r\":1}",
+         .finished_ms = 222,
+         .kind = JD_EVK_STATE},
+    };
+    one_batch(f->s, w1, res, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(res[i].rc, 0);
+    check_job_history(f->s, a.id, 4, JD_JOB_SUCCEEDED);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, a.id, &got), 0);
+    assert_int_equal(got.started_ms, 111);
+    assert_int_equal(got.finished_ms, 222);
+    assert_string_equal(got.output, "{\"r\":1}");
+    jd_job_clear(&got);
+
+    struct jd_job b = make_job(jd_store_next_id(f->s), "default", NULL);
+    struct jd_write w2[2] = {
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = d.id,
+         .set = JD_SET_STATE,
+         .state = JD_JOB_QUEUED,
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_INSERT, .job = &b, .unique_key = "u-deferred"},
+    };
+    one_batch(f->s, w2, res, 2);
+    assert_int_equal(res[0].rc, 0);
+    assert_int_equal(res[1].rc, JD_ECONFLICT);
+    assert_int_equal(res[1].job_id, d.id);
+    assert_int_equal(jd_store_job_get(f->s, b.id, &got), JD_ENOENT);
+
+    struct jd_write w3[2] = {
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = e.id,
+         .set = JD_SET_STATE,
+         .state = JD_JOB_QUEUED,
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_DELETE, .job_id = e.id},
+    };
+    one_batch(f->s, w3, res, 2);
+    assert_int_equal(res[0].rc, 0);
+    assert_int_equal(res[1].rc, JD_ECONFLICT);
+    check_job_history(f->s, e.id, 3, JD_JOB_QUEUED);
+}
+
 static void test_max_batch_splits_transactions_but_never_a_group(void **state)
 {
     struct fx *f = *state;
@@ -1363,6 +1461,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_failing_event_fails_only_its_record, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_deferred_rows_are_seen_by_later_records_of_the_batch,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_bad_record_fails_alone_in_a_group_commit, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_submit_many_is_all_or_nothing, setup, teardown),
