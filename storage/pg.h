@@ -35,6 +35,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -52,7 +53,8 @@ struct jd_pg {
     bool wprepared;                 /* the writer's named statements exist on wconn */
     bool upd_prepared[128];         /* the job-change statement per JD_SET_* mask, lazily */
     struct jd_pg_wscratch *scratch; /* the writer's per-batch scratch (pg_write.c) */
-    int64_t fenced;                 /* job writes refused by the fence (JD_ESTALE) */
+    atomic_uint_least64_t fenced;   /* job writes refused by the fence (JD_ESTALE); relaxed:
+                                       a statistic, written by the writer, read by /metrics */
 
     /* ---- job ids (jd_store_next_id, any thread) ---- */
     pthread_mutex_t id_mu;

@@ -1498,7 +1498,7 @@ static int apply_savepoints(struct ctx *c, struct jd_write **b, int *rcs, size_t
             if (rc != 0)
                 b[i + k]->version = 0;
             if (rc == JD_ESTALE)
-                s->pg->fenced++;
+                atomic_fetch_add_explicit(&s->pg->fenced, 1, memory_order_relaxed);
         }
         i += g;
     }
