@@ -1498,7 +1498,7 @@ static int apply_savepoints(struct ctx *c, struct jd_write **b, int *rcs, size_t
             if (rc != 0)
                 b[i + k]->version = 0;
             if (rc == JD_ESTALE)
-                s->pg->fenced++;
+                atomic_fetch_add_explicit(&s->pg->fenced, 1, memory_order_relaxed);
         }
         i += g;
     }
@@ -1539,6 +1539,16 @@ static int ensure_session(struct jd_store *s)
             return JD_EIO;
         }
         jd_log(JD_LOG_WARN, "storage: reconnected to the database", "db", pg->display, NULL);
+        /* the node lock went with the old session: take it again (if
+         * another node has it meanwhile, it adopted our jobs, and the
+         * fence refuses our writes for them) */
+        char sql[64];
+        snprintf(sql, sizeof sql, "SELECT pg_try_advisory_lock(%lld)", (long long)JD_PG_NODE_LOCK);
+        PGresult *r = PQexec(pg->wconn, sql);
+        if (jd_pg_rc(r) != 0 || PQntuples(r) != 1 || PQgetvalue(r, 0, 0)[0] != 't')
+            jd_log(JD_LOG_ERROR, "storage: another node holds the database since the reconnect",
+                   "db", pg->display, NULL);
+        PQclear(r);
     }
     if (PQtransactionStatus(pg->wconn) != PQTRANS_IDLE)
         simple(s, "ROLLBACK");
@@ -1560,8 +1570,11 @@ static bool commit(struct jd_store *s)
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
 {
     struct ctx c = {.s = s, .ws = scratch(s->pg), .now = jd_wall_ms()};
+    bool applied = false, commit_sent = false, retried = false;
+again:
     if (ensure_session(s) != 0)
         goto fail;
+    applied = true; /* apply_pipelined saves the records' job ids first */
     int fast = apply_pipelined(&c, b, rcs, n);
     if (fast < 0) {
         log_failure(s, "write");
@@ -1575,6 +1588,7 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
         if (apply_savepoints(&c, b, rcs, n) != 0)
             goto fail;
     }
+    commit_sent = true;
     if (!commit(s)) {
         log_failure(s, "commit");
         goto fail;
@@ -1584,6 +1598,18 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
 fail:
     counts_clear(c.ws);
     c.ws->npq = 0;
+    /* The connection went (a server restart, a failover) before COMMIT was
+     * sent: nothing of the batch is in the database, so it is redone once
+     * on a new connection. Lost during COMMIT, the outcome is unknown and
+     * the batch fails (JD_EIO) as a failed disk write does in SQLite. */
+    if (applied && !commit_sent && !retried && PQstatus(s->pg->wconn) != CONNECTION_OK) {
+        retried = true;
+        for (size_t i = 0; i < n; i++) {
+            b[i]->job_id = c.ws->ids[i];
+            b[i]->version = 0;
+        }
+        goto again;
+    }
     if (PQstatus(s->pg->wconn) == CONNECTION_OK &&
         PQpipelineStatus(s->pg->wconn) == PQ_PIPELINE_OFF &&
         PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)
