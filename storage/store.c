@@ -1467,6 +1467,8 @@ static void release_done(void *arg, struct jd_write *w, int rc)
 
 void jd_store_release_memory(struct jd_store *s)
 {
+    if (s->pg)
+        return; /* PostgreSQL keeps its cache in the server, not here */
     pthread_mutex_lock(&s->pool_mu);
     for (struct jd_rconn *c = s->pool; c; c = c->next)
         sqlite3_db_release_memory(c->db);
