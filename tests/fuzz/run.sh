@@ -19,8 +19,8 @@ fi
 # shellcheck disable=SC2054 # commas belong to -fsanitize=
 CFLAGS=(-std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I.)
-read -r -a PKG_CFLAGS <<<"$(pkg-config --cflags libcjson sqlite3)"
-read -r -a PKG_LIBS <<<"$(pkg-config --libs libcjson sqlite3)"
+read -r -a PKG_CFLAGS <<<"$(pkg-config --cflags libcjson sqlite3 libpq)"
+read -r -a PKG_LIBS <<<"$(pkg-config --libs libcjson sqlite3 libpq)"
 LIBS=("${PKG_LIBS[@]}" -lpthread -ldl -lm)
 
 CORE=(common/*.c)
