@@ -328,7 +328,9 @@ static void test_every_read_uses_an_index(void **state)
 struct seen {
     int64_t ids[4096];
     size_t n, events;
-    int64_t stop_at; /* return -77 at this id */
+    int64_t stop_at;            /* return -77 at this id */
+    struct jd_store *write_to;  /* at the first job, commit a change of job `change` */
+    int64_t change, changed_to; /* ... and the state recovery then saw it in */
 };
 
 static int seen_fn(void *arg, const struct jd_job *job, const struct jd_job_event *ev, size_t n)
@@ -343,6 +345,14 @@ static int seen_fn(void *arg, const struct jd_job *job, const struct jd_job_even
         assert_true(i == 0 || ev[i].seq > ev[i - 1].seq);
     }
     s->events += n;
+    if (s->write_to && s->n == 1) {
+        /* the writer commits while this snapshot is open: reads never
+         * block it (this would hang otherwise) */
+        struct tres r;
+        assert_int_equal(change_state_wait(s->write_to, s->change, JD_JOB_SUCCEEDED, &r), 0);
+    }
+    if (job->id == s->change)
+        s->changed_to = job->state;
     return job->id == s->stop_at ? -77 : 0;
 }
 
@@ -371,6 +381,20 @@ static void test_recovery_pages_in_one_snapshot(void **state)
         assert_true(i == 0 || s->ids[i] > s->ids[i - 1]);
     }
     assert_true(s->n > PG_JOB_PAGE); /* more than one page */
+    /* one snapshot: a job a later page holds, finished by the writer while
+     * the walk is on, is still handed over as it was */
+    memset(s, 0, sizeof *s);
+    sql(f->db, "UPDATE jobs SET owner_node = (SELECT max(id) FROM jd_nodes)");
+    s->write_to = f->s;
+    s->change = 3 * PG_JOB_PAGE + 1; /* % 6 == 1: running, on the fourth page */
+    s->changed_to = -1;
+    assert_int_equal(jd_store_recover(f->s, seen_fn, s), 0);
+    assert_int_equal(s->n, active);
+    assert_int_equal(s->changed_to, JD_JOB_RUNNING);
+    struct jd_job j;
+    assert_int_equal(jd_store_job_get(f->s, s->change, &j), 0);
+    assert_int_equal(j.state, JD_JOB_SUCCEEDED); /* committed all the same */
+    jd_job_clear(&j);
     /* fn's negative return stops the walk and is returned */
     memset(s, 0, sizeof *s);
     s->stop_at = PG_JOB_PAGE + 2; /* 130 % 6 == 4: queued, on the second page */
