@@ -323,6 +323,50 @@ static void test_every_read_uses_an_index(void **state)
     check_find_shapes(f->db);
 }
 
+/* More shapes than a session keeps prepared (PG_DYN_SLOTS), twice over:
+ * each answers the same after its statement was evicted and prepared
+ * again, and a session's prepared statements stay bounded. */
+static void test_find_shapes_cycle_through_the_session_cache(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    fill(f->db, 1, 400, "0,1,2,3,4,5");
+    sql(f->db, "UPDATE jobs SET queue = 'q', handler = CASE WHEN handler IS NULL THEN NULL"
+               " ELSE 'exec' END, schedule_id = CASE WHEN schedule_id IS NULL THEN NULL"
+               " ELSE 's' END");
+    enum { SHAPES = 3 * PG_DYN_SLOTS };
+    size_t first[SHAPES];
+    for (int round = 0; round < 2; round++)
+        for (unsigned m = 0; m < SHAPES; m++) {
+            struct jd_job_find q = find_shape(m * 7 % FIND_SHAPES);
+            q.limit = 1000;
+            struct jd_job *rows;
+            size_t n;
+            struct jd_job_find_cursor next;
+            assert_int_equal(jd_store_job_find(f->s, &q, true, &rows, &n, &next), 0);
+            if (round == 0)
+                first[m] = n;
+            else
+                assert_int_equal(n, first[m]);
+            jd_jobs_free(rows, n);
+        }
+    /* the pool's one session holds at most the slots (and the fixed reads) */
+    struct jd_pg_rconn *c;
+    assert_int_equal(jd_pg_rconn_get(f->s, &c), 0);
+    PGresult *r = PQexec(jd_pg_rconn_conn(c), "SELECT count(*) FROM pg_prepared_statements"
+                                              " WHERE name LIKE 'jdd%'");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_true(atoi(PQgetvalue(r, 0, 0)) <= PG_DYN_SLOTS);
+    assert_true(atoi(PQgetvalue(r, 0, 0)) > 0);
+    PQclear(r);
+    jd_pg_rconn_put(f->s, c);
+    bool some = false;
+    for (unsigned m = 0; m < SHAPES; m++)
+        some |= first[m] > 0;
+    assert_true(some);
+}
+
 /* ---- recovery ---- */
 
 struct seen {
@@ -516,6 +560,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pg_dialect_of_every_shape),
         cmocka_unit_test_setup_teardown(test_every_read_uses_an_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_find_shapes_cycle_through_the_session_cache, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_recovery_pages_in_one_snapshot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_state_reads_completion_from_history, setup,
                                         teardown),
