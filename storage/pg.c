@@ -35,9 +35,8 @@
 #define JD_PG_LEASE_MS 10000           /* a node's lease (phase 2 heartbeats it; --lease) */
 #define JD_PG_IDLE_TX_TIMEOUT_MS 60000 /* a stuck session never pins dead tuples for long */
 #define JD_PG_CONNECT_TIMEOUT_S "10"
-#define JD_PG_NODE_LOCK 0x4a44574b4e4f4445LL /* "JDWKNODE": one node per database (phase 1) */
-#define JD_PG_LOCK_WAITS 100                 /* ... of JD_PG_LOCK_WAIT_NS: 2 s at most */
-#define JD_PG_LOCK_WAIT_NS 20000000          /* 20 ms */
+#define JD_PG_LOCK_WAITS 100        /* ... of JD_PG_LOCK_WAIT_NS: 2 s at most */
+#define JD_PG_LOCK_WAIT_NS 20000000 /* 20 ms */
 
 bool jd_store_path_is_pg(const char *path)
 {

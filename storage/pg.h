@@ -35,6 +35,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -52,7 +53,8 @@ struct jd_pg {
     bool wprepared;                 /* the writer's named statements exist on wconn */
     bool upd_prepared[128];         /* the job-change statement per JD_SET_* mask, lazily */
     struct jd_pg_wscratch *scratch; /* the writer's per-batch scratch (pg_write.c) */
-    int64_t fenced;                 /* job writes refused by the fence (JD_ESTALE) */
+    atomic_uint_least64_t fenced;   /* job writes refused by the fence (JD_ESTALE); relaxed:
+                                       a statistic, written by the writer, read by /metrics */
 
     /* ---- job ids (jd_store_next_id, any thread) ---- */
     pthread_mutex_t id_mu;
@@ -85,6 +87,10 @@ void jd_pg_close(struct jd_store *s);
  * ids are unique across nodes and restarts; 0 when no block could be
  * reserved (the database is gone: the insert then fails with JD_EINVAL). */
 #define JD_PG_ID_BLOCK 1000
+/* The session advisory lock the writer's connection holds (phase 1: one
+ * node per database; pg.c takes it at open, pg_write.c again after a
+ * reconnect). "JDWKNODE". */
+#define JD_PG_NODE_LOCK 0x4a44574b4e4f4445LL
 int64_t jd_pg_next_id(struct jd_store *s);
 /* pg.c: the URL without its password (caller frees). */
 char *jd_pg_display_url(const char *url);
