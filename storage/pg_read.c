@@ -639,13 +639,14 @@ int jd_pg_job_list(struct jd_store *s, const struct jd_job_filter *f, struct jd_
 }
 
 /* A built find or event-stream statement wrapped so that the server sends
- * only what the caller keeps: the rows its scan matches (column m), up to
- * $n+1 of them, and the scanned row the caller goes on from when none
- * match (`tail`: the row at the scan budget, or the last one scanned).
- * SQLite's caller steps the scan and stops; a PostgreSQL result would
- * otherwise carry every scanned row (up to JD_FIND_SCAN) to the client.
- * The window functions stream: the scan stops where the LIMIT is met. The
- * added columns come after the statement's own. Appends the limit to p. */
+ * only what the caller keeps: the rows its scan matches (column m) and
+ * the scanned row the caller goes on from (`tail`: the row at the scan
+ * budget, or the last one scanned), `limit` rows at most. SQLite's caller
+ * steps the scan and stops; a PostgreSQL result would otherwise carry
+ * every scanned row (up to JD_FIND_SCAN) to the client. The window
+ * functions stream, in their input's order (no ORDER BY, so no sort): the
+ * scan stops where the LIMIT is met. The added columns (rn, nxt) come
+ * after the statement's own. Appends the limit to p. */
 static char *wrap_scan(const struct jd_find_sql *q, const char *tail, struct params *p,
                        int64_t limit)
 {
