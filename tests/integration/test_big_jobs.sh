@@ -151,7 +151,7 @@ print(json.dumps({"steps": steps}, separators=(",", ":")))' >"$WORK/chain.json"
 echo 5 >"/proc/$SERVER_PID/clear_refs"
 req POST /v1/jobs -H 'Content-Type: application/json' --data-binary "@$WORK/chain.json"
 CHAIN=$(location_id)
-wait_job "$CHAIN" 60s
+wait_job "$CHAIN" 120s
 peak=$(rss_kb VmHWM)
 echo "# chained outputs: peak RSS $peak kB"
 check "a job whose step outputs pile up fails with output_too_large" \
