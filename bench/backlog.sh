@@ -22,6 +22,12 @@
 #   baseline drain        the normal rate: a fresh server with
 #                         --queue-window 0 (every queued job in memory, as
 #                         before the window) drains min(N, 50000) the same way
+#                         (not more: with mixed priorities an all-in-memory
+#                         ready list is O(n) per insert, so a larger
+#                         baseline takes minutes to submit); both with the
+#                         server's CPU per job during the drain (utime+stime
+#                         from /proc), which a busy machine disturbs less
+#                         than the wall-clock rate
 #
 # RSS is VmRSS from /proc/PID/status. Environment: JD_BUILD (build dir),
 # N (jobs, default 200000; `make bench-backlog BIG=1` runs 1000000),
@@ -141,13 +147,16 @@ submit_all() {
         exit 1
     fi
 }
-# drain_ms: resume the queue and time until it is empty.
+cpu_ms() { awk '{print ($14 + $15) * 10}' "/proc/$PID/stat"; } # utime+stime, 100 Hz ticks
+# drain_ms: resume the queue and time until it is empty: "wall_ms cpu_ms"
+# (the server's CPU meanwhile).
 drain_ms() {
-    local t0
+    local t0 c0
     t0=$(now_ns)
+    c0=$(cpu_ms)
     curl -s -o /dev/null -X POST "$BASE/v1/queues/$Q/resume"
     until [ "$(queue_left)" = 0 ]; do sleep 0.05; done
-    echo $((($(now_ns) - t0) / 1000000))
+    echo $((($(now_ns) - t0) / 1000000)) $(($(cpu_ms) - c0))
 }
 
 N=$((N / PER * PER))
@@ -173,7 +182,7 @@ LEFT=$(queue_left)
     exit 1
 }
 
-DRAIN_MS=$(drain_ms)
+read -r DRAIN_MS DRAIN_CPU <<<"$(drain_ms)"
 sleep 1
 DRAINED=$(rss_kb)
 stop
@@ -192,11 +201,12 @@ inversions() {
 INVERSIONS=$(inversions "$WORK/jd.db")
 
 BASE_MS=0
+BASE_CPU=0
 BASE_INV=-
 if [ "$BASE_N" -gt 0 ]; then
     DBNAME=base start --queue-window 0
     submit_all "$BASE_N"
-    BASE_MS=$(drain_ms)
+    read -r BASE_MS BASE_CPU <<<"$(drain_ms)"
     stop
     BASE_INV=$(inversions "$WORK/base.db")
 fi
@@ -212,12 +222,17 @@ printf '%-28s %14s %10s\n' "RSS after drain" "$(mib "$DRAINED")" "$(ratio "$DRAI
 printf '%-28s %14s\n' "submit (batch route)" "$(awk -v n="$N" -v ms="$SUBMIT_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')"
 printf '%-28s %14s\n' "restart until ready" "$(awk -v ms="$RESTART_MS" 'BEGIN {printf "%.2f s", ms / 1000}')"
 printf '%-28s %14s\n' "drain after resume" "$(awk -v n="$N" -v ms="$DRAIN_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')"
+printf '%-28s %14s\n' "  server CPU per job" "$(awk -v n="$N" -v c="$DRAIN_CPU" 'BEGIN {printf "%.1f us", c * 1000 / n}')"
 if [ "$BASE_N" -gt 0 ]; then
     printf '%-28s %14s %10s\n' "baseline drain ($BASE_N, w 0)" \
         "$(awk -v n="$BASE_N" -v ms="$BASE_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')" \
         "$(awk -v n="$N" -v ms="$DRAIN_MS" -v bn="$BASE_N" -v bms="$BASE_MS" 'BEGIN {printf "%.2fx", (n / ms) / (bn / bms)}')"
+    printf '%-28s %14s %10s\n' "  server CPU per job" \
+        "$(awk -v n="$BASE_N" -v c="$BASE_CPU" 'BEGIN {printf "%.1f us", c * 1000 / n}')" \
+        "$(awk -v n="$N" -v c="$DRAIN_CPU" -v bn="$BASE_N" -v bc="$BASE_CPU" 'BEGIN {printf "%.2fx", (c / n) / (bc / bn)}')"
 fi
 printf '%-28s %14s %10s\n' "started out of priority" "$INVERSIONS jobs" "base $BASE_INV"
 echo "RESULT backlog n=$N idle_kb=$IDLE queued_kb=$QUEUED restarted_kb=$RESTARTED drained_kb=$DRAINED" \
-    "submit_ms=$SUBMIT_MS restart_ms=$RESTART_MS drain_ms=$DRAIN_MS base_n=$BASE_N base_ms=$BASE_MS" \
+    "submit_ms=$SUBMIT_MS restart_ms=$RESTART_MS drain_ms=$DRAIN_MS drain_cpu_ms=$DRAIN_CPU" \
+    "base_n=$BASE_N base_ms=$BASE_MS base_cpu_ms=$BASE_CPU" \
     "inversions=$INVERSIONS base_inversions=$BASE_INV"

@@ -306,6 +306,7 @@ struct jd_jobs {
     pthread_t pager;
     pthread_cond_t pager_cv;
     bool pager_on, pager_stop;
+    size_t paged_in; /* jobs read in by pages since the last trim_tail */
 };
 
 struct idem {

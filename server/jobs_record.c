@@ -452,7 +452,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     jobs_start_list(j, start);
     if (trim)
         jobs_trim(); /* after the admissions: new jobs do not wait for it */
-    if (release) /* the drain is over: the store's page caches (a hint) */
+    if (release)     /* the drain is over: the store's page caches (a hint) */
         jd_store_release_memory(j->store);
     if (!batch) {
         jobs_wrec_free(r);

@@ -114,7 +114,11 @@ void jobs_job_remove(struct jd_jobs *j, struct job *jb)
  */
 bool jobs_trim_due_locked(struct jd_jobs *j)
 {
-    if (j->live_peak - j->live >= TRIM_MIN_JOBS && j->live <= j->live_peak / 4) {
+    /* With the queued-job window the table only swings by a page (at most
+     * window + free slots) as a backlog drains, and a trim every swing would
+     * cost more than it gives back: then only the one at the end, once a
+     * drain read TRIM_MIN_JOBS jobs in (jobs_window.c sets trim_tail). */
+    if (!j->window && j->live_peak - j->live >= TRIM_MIN_JOBS && j->live <= j->live_peak / 4) {
         j->live_peak = j->live;
         j->trim_tail = true;
         j->st.heap_trims++;

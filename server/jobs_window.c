@@ -295,6 +295,11 @@ static void queue_page(struct jd_jobs *j, struct queue *q, int rc, bool admit)
             q->floor = pg.last;
         }
         pg.list = apply_locked(j, pg.list, q);
+        j->paged_in += n;
+        if (j->paged_in >= 4096) { /* a large drain: give the heap back once it is over */
+            j->trim_tail = true;
+            j->paged_in = 0;
+        }
         if (admit)
             jobs_admit_locked(j, &start);
         jobs_window_low_locked(j, q); /* the page was all known jobs: the next one */

@@ -80,6 +80,15 @@ static void *submitter(void *arg)
     return NULL;
 }
 
+static void queue_pause(const char *q, bool paused)
+{
+    struct action_wait w;
+    action_wait_init(&w);
+    assert_int_equal(jd_jobs_queue_pause(E.jobs, q, paused, action_cb, &w), 0);
+    action_wait_done(&w);
+    assert_int_equal(w.rc, 0);
+}
+
 /* window: --queue-window (0: every queued job in memory). */
 static void run_concurrent(unsigned window, unsigned max_running)
 {
@@ -90,11 +99,19 @@ static void run_concurrent(unsigned window, unsigned max_running)
     struct jd_jobs_config cfg = {
         .max_running = max_running, .cancel_grace_ms = 200, .queue_window = window};
     env_up(&E, &cfg);
+    /* With a window, the queues stay paused while the threads submit, so
+     * the backlog is past the window for sure and most messages and
+     * cancels find their job only in the store. */
+    static const char *const queues[] = {"default", "q2"};
+    for (int k = 0; window && k < 2; k++)
+        queue_pause(queues[k], true);
     pthread_t th[THREADS];
     for (int t = 0; t < THREADS; t++)
         pthread_create(&th[t], NULL, submitter, (void *)(intptr_t)t);
     for (int t = 0; t < THREADS; t++)
         pthread_join(th[t], NULL);
+    for (int k = 0; window && k < 2; k++)
+        queue_pause(queues[k], false);
     int succeeded = 0, cancelled = 0;
     for (int i = 0; i < n; i++) {
         cJSON *job = wait_terminal(E.jobs, ids[i], 20000);
