@@ -168,6 +168,14 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
            "Jobs failed as quarantined at start: the server died --max-replays times in a row "
            "while running each.",
            j->quarantined);
+    scalar(b, "jackdaw_window_pages_total", "counter",
+           "Pages of queued jobs read from the store into the queued-job window (--queue-window).",
+           j->window_pages);
+    scalar(b, "jackdaw_window_jobs_in_total", "counter",
+           "Queued jobs read from the store into memory (by a page, or for a cancel or message).",
+           j->window_in);
+    scalar(b, "jackdaw_window_jobs_out_total", "counter",
+           "Queued jobs left to the store only, ranked past their queue's window.", j->window_out);
     scalar(b, "jackdaw_heap_trims_total", "counter",
            "Times freed heap was given back to the system while a large backlog drained.",
            j->heap_trims);

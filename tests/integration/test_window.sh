@@ -156,6 +156,10 @@ check "GET of a job past the window: queued" body_has '"state":"queued"'
 resume a
 check "queue a drains" drain_queue a 60
 read -r queued running succeeded failed cancelled <<<"$(counts a)"
+req GET /metrics
+metric() { sed -n "s/^$1 //p" <<<"$BODY"; }
+check "/metrics: jobs past the window were left to the store and paged back in" \
+    eval '[ "$(metric jackdaw_window_jobs_out_total)" -gt 0 ] && [ "$(metric jackdaw_window_pages_total)" -gt 0 ] && [ "$(metric jackdaw_window_jobs_in_total)" -ge "$(metric jackdaw_window_jobs_out_total)" ]'
 check "queue a: 20 succeeded, the replaced one cancelled (got $succeeded/$cancelled)" eval '[ "$succeeded" = 20 ] && [ "$cancelled" = 1 ]'
 
 # A bulk cancel reaches every queued job, in memory or not.
