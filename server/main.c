@@ -23,6 +23,7 @@
 #include "server/schedules.h"
 #include "storage/store.h"
 
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
@@ -42,6 +43,57 @@ static char *default_plugin_dir(void)
         return jd_xstrdup("plugins");
     exe[n] = '\0';
     return jd_xasprintf("%s/plugins", dirname(exe));
+}
+
+/* ---- the cluster (a PostgreSQL store) ---- */
+
+struct cluster_ctx {
+    struct jd_jobs *jobs;
+    struct jd_schedules *schedules;
+};
+
+static void hook_changed(void *arg, const struct jd_job_change *c, size_t n)
+{
+    struct cluster_ctx *x = arg;
+    jd_jobs_cluster_changed(x->jobs, c, n);
+}
+
+static void hook_schedule_changed(void *arg, const char *id)
+{
+    struct cluster_ctx *x = arg;
+    jd_schedules_cluster_changed(x->schedules, id);
+}
+
+static void hook_requests(void *arg)
+{
+    struct cluster_ctx *x = arg;
+    jd_jobs_cluster_requests(x->jobs);
+}
+
+static void hook_claimable(void *arg)
+{
+    struct cluster_ctx *x = arg;
+    jd_jobs_cluster_claimable(x->jobs);
+}
+
+/* On the store's heartbeat thread: main() takes it from here (SIGUSR1). */
+static void hook_lease_lost(void *arg)
+{
+    (void)arg;
+    kill(getpid(), SIGUSR1);
+}
+
+/* The lease is lost: every job this incarnation held belongs to other
+ * nodes now, and its writes are refused. Start over as a new incarnation
+ * (a new node id, no jobs), the simplest state that is surely right: the
+ * same binary and arguments, every descriptor (the listening socket, the
+ * database connections) closed on exec. Returns only if exec failed. */
+static void start_over(char **argv)
+{
+    jd_log(JD_LOG_WARN, "this node lost its lease; starting over as a new incarnation", NULL);
+    close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+    execv("/proc/self/exe", argv);
+    jd_log(JD_LOG_ERROR, "cannot start over", "error", strerror(errno), NULL);
 }
 
 /* Create the database's directory when it is missing (one level, as for
@@ -91,6 +143,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGUSR1); /* the lease was lost (hook_lease_lost) */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -100,6 +153,7 @@ int main(int argc, char **argv)
         .path = cfg.db,
         .sync_full = cfg.sync_full,
         .retention_ms = cfg.retention_ms,
+        .lease_ms = cfg.lease_ms,
     };
     if ((rc = jd_store_open(&scfg, &store, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot open the database", "db", db_shown, "error",
@@ -163,12 +217,37 @@ int main(int argc, char **argv)
     }
     jd_http_attach_schedules(http, schedules);
     jd_http_attach(http, jobs);
+    static struct cluster_ctx cctx;
+    if (jd_store_clustered(store)) {
+        cctx.jobs = jobs;
+        cctx.schedules = schedules;
+        struct jd_store_cluster_hooks hooks = {
+            .changed = hook_changed,
+            .schedule_changed = hook_schedule_changed,
+            .requests = hook_requests,
+            .claimable = hook_claimable,
+            .lease_lost = hook_lease_lost,
+            .arg = &cctx,
+        };
+        if ((rc = jd_jobs_cluster_start(jobs)) != 0 ||
+            (rc = jd_store_cluster_start(store, &hooks)) != 0) {
+            jd_log(JD_LOG_ERROR, "cannot join the cluster", "error", jd_strerror(rc), NULL);
+            goto out;
+        }
+        char node[24];
+        snprintf(node, sizeof node, "%lld", (long long)jd_store_node_id(store));
+        jd_log(JD_LOG_INFO, "joined the cluster", "node", node, NULL);
+    }
     jd_log(JD_LOG_INFO, "ready", "addr", addr, "db", db_shown, "plugin_dir",
            cfg.plugin_dir ? cfg.plugin_dir : "", NULL);
 
     int sig = 0;
-    while (sigwait(&sigs, &sig) != 0)
-        ;
+    while (sigwait(&sigs, &sig) != 0 || sig == SIGUSR1) {
+        if (sig == SIGUSR1) {
+            start_over(argv);
+            goto out;
+        }
+    }
     jd_log(JD_LOG_INFO, "shutting down", "signal", sig == SIGINT ? "SIGINT" : "SIGTERM", "hint",
            "a second signal exits at once", NULL);
     /* A second SIGTERM/SIGINT takes the default action (exit at once):
