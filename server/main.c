@@ -9,6 +9,12 @@
  * layer, close storage, exit 0. Jobs still running stay non-terminal in the database and resume on
  * the next start.
  *
+ * A cluster node (PostgreSQL): after the schedules load, the job layer's
+ * cluster thread and the store's cluster threads start (the hooks below
+ * forward to the job and schedule layers). A lost lease reaches main() as
+ * SIGUSR1 (hook_lease_lost); the node then starts over by re-executing
+ * itself (start_over).
+ *
  * Threading: main() is the only thread here; signals are blocked in every
  * thread and taken synchronously with sigwait, so no handler runs
  * asynchronously. After the first signal main() unblocks them with their
@@ -143,7 +149,8 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGUSR1); /* the lease was lost (hook_lease_lost) */
+    if (strstr(cfg.db, "://")) /* PostgreSQL: a cluster node */
+        sigaddset(&sigs, SIGUSR1); /* the lease was lost (hook_lease_lost) */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
