@@ -91,7 +91,7 @@ check "cancel on B: 202 once in A's inbox" status_is 202
 on B wait_job "$long" 15s
 check "the job running on A was cancelled" body_has '"state":"cancelled"'
 check "the request left the inbox with A's commit" \
-    eval '[ "$(sql "SELECT count(*) FROM jd_requests")" = 0 ]'
+    eval '[ "$(sql "SELECT count(*) FROM job_requests")" = 0 ]'
 
 # ---- message on B to a workflow waiting on A ----
 on A json_post /v1/jobs '{"steps":[{"id":"w","wait":"go","timeout_ms":600000}]}'
