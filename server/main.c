@@ -53,7 +53,12 @@ static char *default_plugin_dir(void)
 
 /* ---- the cluster (a PostgreSQL store) ---- */
 
+/* The store's cluster threads run until jd_store_close, after the job and
+ * schedule layers are gone: the hooks reach them only while `live`
+ * (cluster_off clears it, under the write lock, before they are freed). */
 struct cluster_ctx {
+    pthread_rwlock_t lock;
+    bool live;
     struct jd_jobs *jobs;
     struct jd_schedules *schedules;
 };
@@ -61,25 +66,44 @@ struct cluster_ctx {
 static void hook_changed(void *arg, const struct jd_job_change *c, size_t n)
 {
     struct cluster_ctx *x = arg;
-    jd_jobs_cluster_changed(x->jobs, c, n);
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_cluster_changed(x->jobs, c, n);
+    pthread_rwlock_unlock(&x->lock);
 }
 
 static void hook_schedule_changed(void *arg, const char *id)
 {
     struct cluster_ctx *x = arg;
-    jd_schedules_cluster_changed(x->schedules, id);
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_schedules_cluster_changed(x->schedules, id);
+    pthread_rwlock_unlock(&x->lock);
 }
 
 static void hook_requests(void *arg)
 {
     struct cluster_ctx *x = arg;
-    jd_jobs_cluster_requests(x->jobs);
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_cluster_requests(x->jobs);
+    pthread_rwlock_unlock(&x->lock);
 }
 
 static void hook_claimable(void *arg)
 {
     struct cluster_ctx *x = arg;
-    jd_jobs_cluster_claimable(x->jobs);
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_cluster_claimable(x->jobs);
+    pthread_rwlock_unlock(&x->lock);
+}
+
+static void cluster_off(struct cluster_ctx *x)
+{
+    pthread_rwlock_wrlock(&x->lock);
+    x->live = false;
+    pthread_rwlock_unlock(&x->lock);
 }
 
 /* On the store's heartbeat thread: main() takes it from here (SIGUSR1). */
@@ -126,6 +150,7 @@ int main(int argc, char **argv)
     struct jd_http *http = NULL;
     int status = 1;
     char *db_shown = NULL;
+    static struct cluster_ctx cctx = {.lock = PTHREAD_RWLOCK_INITIALIZER};
 
     char *plugdir = default_plugin_dir();
     int rc = jd_config_parse(&cfg, argc, argv, plugdir, &err);
@@ -149,7 +174,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
-    if (strstr(cfg.db, "://")) /* PostgreSQL: a cluster node */
+    if (strstr(cfg.db, "://"))     /* PostgreSQL: a cluster node */
         sigaddset(&sigs, SIGUSR1); /* the lease was lost (hook_lease_lost) */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
@@ -224,10 +249,10 @@ int main(int argc, char **argv)
     }
     jd_http_attach_schedules(http, schedules);
     jd_http_attach(http, jobs);
-    static struct cluster_ctx cctx;
     if (jd_store_clustered(store)) {
         cctx.jobs = jobs;
         cctx.schedules = schedules;
+        cctx.live = true;
         struct jd_store_cluster_hooks hooks = {
             .changed = hook_changed,
             .schedule_changed = hook_schedule_changed,
@@ -277,6 +302,7 @@ out:
     }
     if (http != NULL)
         jd_http_stop(http, 2000);
+    cluster_off(&cctx); /* no hook reaches the layers freed below */
     if (schedules != NULL)
         jd_schedules_destroy(schedules);
     if (jobs != NULL)
