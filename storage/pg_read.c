@@ -205,8 +205,10 @@ static int rconn_connect(struct jd_store *s, struct jd_pg_rconn *c)
                err.message, NULL);
         return JD_EIO;
     }
+    /* named for pg_stat_activity (and tests that kill read sessions) */
     PGresult *r = PQexec(c->conn, "SET default_transaction_read_only = on;"
-                                  " SET client_encoding = 'UTF8'");
+                                  " SET client_encoding = 'UTF8';"
+                                  " SET application_name = 'jackdawd-read'");
     int rc = jd_pg_rc(r);
     PQclear(r);
     return rc;

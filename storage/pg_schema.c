@@ -86,8 +86,8 @@ static const char *const migrations[] = {
     "CREATE INDEX jobs_queued ON jobs(queue, priority DESC, id, run_at_ms) WHERE state = 0;"
     "CREATE INDEX jobs_queued_later ON jobs(run_at_ms, id)"
     "  WHERE state = 0 AND run_at_ms > created_ms;"
-    /* phase 2: a dead node's unfinished jobs, found by owner */
-    "CREATE INDEX jobs_owner ON jobs(owner_node) WHERE state < 3;"
+    /* (no index on owner_node yet: every index costs each insert and
+     * state change; the cluster's takeover adds the one it needs) */
     "CREATE TABLE events ("
     "  id BIGSERIAL PRIMARY KEY,"
     "  job_id BIGINT NOT NULL,"
