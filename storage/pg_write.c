@@ -77,6 +77,9 @@ enum {
     PS_RET_QUEUES,
     PS_RET_DELETE,
     PS_JOB_INSERTS,
+    PS_REQUEST,
+    PS_REQUEST_TAKE,
+    PS_SCHED_EXISTS,
     PS_N
 };
 
@@ -89,17 +92,26 @@ enum {
     ", l AS (DELETE FROM job_labels WHERE job_id IN (SELECT id FROM j))"                           \
     ", u AS (DELETE FROM unique_keys WHERE job_id IN (SELECT id FROM j))"                          \
     ", i AS (DELETE FROM idempotency WHERE (key, job_id) IN"                                       \
-    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"
+    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"                      \
+    ", r AS (DELETE FROM job_requests WHERE job_id IN (SELECT id FROM j))"
+
+/* This node ($n) if its lease is valid, else NULL: a job inserted by a
+ * node that lost its lease is nobody's, so another node claims it. */
+#define NODE_ALIVE(n) "(SELECT id FROM jd_nodes WHERE id = " n " AND expires_at > now())"
+/* The fence's second half: this node's lease is valid (database clock). */
+#define LEASE_VALID(n)                                                                             \
+    " AND EXISTS (SELECT 1 FROM jd_nodes WHERE id = " n " AND expires_at > now())"
 
 /* A job's insert: the row (owned by this node, $11), its definition, its
  * first event ("state", seq 1, at $13 with data $14). */
 #define JOB_INSERT_HEAD                                                                            \
     "WITH j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts, version,"        \
     " created_ms, updated_ms, started_ms, finished_ms, idempotency_key, schedule_id, handler,"     \
-    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, $11))"             \
-    ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"                    \
-    ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                            \
-    " VALUES ($1, 1, $13, 0, 0, $14))"
+    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, " NODE_ALIVE(      \
+        "$11") "))"                                                                                \
+               ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"         \
+               ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                 \
+               " VALUES ($1, 1, $13, 0, 0, $14))"
 
 static const struct {
     const char *sql;
@@ -131,7 +143,8 @@ static const struct {
                               " SELECT 1",
                               "itiiiiitttitit"},
     [PS_JOB_OWNER] = {"SELECT owner_node FROM jobs WHERE id = $1", "i"},
-    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3 RETURNING 1",
+    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3" LEASE_VALID(
+                        "$3") " RETURNING 1",
                     "iii"},
     [PS_QUEUE_UPSERT] = {"INSERT INTO queues(name, paused) VALUES ($1, $2)"
                          " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
@@ -163,7 +176,7 @@ static const struct {
                          " last_outcome = CASE WHEN ($3 & 8) <> 0 THEN $9 ELSE last_outcome END,"
                          " fires = fires + $10, skips = skips + $11,"
                          " event_seq = event_seq + $12, updated_ms = $2"
-                         " WHERE id = $1 RETURNING event_seq),"
+                         " WHERE id = $1 AND ($19 = 0 OR next_fire_ms = $19) RETURNING event_seq),"
                          " e AS (INSERT INTO schedule_events(schedule_id, seq, time_ms, kind,"
                          " fire_ms, job_id, data) SELECT $1, event_seq, $2, $13, $14, $15, $16"
                          " FROM u WHERE $13 IS NOT NULL),"
@@ -171,7 +184,7 @@ static const struct {
                          " AND $13 IS NOT NULL AND seq <= (SELECT event_seq FROM u) - $17"
                          " AND (SELECT event_seq FROM u) % $18 = 0)"
                          " SELECT event_seq FROM u",
-                         "tiiiiiiitiiitiitii"},
+                         "tiiiiiiitiiitiitiii"},
     [PS_SCHED_DELETE] = {"WITH s AS (DELETE FROM schedules WHERE id = $1 RETURNING id),"
                          " e AS (DELETE FROM schedule_events WHERE schedule_id IN"
                          " (SELECT id FROM s)) SELECT 1 FROM s",
@@ -219,29 +232,42 @@ static const struct {
     /* The job inserts of a pipelined batch in one statement (arrays, one
      * element per job; $13 this node, $14 now): rows, definitions, first
      * events and labels, as PS_JOB_INSERT_LABELS does one by one. */
-    [PS_JOB_INSERTS] = {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
-                        " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
-                        " $9::text[], $10::text[], $11::text[], $12::text[]) AS v(id, queue,"
-                        " priority, state, run_at_ms, created_ms, finished_ms, idem, schedule_id,"
-                        " handler, definition, data)),"
-                        " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
-                        " version, created_ms, updated_ms, started_ms, finished_ms,"
-                        " idempotency_key, schedule_id, handler, owner_node)"
-                        " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
-                        " created_ms, 0, finished_ms, idem, schedule_id, handler, $13 FROM v),"
-                        " d AS (INSERT INTO job_definitions(job_id, definition)"
-                        " SELECT id, definition FROM v),"
-                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-                        " SELECT id, 1, $14, 0, 0, data FROM v),"
-                        " l AS (INSERT INTO job_labels(key, value, job_id)"
-                        " SELECT x.k, x.v #>> '{}', v.id FROM v,"
-                        " LATERAL (SELECT CASE WHEN strpos(v.definition, '\"labels\":') > 0"
-                        " THEN v.definition::jsonb -> 'labels' END AS ls) AS d,"
-                        " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
-                        " ELSE '{}'::jsonb END) AS x(k, v)"
-                        " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
-                        " SELECT count(*) FROM v",
-                        "ITIIIIITTTTTii"},
+    [PS_JOB_INSERTS] =
+        {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
+         " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
+         " $9::text[], $10::text[], $11::text[], $12::text[]) AS v(id, queue,"
+         " priority, state, run_at_ms, created_ms, finished_ms, idem, schedule_id,"
+         " handler, definition, data)),"
+         " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
+         " version, created_ms, updated_ms, started_ms, finished_ms,"
+         " idempotency_key, schedule_id, handler, owner_node)"
+         " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
+         " created_ms, 0, finished_ms, idem, schedule_id, handler, " NODE_ALIVE(
+             "$13") " FROM v),"
+                    " d AS (INSERT INTO job_definitions(job_id, definition)"
+                    " SELECT id, definition FROM v),"
+                    " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                    " SELECT id, 1, $14, 0, 0, data FROM v),"
+                    " l AS (INSERT INTO job_labels(key, value, job_id)"
+                    " SELECT x.k, x.v #>> '{}', v.id FROM v,"
+                    " LATERAL (SELECT CASE WHEN strpos(v.definition, '\"labels\":') > 0"
+                    " THEN v.definition::jsonb -> 'labels' END AS ls) AS d,"
+                    " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
+                    " ELSE '{}'::jsonb END) AS x(k, v)"
+                    " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
+                    " SELECT count(*) FROM v",
+         "ITIIIIITTTTTii"},
+    /* An inbox request (unfenced): one row always; state NULL: no such
+     * job; id NULL: the job is terminal. */
+    [PS_REQUEST] = {"WITH j AS (SELECT state FROM jobs WHERE id = $1),"
+                    " i AS (INSERT INTO job_requests(job_id, kind, data, created_ms)"
+                    " SELECT $1, $2, $3, $4 FROM j WHERE state < 3 RETURNING id)"
+                    " SELECT (SELECT state FROM j), (SELECT id FROM i)",
+                    "iiti"},
+    /* the owner recording request $1 for job $2: once only */
+    [PS_REQUEST_TAKE] = {"DELETE FROM job_requests WHERE id = $1 AND job_id = $2 RETURNING 1",
+                         "ii"},
+    [PS_SCHED_EXISTS] = {"SELECT 1 FROM schedules WHERE id = $1", "t"},
 };
 
 /* A statement's result as a JD_E* code, telling a record's own fault
@@ -302,6 +328,7 @@ enum {
     RK_CHANGE,  /* a job change's row: version, queue, old and new state */
     RK_DELETE,  /* a job delete's row: queue and state, counted out */
     RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see apply_pipelined) */
+    RK_REQUEST, /* an inbox request: (job state, request id), NULLs say why not */
 };
 #define NOROW 1 /* a statement that had to touch a row touched none */
 
@@ -525,6 +552,14 @@ static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
     }
     if (PQntuples(r) == 0)
         return NOROW;
+    if (kind == RK_REQUEST) {
+        if (PQgetisnull(r, 0, 0))
+            return JD_ENOENT;
+        if (PQgetisnull(r, 0, 1))
+            return JD_ECONFLICT;
+        w->request_id = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        return 0;
+    }
     if (kind == RK_CHANGE) {
         w->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
         int old_state = atoi(PQgetvalue(r, 0, 2)), new_state = atoi(PQgetvalue(r, 0, 3));
@@ -673,7 +708,7 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
     snprintf(names[set], sizeof names[set], "u%u", set);
     if (s->pg->upd_prepared[set])
         return names[set];
-    char sql[1536];
+    char sql[1792];
     bool st = set & JD_SET_STATE;
     int len = snprintf(sql, sizeof sql,
                        "WITH %su AS (UPDATE jobs SET version = version + 1,"
@@ -691,10 +726,12 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
                         ", finished_ms = CASE WHEN $4 >= 3 AND finished_ms = 0 THEN $2"
                         " ELSE finished_ms END");
     snprintf(sql + len, sizeof sql - (size_t)len,
-             " WHERE id = $1 AND owner_node = $3 RETURNING version, queue, state),"
-             " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-             " SELECT $1, version, $2, $11, $12, $13 FROM u)"
-             " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             " WHERE id = $1 AND owner_node = $3" LEASE_VALID(
+                 "$3") " RETURNING version, queue,"
+                       " state),"
+                       " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                       " SELECT $1, version, $2, $11, $12, $13 FROM u)"
+                       " SELECT u.version, u.queue, %s, u.state FROM u%s",
              st ? "o.state" : "u.state", st ? ", o" : "");
     Oid oids[13];
     int n;
@@ -720,10 +757,21 @@ static int apply_change(struct ctx *c, struct jd_write *w)
 {
     if (!change_valid(w))
         return JD_EINVAL;
+    if (atomic_load(&c->s->pg->lease_lost))
+        return JD_ESTALE;
     const char *name = change_stmt(c->s, w->set);
     if (!name)
         return JD_EIO;
     int rc;
+    if (w->request_id > 0) {
+        /* gone: another record took it already (the request is recorded once) */
+        struct prm t = {0};
+        p_int(&t, w->request_id);
+        p_int(&t, w->job_id);
+        rc = emit(c, w, stmt_name(PS_REQUEST_TAKE), &t, RK_ROW);
+        if (rc)
+            return rc == NOROW ? JD_ECONFLICT : rc;
+    }
     if (w->release_unique) {
         struct prm u = {0};
         p_int(&u, w->job_id);
@@ -804,8 +852,20 @@ static int apply_schedule_change(struct ctx *c, struct jd_write *w,
     p_text(&p, sw->event_data);
     p_int(&p, JD_SCHEDULE_EVENTS_KEEP);
     p_int(&p, JD_PG_SCHED_TRIM_EVERY);
+    p_int(&p, sw->expect_next_fire_ms);
     int rc = emit(c, w, stmt_name(PS_SCHED_CHANGE), &p, RK_ROW);
-    return rc == NOROW ? JD_ENOENT : rc;
+    if (rc != NOROW)
+        return rc;
+    if (!sw->expect_next_fire_ms)
+        return JD_ENOENT;
+    /* a conditional fire that lost the race, or a schedule that is gone */
+    struct prm e = {0};
+    p_text(&e, sw->id);
+    int64_t one = 0;
+    bool found = false;
+    if ((rc = xint(c->s, PS_SCHED_EXISTS, &e, &one, &found)) != 0)
+        return rc;
+    return found ? JD_ECONFLICT : JD_ENOENT;
 }
 
 static int apply_schedule(struct ctx *c, struct jd_write *w)
@@ -845,6 +905,8 @@ static int apply_crashes(struct ctx *c, struct jd_write *w)
 {
     if (w->job_id <= 0)
         return JD_EINVAL;
+    if (atomic_load(&c->s->pg->lease_lost))
+        return JD_ESTALE;
     struct prm p = {0};
     p_int(&p, w->job_id);
     p_int(&p, w->crashes);
@@ -869,6 +931,19 @@ static int apply_job_delete(struct ctx *c, struct jd_write *w)
     if ((rc = xint(c->s, PS_JOB_STATE, &p, &state, &found)) != 0)
         return rc;
     return found ? JD_ECONFLICT : JD_ENOENT;
+}
+
+/* An inbox request (JD_W_JOB_REQUEST): any node may write it. */
+static int apply_request(struct ctx *c, struct jd_write *w)
+{
+    if (w->job_id <= 0 || (w->kind != JD_EVK_MESSAGE && w->kind != JD_EVK_CANCEL))
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_int(&p, w->job_id);
+    p_int(&p, w->kind);
+    p_text(&p, w->data);
+    p_int(&p, c->now);
+    return emit(c, w, stmt_name(PS_REQUEST), &p, RK_REQUEST);
 }
 
 static int apply_remote(struct ctx *c, struct jd_write *w)
@@ -927,6 +1002,8 @@ static int apply(struct ctx *c, struct jd_write *w)
     case JD_W_COMMAND_DELETE:
     case JD_W_TASK_PUT:
         return apply_remote(c, w);
+    case JD_W_JOB_REQUEST:
+        return apply_request(c, w);
     default:
         return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
     }
@@ -1222,7 +1299,7 @@ static int apply_savepoints(struct ctx *c, struct jd_write **b, int *rcs, size_t
             if (rc != 0)
                 b[i + k]->version = 0;
             if (rc == JD_ESTALE)
-                s->pg->fenced++;
+                atomic_fetch_add_explicit(&s->pg->st_fenced, 1, memory_order_relaxed);
         }
         i += g;
     }
@@ -1269,6 +1346,82 @@ static int ensure_session(struct jd_store *s)
     return pg->wprepared ? 0 : prepare_all(s);
 }
 
+#define JD_PG_NOTIFY_MAX 7900 /* a NOTIFY payload is at most 8000 bytes */
+
+/* Append entry e to the notice being built; past the cap it becomes "*". */
+static void note_add(char *buf, size_t *len, bool *all, const char *e)
+{
+    size_t k = strlen(e);
+    if (*all)
+        return;
+    if (*len + k + 2 > JD_PG_NOTIFY_MAX) {
+        *all = true;
+        return;
+    }
+    if (*len)
+        buf[(*len)++] = ',';
+    memcpy(buf + *len, e, k + 1);
+    *len += k;
+}
+
+/* The batch's one change notice, inside its transaction (delivered at
+ * commit, dropped with a rollback): "id:version" per job record applied,
+ * "s:<id>" per schedule, "r" for inbox requests, or "*" when it would not
+ * fit. Hints only: listeners re-read. 0 or JD_EIO. */
+static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs, size_t n)
+{
+    static _Thread_local char buf[JD_PG_NOTIFY_MAX + 1];
+    size_t len = 0;
+    bool all = false, req = false;
+    uint64_t nreq = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = b[i];
+        char e[160];
+        if (rcs[i] != 0)
+            continue;
+        switch (w->op) {
+        case JD_W_JOB_INSERT:
+        case JD_W_JOB_CHANGE:
+        case JD_W_JOB_DELETE:
+            snprintf(e, sizeof e, "%lld:%lld", (long long)w->job_id, (long long)w->version);
+            note_add(buf, &len, &all, e);
+            break;
+        case JD_W_JOB_REQUEST:
+            req = true;
+            nreq++;
+            break;
+        case JD_W_SCHEDULE_PUT:
+        case JD_W_SCHEDULE_CHANGE:
+        case JD_W_SCHEDULE_DELETE:
+            if (w->sched.id && strlen(w->sched.id) < 120 && !strchr(w->sched.id, ','))
+                snprintf(e, sizeof e, "s:%s", w->sched.id);
+            else
+                snprintf(e, sizeof e, "s");
+            note_add(buf, &len, &all, e);
+            break;
+        default:
+            break;
+        }
+    }
+    if (req)
+        note_add(buf, &len, &all, "r");
+    if (all) {
+        /* "*" says any job may have changed; keep the inbox hint beside it */
+        snprintf(buf, sizeof buf, req ? "*,r,s" : "*,s");
+        len = strlen(buf);
+    }
+    if (len == 0)
+        return 0;
+    const char *v[] = {buf};
+    PGresult *r = PQexecParams(s->pg->wconn, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
+                               NULL, v, NULL, NULL, 0);
+    int rc = jd_pg_rc(r);
+    PQclear(r);
+    if (rc == 0)
+        atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed);
+    return rc ? JD_EIO : 0;
+}
+
 /* COMMIT, true only if the server committed (an aborted transaction
  * answers COMMIT with ROLLBACK). */
 static bool commit(struct jd_store *s)
@@ -1299,6 +1452,10 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
         if (apply_savepoints(&c, b, rcs, n) != 0)
             goto fail;
     }
+    if (notify_batch(s, b, rcs, n) != 0) {
+        log_failure(s, "notify");
+        goto fail;
+    }
     if (!commit(s)) {
         log_failure(s, "commit");
         goto fail;
@@ -1326,6 +1483,15 @@ bool jd_pg_retention_step(struct jd_store *s)
     PGresult *qs = NULL;
     if (ensure_session(s) != 0 || simple(s, "BEGIN") != 0)
         goto fail;
+    /* one node at a time: another node's pass now, ours next time */
+    PGresult *lk =
+        PQexec(s->pg->wconn, "SELECT pg_try_advisory_xact_lock(" JD_PG_CHORE_LOCK_SQL ")");
+    bool mine = jd_pg_rc(lk) == 0 && PQntuples(lk) == 1 && PQgetvalue(lk, 0, 0)[0] == 't';
+    PQclear(lk);
+    if (!mine) {
+        simple(s, "ROLLBACK");
+        return false;
+    }
     struct prm none = {0};
     if (xq(s, stmt_name(PS_RET_QUEUES), &none, &qs) != 0)
         goto fail;
