@@ -461,7 +461,11 @@ static void *heartbeat_main(void *arg)
             next_hb = now + pg->lease_ms / 5;
         }
         if (now >= next_to) {
-            if (!atomic_load(&pg->lease_lost) && c && PQstatus(c) == CONNECTION_OK) {
+            /* a node that is not sure of its own lease takes over nobody's
+             * jobs (a stalled node, or one a test stalls, does nothing) */
+            if (!atomic_load(&pg->hb_paused) && !atomic_load(&pg->lease_lost) &&
+                mono_ms() < atomic_load(&pg->deadline_ms) - pg->lease_ms / 4 && c &&
+                PQstatus(c) == CONNECTION_OK) {
                 bool sweep = ++pg->passes % JD_PG_ORPHAN_EVERY == 0;
                 if (takeover_pass(pg, c, sweep) > 0 && atomic_load(&pg->hooks_ready) &&
                     pg->hooks.claimable)

@@ -612,8 +612,10 @@ static int missing_or_fenced(struct jd_store *s, int64_t id)
     snprintf(idb, sizeof idb, "%lld", (long long)id);
     snprintf(ob, sizeof ob, "%lld", (long long)owner);
     snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
-    jd_log(JD_LOG_WARN, "storage: job write refused, another node owns the job", "job_id", idb,
-           "owner_node", ob, "node", me, NULL);
+    jd_log(JD_LOG_WARN,
+           owner == s->pg->node_id ? "storage: job write refused, this node's lease lapsed"
+                                   : "storage: job write refused, the job is not this node's",
+           "job_id", idb, "owner_node", ob, "node", me, NULL);
     return JD_ESTALE;
 }
 
