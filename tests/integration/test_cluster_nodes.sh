@@ -28,10 +28,10 @@ kill_nodes() {
 }
 trap 'kill_nodes; pg_stop; cleanup' EXIT
 
-# start_node NAME: a node on the shared database; sets BASE_NAME, PID_NAME.
+# start_node NAME [PORT]: a node on the shared database; sets BASE_NAME, PID_NAME.
 start_node() {
     local n=$1 log=$WORK/node.$1.log addr=
-    "$JACKDAWD" --listen 127.0.0.1:0 --db "$PG_URL" --plugin-dir "$BUILD/plugins" --lease 2s \
+    "$JACKDAWD" --listen "127.0.0.1:${2:-0}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" --lease 2s \
         --exec-allow /usr/bin/mktemp 2>"$log" &
     local pid=$!
     NODES+=("$pid")
@@ -150,6 +150,33 @@ for i in 1 2 3 4 5; do
 done
 check "each step ran exactly once (one marker per step)" eval '[ "$dups" = 0 ]'
 check "A's node row is gone" eval '[ "$(sql "SELECT count(*) FROM jd_nodes")" = 1 ]'
+
+# ---- SIGSTOP C past its lease: B takes over, C comes back fenced ----
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_node C "$port" || exit 1
+on C json_post /v1/jobs "{\"steps\":[{\"id\":\"s\",\"call\":\"sleep\",\"args\":{\"ms\":1500}},{\"id\":\"c\",\"call\":\"exec\",\"args\":{\"argv\":[\"/usr/bin/mktemp\",\"$MARK/stop-c.XXXXXX\"]}}]}"
+stopped=$(location_id)
+sleep 0.3
+kill -STOP "$PID_C"
+on B wait_job "$stopped" 20s
+check "B finished the job of the stopped node" body_has '"state":"succeeded"'
+kill -CONT "$PID_C"
+back=0
+for _ in $(seq 1 100); do
+    if [ "$(grep -c '"msg":"ready"' "$WORK/node.C.log")" -ge 2 ] &&
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE_C/readyz")" = 200 ]; then
+        back=1
+        break
+    fi
+    sleep 0.1
+done
+check "the stopped node found its lease lost and started over on its port" \
+    eval '[ "$back" = 1 ] && grep -q "lost its lease" "$WORK/node.C.log"'
+sleep 1
+check "its step after the sleep ran once (B's), none from the fenced node" \
+    eval '[ "$(find "$MARK" -name "stop-c.*" | wc -l)" = 1 ]'
+check "the job ended once: one final state event" \
+    eval '[ "$(sql "SELECT count(*) FROM events WHERE job_id = $stopped AND kind = 0 AND data LIKE '"'"'%succeeded%'"'"'")" = 1 ]'
 on B req GET /metrics
 check "/metrics: B's claims and takeovers" \
     eval 'body_has "jackdaw_cluster_claims_total{node=" && body_has "jackdaw_cluster_takeovers_total{node="'
