@@ -84,10 +84,35 @@ static int env_timer_cancel(void *ctx, uint64_t id)
     return id && jd_sched_timer_cancel(j->sched, id - 1) == 0 ? 0 : 1;
 }
 
+/* A cluster node: a blocking command's handle() starts on the blocking
+ * pool, maybe long after its dispatch (queued there, or the node stalled):
+ * it starts only while the lease holds (a node that lost it starts over
+ * before it would run). */
+struct blocking_arg {
+    struct jd_jobs *j;
+    void (*fn)(void *arg);
+    void *arg;
+};
+
+static void blocking_run(void *p)
+{
+    struct blocking_arg a = *(struct blocking_arg *)p;
+    free(p);
+    jobs_cluster_lease_wait(a.j);
+    a.fn(a.arg);
+}
+
 static int env_run_blocking(void *ctx, void (*fn)(void *arg), void *arg)
 {
     struct jd_jobs *j = ctx;
-    return jd_sched_run_blocking(j->sched, fn, arg);
+    if (!j->cl)
+        return jd_sched_run_blocking(j->sched, fn, arg);
+    struct blocking_arg *a = jd_xmalloc(sizeof *a);
+    *a = (struct blocking_arg){j, fn, arg};
+    int rc = jd_sched_run_blocking(j->sched, blocking_run, a);
+    if (rc)
+        free(a);
+    return rc;
 }
 
 static const char *env_config(void *ctx, const char *key)

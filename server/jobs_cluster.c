@@ -113,7 +113,10 @@ void jobs_cluster_lease_wait(struct jd_jobs *j)
     struct jobs_cluster *c = j->cl;
     if (!c || jd_store_lease_ok(j->store))
         return;
-    jd_log(JD_LOG_WARN, "the lease is near its end: handler calls wait for a heartbeat", NULL);
+    static _Atomic int64_t logged_ms;
+    int64_t now = jobs_mono_ms(), last = atomic_load(&logged_ms);
+    if (now - last >= 1000 && atomic_compare_exchange_strong(&logged_ms, &last, now))
+        jd_log(JD_LOG_WARN, "the lease is near its end: handler calls wait for a heartbeat", NULL);
     /* Until a heartbeat renews it, or the node starts over (lease lost). */
     while (!atomic_load(&c->stopping) && !jd_store_lease_ok(j->store))
         usleep(20000);
