@@ -180,4 +180,12 @@ check "the job ended once: one final state event" \
 on B req GET /metrics
 check "/metrics: B's claims and takeovers" \
     eval 'body_has "jackdaw_cluster_claims_total{node=" && body_has "jackdaw_cluster_takeovers_total{node="'
+kill -TERM "$PID_B" "$PID_C"
+wait "$PID_B"
+rc_b=$?
+wait "$PID_C"
+rc_c=$?
+check "both nodes stop cleanly on SIGTERM (exit $rc_b, $rc_c)" eval '[ "$rc_b" = 0 ] && [ "$rc_c" = 0 ]'
+check "a clean stop removes the node rows" eval '[ "$(sql "SELECT count(*) FROM jd_nodes")" = 0 ]'
+NODES=()
 finish
