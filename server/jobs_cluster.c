@@ -1,7 +1,7 @@
 /*
  * The job layer in a cluster (a clustered store: storage/store.h, "the
  * cluster"; jobs.h's jd_jobs_cluster_*). A node starts with no jobs: one
- * thread, the cluster thread, does three chores, each on its hint from the
+ * thread, the cluster thread, does four chores, each on its hint from the
  * store and once a second as a fallback:
  *
  *   claim     jd_store_claim as many unowned jobs as the node has room for
@@ -10,6 +10,7 @@
  *   requests  take the inbox requests of jobs this node owns, in id order,
  *             and apply each through the local cancel/message path with
  *             w.request_id, so that its commit also deletes it;
+ *   pauses    queue pause flags follow the store (another node may pause);
  *   watches   jobs this node does not hold do not commit here, so watches on
  *             them (?wait=, SSE) fire from change notices, after a re-read
  *             of the row; every second all such watched jobs are re-read.
@@ -348,6 +349,35 @@ static bool apply_requests(struct jd_jobs *j)
     return n == REQUESTS_MAX;
 }
 
+/* ---- queue pauses ---- */
+
+/* Another node may pause or resume a queue: the flags follow the store
+ * (once a second; a local change applies at its commit as before). */
+static void sync_paused(struct jd_jobs *j)
+{
+    char **names = NULL;
+    size_t n = 0;
+    if (jd_store_paused_queues(j->store, &names, &n) != 0)
+        return;
+    struct job *start = NULL;
+    bool resumed = false;
+    pthread_mutex_lock(&j->mu);
+    for (struct queue *q = j->queues; q; q = q->next) {
+        bool p = false;
+        for (size_t i = 0; i < n && !p; i++)
+            p = strcmp(names[i], q->name) == 0;
+        resumed |= q->paused && !p;
+        q->paused = p;
+    }
+    for (size_t i = 0; i < n; i++)
+        jobs_queue_get(j, names[i])->paused = true;
+    if (resumed && !j->draining)
+        jobs_admit_locked(j, &start);
+    pthread_mutex_unlock(&j->mu);
+    jd_strings_free(names, n);
+    jobs_start_list(j, start);
+}
+
 /* ---- the thread ---- */
 
 static void *cluster_main(void *arg)
@@ -386,6 +416,8 @@ static void *cluster_main(void *arg)
         c->nids = c->cap = 0;
         pthread_mutex_unlock(&c->mu);
 
+        if (tick)
+            sync_paused(j);
         if (all || n)
             recheck(j, ids, n, all);
         free(ids);

@@ -107,6 +107,19 @@ check "cancel of a finished job: 409" status_is 409
 on B req POST "/v1/jobs/999999999/cancel"
 check "cancel of no such job: 404" status_is 404
 
+# ---- a queue paused on A holds on B too ----
+on A req POST /v1/queues/pq/pause
+check "queue paused on A" status_is 200
+sleep 1.5
+on B json_post /v1/jobs '{"handler":"echo","args":{},"queue":"pq"}'
+held=$(location_id)
+sleep 1
+on B req GET "/v1/jobs/$held"
+check "B does not run a job of the queue A paused" body_has '"state":"queued"'
+on A req POST /v1/queues/pq/resume
+on B wait_job "$held" 10s
+check "resumed on A: B runs it" body_has '"state":"succeeded"'
+
 # ---- a schedule fires once per fire time ----
 on A req PUT /v1/schedules/beat -H 'Content-Type: application/json' \
     --data-binary '{"every":"1s","job":{"handler":"echo","args":{"beat":true}}}'
