@@ -10,7 +10,8 @@
  *   requests  take the inbox requests of jobs this node owns, in id order,
  *             and apply each through the local cancel/message path with
  *             w.request_id, so that its commit also deletes it;
- *   pauses    queue pause flags follow the store (another node may pause);
+ *   queues    pause flags and controls follow the store (another node may
+ *             set them);
  *   watches   jobs this node does not hold do not commit here, so watches on
  *             them (?wait=, SSE) fire from change notices, after a re-read
  *             of the row; every second all such watched jobs are re-read.
@@ -416,8 +417,10 @@ static void *cluster_main(void *arg)
         c->nids = c->cap = 0;
         pthread_mutex_unlock(&c->mu);
 
-        if (tick)
+        if (tick) {
             sync_paused(j);
+            jobs_queue_controls_sync(j);
+        }
         if (all || n)
             recheck(j, ids, n, all);
         free(ids);

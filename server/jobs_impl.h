@@ -441,6 +441,8 @@ static inline int64_t jobs_mono_ms(void)
 bool jobs_queue_name_ok(const char *q); /* [A-Za-z0-9._-]{1,64}; any thread */
 struct queue *jobs_queue_find(struct jd_jobs *j, const char *name); /* or NULL */
 void jobs_queue_controls_load(struct jd_jobs *j);                   /* at create, before recovery */
+/* A cluster node, once a second (takes mu): controls another node set. */
+void jobs_queue_controls_sync(struct jd_jobs *j);
 void jobs_queue_controls_committed_locked(struct jd_jobs *j, const char *queue, const char *text);
 
 /* jobs_unique.c: unique keys (under mu). */

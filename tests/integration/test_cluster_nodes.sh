@@ -120,6 +120,20 @@ on A req POST /v1/queues/pq/resume
 on B wait_job "$held" 10s
 check "resumed on A: B runs it" body_has '"state":"succeeded"'
 
+# ---- queue controls set on A apply on B (per node) ----
+on A req PUT /v1/queues/cq -H 'Content-Type: application/json' --data-binary '{"max_running":1}'
+check "max_running set on A" status_is 200
+sleep 1.5
+on B json_post /v1/jobs '{"handler":"sleep","args":{"ms":2000},"queue":"cq"}'
+c1=$(location_id)
+on B json_post /v1/jobs '{"handler":"sleep","args":{"ms":10},"queue":"cq"}'
+c2=$(location_id)
+sleep 0.5
+on B req GET "/v1/jobs/$c2"
+check "B keeps A's max_running 1: the second job waits" body_has '"state":"queued"'
+on B wait_job "$c2" 10s
+check "then it runs" body_has '"state":"succeeded"'
+
 # ---- a schedule fires once per fire time ----
 on A req PUT /v1/schedules/beat -H 'Content-Type: application/json' \
     --data-binary '{"every":"1s","job":{"handler":"echo","args":{"beat":true}}}'
