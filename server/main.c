@@ -29,6 +29,7 @@
 #include "server/schedules.h"
 #include "storage/store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The built-in plugins live in plugins/ next to the binary (build/plugins). */
@@ -113,14 +115,50 @@ static void hook_lease_lost(void *arg)
     kill(getpid(), SIGUSR1);
 }
 
+/* End the processes this one started (exec steps, each in its own process
+ * group): their jobs are other nodes' now, which run those steps again. */
+static void kill_children(void)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return;
+    pid_t me = getpid();
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char path[300], line[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(line, 1, sizeof line - 1, f);
+        fclose(f);
+        line[n] = '\0';
+        const char *rp = strrchr(line, ')'); /* the name may hold anything */
+        char state;
+        int ppid;
+        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == me) {
+            pid_t pid = (pid_t)atoi(e->d_name);
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+        }
+    }
+    closedir(d);
+    usleep(20000); /* reap the ones already gone */
+    while (waitpid(-1, NULL, WNOHANG) > 0)
+        ;
+}
+
 /* The lease is lost: every job this incarnation held belongs to other
  * nodes now, and its writes are refused. Start over as a new incarnation
- * (a new node id, no jobs), the simplest state that is surely right: the
- * same binary and arguments, every descriptor (the listening socket, the
- * database connections) closed on exec. Returns only if exec failed. */
+ * (a new node id, no jobs), the simplest state that is surely right: its
+ * child processes killed, then the same binary and arguments, every descriptor (the listening
+ * socket, the database connections) closed on exec. Returns only if exec failed. */
 static void start_over(char **argv)
 {
     jd_log(JD_LOG_WARN, "this node lost its lease; starting over as a new incarnation", NULL);
+    kill_children();
     close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
     execv("/proc/self/exe", argv);
     jd_log(JD_LOG_ERROR, "cannot start over", "error", strerror(errno), NULL);

@@ -31,8 +31,9 @@ trap 'kill_nodes; pg_stop; cleanup' EXIT
 # start_node NAME [PORT]: a node on the shared database; sets BASE_NAME, PID_NAME.
 start_node() {
     local n=$1 log=$WORK/node.$1.log addr=
+    : >"$log"
     "$JACKDAWD" --listen "127.0.0.1:${2:-0}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" --lease 2s \
-        --exec-allow /usr/bin/mktemp 2>"$log" &
+        --exec-allow /usr/bin/mktemp,/bin/sleep 2>"$log" &
     local pid=$!
     NODES+=("$pid")
     for _ in $(seq 1 200); do
@@ -183,7 +184,9 @@ port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 start_node C "$port" || exit 1
 on C json_post /v1/jobs "{\"steps\":[{\"id\":\"s\",\"call\":\"sleep\",\"args\":{\"ms\":1500}},{\"id\":\"c\",\"call\":\"exec\",\"args\":{\"argv\":[\"/usr/bin/mktemp\",\"$MARK/stop-c.XXXXXX\"]}}]}"
 stopped=$(location_id)
-sleep 0.3
+on C json_post /v1/jobs '{"handler":"exec","args":{"argv":["/bin/sleep","30"]}}'
+child_job=$(location_id)
+sleep 0.5
 kill -STOP "$PID_C"
 on B wait_job "$stopped" 20s
 check "B finished the job of the stopped node" body_has '"state":"succeeded"'
@@ -200,6 +203,11 @@ done
 check "the stopped node found its lease lost and started over on its port" \
     eval '[ "$back" = 1 ] && grep -q "lost its lease" "$WORK/node.C.log"'
 sleep 1
+check "its exec child was killed when it started over" \
+    eval '! pgrep -P "$PID_C" -f "sleep 30" >/dev/null'
+on C req POST "/v1/jobs/$child_job/cancel"
+on B wait_job "$child_job" 15s
+check "that job (B's now) cancelled from C" body_has '"state":"cancelled"'
 check "its step after the sleep ran once (B's), none from the fenced node" \
     eval '[ "$(find "$MARK" -name "stop-c.*" | wc -l)" = 1 ]'
 check "the job ended once: one final state event" \
