@@ -141,16 +141,19 @@ static const char *const pg_sql[PR_N] = {
                    " AND j.id > $1 AND j.owner_node = $3 ORDER BY j.state, j.id LIMIT $2))"
                    " s ORDER BY id LIMIT $2",
     /* A page of a queue's queued jobs in run order after ($2 priority, $3
-     * id): the rest of $2's priority, then the lower ones (as store.c). */
+     * id): the rest of $2's priority, then the lower ones (as store.c);
+     * only this node's (the last parameter): the window pages what it owns. */
     [PR_QUEUED_SAME] = "SELECT " JOB_COLS JOB_FROM " WHERE j.queue = $1 AND j.state = 0"
                        " AND j.priority >= $2 AND j.priority <= $2 AND j.id > $3"
-                       " AND j.run_at_ms <= $4 ORDER BY j.priority DESC, j.id LIMIT $5",
+                       " AND j.run_at_ms <= $4 AND j.owner_node = $6"
+                       " ORDER BY j.priority DESC, j.id LIMIT $5",
     [PR_QUEUED_LOWER] = "SELECT " JOB_COLS JOB_FROM " WHERE j.queue = $1 AND j.state = 0"
-                        " AND j.priority < $2 AND j.run_at_ms <= $3"
+                        " AND j.priority < $2 AND j.run_at_ms <= $3 AND j.owner_node = $5"
                         " ORDER BY j.priority DESC, j.id LIMIT $4",
     [PR_QUEUED_LATER] = "SELECT " JOB_COLS JOB_FROM " WHERE j.state = 0"
                         " AND j.run_at_ms > j.created_ms AND (j.run_at_ms, j.id) > ($1, $2)"
-                        " AND j.run_at_ms <= $3 ORDER BY j.run_at_ms, j.id LIMIT $4",
+                        " AND j.run_at_ms <= $3 AND j.owner_node = $5"
+                        " ORDER BY j.run_at_ms, j.id LIMIT $4",
     [PR_OLDEST_QUEUED] = "SELECT id, created_ms FROM jobs WHERE queue >= $1 AND queue <= $1"
                          " AND state >= 0 AND state <= 0 ORDER BY queue, state, id LIMIT 1",
     [PR_UNIQUE_KEYS] = "SELECT key, job_id, expires_ms FROM unique_keys",
@@ -1024,6 +1027,7 @@ int jd_pg_queued_page(struct jd_store *s, const char *queue, struct jd_queued_po
             p_int(&p, after.id);
         p_int(&p, due_ms);
         p_int(&p, (int64_t)(limit - *n));
+        p_int(&p, s->pg->node_id); /* this node's jobs only (the cluster) */
         PGresult *r = run(s, c, half == 0 ? PR_QUEUED_SAME : PR_QUEUED_LOWER, NULL, &p, &rc);
         if (!r)
             break;
@@ -1056,6 +1060,7 @@ int jd_pg_queued_later(struct jd_store *s, int64_t after_run_at_ms, int64_t afte
         p_int(&p, after_id);
         p_int(&p, until_ms);
         p_int(&p, limit);
+        p_int(&p, s->pg->node_id);
         PGresult *r = run(s, c, PR_QUEUED_LATER, NULL, &p, &rc);
         if (r) {
             size_t nj;

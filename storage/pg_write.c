@@ -699,7 +699,9 @@ static int apply_insert(struct ctx *c, struct jd_write *w)
  * are fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
  * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
  * $13 data. Returns version, queue, old state, new state; no row: missing
- * or fenced. A move to a terminal state without an explicit finish time
+ * or fenced (a change that moves a terminal job back to queued, a retry,
+ * passes the fence and takes the job for this node). A move to a terminal
+ * state without an explicit finish time
  * stamps it now, so retention never sees a terminal job with finished_ms 0.
  * The old state (o) is a plain read of the statement's snapshot: all parts
  * of one statement see the row as it was before the UPDATE (FOR UPDATE
@@ -727,13 +729,17 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
         len += snprintf(sql + len, sizeof sql - (size_t)len,
                         ", finished_ms = CASE WHEN $4 >= 3 AND finished_ms = 0 THEN $2"
                         " ELSE finished_ms END");
+    /* A finished job is nobody's future: a retry (back to queued) by any
+     * node makes the job that node's. */
+    if (st)
+        len += snprintf(sql + len, sizeof sql - (size_t)len, ", owner_node = $3");
     snprintf(sql + len, sizeof sql - (size_t)len,
-             " WHERE id = $1 AND owner_node = $3" LEASE_VALID(
-                 "$3") " RETURNING version, queue,"
-                       " state),"
+             " WHERE id = $1 AND %s" LEASE_VALID(
+                 "$3") " RETURNING version, queue, state),"
                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                        " SELECT $1, version, $2, $11, $12, $13 FROM u)"
                        " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             st ? "(owner_node = $3 OR (state >= 3 AND $4 = 0))" : "owner_node = $3",
              st ? "o.state" : "u.state", st ? ", o" : "");
     Oid oids[13];
     int n;
