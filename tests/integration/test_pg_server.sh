@@ -5,7 +5,8 @@
 # of work and a restart on the same database: every acknowledged job is
 # found and finishes, waiting workflows still take their message, and the
 # database itself checks out (history seq 1..version per job, queue counts
-# equal to the rows, nothing owned by a dead node). Also: an unreachable
+# equal to the rows, nothing owned by a dead node); the database restarting
+# under the node is survived. Also: an unreachable
 # database is a clear error without the password, a foreign database and a
 # second node on the same database are refused. Prints TAP.
 # shellcheck disable=SC2016,SC2034,SC2119
@@ -102,6 +103,21 @@ check "queue_counts equal the rows" \
     eval '[ "$(sql "SELECT count(*) FROM (SELECT queue, state, count(*) AS n FROM jobs GROUP BY 1, 2) a FULL JOIN queue_counts c USING (queue, state) WHERE coalesce(a.n, 0) <> coalesce(c.n, 0)")" = 0 ]'
 check "no unfinished job is owned by a dead node" \
     eval '[ "$(sql "SELECT count(*) FROM jobs WHERE state < 3 AND owner_node NOT IN (SELECT id FROM jd_nodes)")" = 0 ]'
+
+# ---- the database restarts under the running node ----
+pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -m fast -w restart \
+    -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c fsync=off" >/dev/null
+left=0
+for i in $(seq 1 5); do
+    json_post /v1/jobs "{\"handler\":\"echo\",\"args\":{\"after_restart\":$i}}"
+    j=$(location_id)
+    wait_job "$j" 20s
+    body_has '"state":"succeeded"' || left=$((left + 1))
+done
+check "after the database restarted, jobs are accepted and run (writer and readers reconnect)" \
+    eval '[ "$left" = 0 ]'
+req GET /readyz
+check "readyz after the restart" status_is 200
 
 # ---- refusals ----
 timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "$PG_URL" --plugin-dir "$BUILD/plugins" \
