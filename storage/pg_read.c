@@ -558,6 +558,17 @@ int jd_pg_job_get(struct jd_store *s, int64_t id, struct jd_job *out)
     return 0;
 }
 
+struct id_row {
+    int64_t id;
+    int row;
+};
+
+static int cmp_id_row(const void *a, const void *b)
+{
+    const struct id_row *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
 /* The whole rows of jobs ids[0..n) on c (inside the caller's snapshot),
  * into rows[0..*got) in the order of ids; ids with no row are left out.
  * 0 or a JD_E* code. */
@@ -575,14 +586,19 @@ static int jobs_by_ids(struct jd_store *s, struct jd_pg_rconn *c, const int64_t 
     free(arr);
     if (!r)
         return rc;
-    int nr = PQntuples(r);
-    /* n and nr are at most a page (1001): a scan per id is cheaper than a sort. */
-    for (size_t i = 0; i < n; i++)
-        for (int k = 0; k < nr; k++)
-            if (g_int(r, k, 0) == ids[i]) {
-                row_to_job(r, k, &rows[(*got)++]);
-                break;
-            }
+    /* The rows come in no particular order: index them by id. */
+    size_t nr = (size_t)PQntuples(r);
+    struct id_row *ix = jd_xcalloc(nr ? nr : 1, sizeof *ix);
+    for (size_t k = 0; k < nr; k++)
+        ix[k] = (struct id_row){g_int(r, (int)k, 0), (int)k};
+    qsort(ix, nr, sizeof *ix, cmp_id_row);
+    for (size_t i = 0; i < n; i++) {
+        struct id_row key = {ids[i], 0};
+        const struct id_row *hit = bsearch(&key, ix, nr, sizeof *ix, cmp_id_row);
+        if (hit)
+            row_to_job(r, hit->row, &rows[(*got)++]);
+    }
+    free(ix);
     PQclear(r);
     return 0;
 }
@@ -628,13 +644,14 @@ int jd_pg_job_list(struct jd_store *s, const struct jd_job_filter *f, struct jd_
 }
 
 /* A built find or event-stream statement wrapped so that the server sends
- * only what the caller keeps: the rows its scan matches (column m), up to
- * $n+1 of them, and the scanned row the caller goes on from when none
- * match (`tail`: the row at the scan budget, or the last one scanned).
- * SQLite's caller steps the scan and stops; a PostgreSQL result would
- * otherwise carry every scanned row (up to JD_FIND_SCAN) to the client.
- * The window functions stream: the scan stops where the LIMIT is met. The
- * added columns come after the statement's own. Appends the limit to p. */
+ * only what the caller keeps: the rows its scan matches (column m) and
+ * the scanned row the caller goes on from (`tail`: the row at the scan
+ * budget, or the last one scanned), `limit` rows at most. SQLite's caller
+ * steps the scan and stops; a PostgreSQL result would otherwise carry
+ * every scanned row (up to JD_FIND_SCAN) to the client. The window
+ * functions stream, in their input's order (no ORDER BY, so no sort): the
+ * scan stops where the LIMIT is met. The added columns (rn, nxt) come
+ * after the statement's own. Appends the limit to p. */
 static char *wrap_scan(const struct jd_find_sql *q, const char *tail, struct params *p,
                        int64_t limit)
 {
