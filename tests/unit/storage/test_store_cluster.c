@@ -482,6 +482,35 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
         sleep_ms(20);
     assert_true(jd_store_is_leader(f->a));
     assert_false(jd_store_is_leader(f->b));
+    /* the listener's connection dies: it reconnects, then says anything
+     * may have changed (notices were missed) */
+    pthread_mutex_lock(&h.mu);
+    h.all = 0;
+    h.schedules = 0;
+    pthread_mutex_unlock(&h.mu);
+    assert_true(sql_int(f->url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                " WHERE query LIKE 'LISTEN %'") >= 1);
+    for (int w = 0; w < WAIT_MS; w += 20) {
+        pthread_mutex_lock(&h.mu);
+        bool done = h.all > 0 && strcmp(h.sched, "(all)") == 0;
+        pthread_mutex_unlock(&h.mu);
+        if (done)
+            break;
+        sleep_ms(20);
+    }
+    pthread_mutex_lock(&h.mu);
+    assert_true(h.all > 0);
+    assert_string_equal(h.sched, "(all)");
+    pthread_mutex_unlock(&h.mu);
+    /* and hears notices again */
+    pthread_mutex_lock(&h.mu);
+    h.version = 3;
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
+    assert_int_equal(r.version, 3);
+    for (int w = 0; w < WAIT_MS && !heard_version(&h, 3); w += 20)
+        sleep_ms(20);
+    assert_true(heard_version(&h, 3));
     /* close stops the hooks: nothing is called after it returns */
     jd_store_close(f->b);
     f->b = NULL;
