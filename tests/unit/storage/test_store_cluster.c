@@ -200,6 +200,22 @@ static void test_a_lapsed_node_is_fenced_then_taken_over(void **state)
     assert_int_equal(change_state_wait(f->a, started, JD_JOB_SUCCEEDED, &r), JD_ESTALE);
     struct jd_write cw = {.op = JD_W_JOB_CRASHES, .job_id = queued, .crashes = 5};
     assert_int_equal(submit_wait(f->a, &cw, &r), JD_ESTALE);
+    /* history appends of two jobs in one batch (the grouped statement) too */
+    struct tres ra, rb;
+    struct jd_write pa = {.op = JD_W_JOB_CHANGE,
+                          .job_id = started,
+                          .kind = JD_EVK_PROGRESS,
+                          .data = "{}",
+                          .done = tres_done,
+                          .arg = &ra};
+    struct jd_write pb = pa;
+    pb.job_id = queued;
+    pb.arg = &rb;
+    struct jd_write *both[2] = {&pa, &pb};
+    assert_int_equal(jd_store_submit_many(f->a, both, 2), 0);
+    assert_int_equal(jd_store_sync(f->a), 0);
+    assert_int_equal(ra.rc, JD_ESTALE);
+    assert_int_equal(rb.rc, JD_ESTALE);
 
     /* b's takeover unowns them; b claims them with history and a crash */
     struct claimed c = {.mu = PTHREAD_MUTEX_INITIALIZER};
