@@ -385,9 +385,18 @@ static void test_an_inbox_request_is_recorded_once(void **state)
     assert_int_equal(got.version, 2);
     jd_job_clear(&got);
     assert_int_equal(submit_wait(f->b, &w, &r), JD_ECONFLICT); /* terminal now */
+    /* a request left behind goes with its job */
+    int64_t other = insert_on(f->a);
+    struct jd_write left = w;
+    left.job_id = other;
+    assert_int_equal(submit_wait(f->b, &left, &r), 0);
+    assert_int_equal(change_state_wait(f->a, other, JD_JOB_SUCCEEDED, &r), 0);
+    struct jd_write del = {.op = JD_W_JOB_DELETE, .job_id = other};
+    assert_int_equal(submit_wait(f->b, &del, &r), 0);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM job_requests"), 0);
     struct jd_cluster_stats st;
     jd_store_cluster_stats(f->b, &st);
-    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.requests, 2);
 }
 
 struct heard {
