@@ -169,9 +169,14 @@ static void test_two_nodes_share_a_database(void **state)
     claim_until(f->b, &c, 1);
     assert_int_equal(c.n, 1);
     assert_int_equal(c.ids[0], ja);
-    assert_int_equal(c.crashes[0], 1); /* it was running when given back */
+    assert_int_equal(c.crashes[0], 0); /* given back, not crashed */
     assert_int_equal(change_state_wait(f->b, ja, JD_JOB_SUCCEEDED, &r), 0);
+    /* a finished job is nobody's future: a retry on a takes it for a */
     f->a = node_open(f->url);
+    assert_int_equal(change_state_wait(f->a, ja, JD_JOB_RUNNING, &r), JD_ESTALE);
+    assert_int_equal(change_state_wait(f->a, ja, JD_JOB_QUEUED, &r), 0);
+    assert_int_equal(owner_of(f, ja), jd_store_node_id(f->a));
+    assert_int_equal(change_state_wait(f->b, ja, JD_JOB_RUNNING, &r), JD_ESTALE);
 }
 
 static void test_a_lapsed_node_is_fenced_then_taken_over(void **state)
@@ -195,6 +200,22 @@ static void test_a_lapsed_node_is_fenced_then_taken_over(void **state)
     assert_int_equal(change_state_wait(f->a, started, JD_JOB_SUCCEEDED, &r), JD_ESTALE);
     struct jd_write cw = {.op = JD_W_JOB_CRASHES, .job_id = queued, .crashes = 5};
     assert_int_equal(submit_wait(f->a, &cw, &r), JD_ESTALE);
+    /* history appends of two jobs in one batch (the grouped statement) too */
+    struct tres ra, rb;
+    struct jd_write pa = {.op = JD_W_JOB_CHANGE,
+                          .job_id = started,
+                          .kind = JD_EVK_PROGRESS,
+                          .data = "{}",
+                          .done = tres_done,
+                          .arg = &ra};
+    struct jd_write pb = pa;
+    pb.job_id = queued;
+    pb.arg = &rb;
+    struct jd_write *both[2] = {&pa, &pb};
+    assert_int_equal(jd_store_submit_many(f->a, both, 2), 0);
+    assert_int_equal(jd_store_sync(f->a), 0);
+    assert_int_equal(ra.rc, JD_ESTALE);
+    assert_int_equal(rb.rc, JD_ESTALE);
 
     /* b's takeover unowns them; b claims them with history and a crash */
     struct claimed c = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -364,9 +385,18 @@ static void test_an_inbox_request_is_recorded_once(void **state)
     assert_int_equal(got.version, 2);
     jd_job_clear(&got);
     assert_int_equal(submit_wait(f->b, &w, &r), JD_ECONFLICT); /* terminal now */
+    /* a request left behind goes with its job */
+    int64_t other = insert_on(f->a);
+    struct jd_write left = w;
+    left.job_id = other;
+    assert_int_equal(submit_wait(f->b, &left, &r), 0);
+    assert_int_equal(change_state_wait(f->a, other, JD_JOB_SUCCEEDED, &r), 0);
+    struct jd_write del = {.op = JD_W_JOB_DELETE, .job_id = other};
+    assert_int_equal(submit_wait(f->b, &del, &r), 0);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM job_requests"), 0);
     struct jd_cluster_stats st;
     jd_store_cluster_stats(f->b, &st);
-    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.requests, 2);
 }
 
 struct heard {
@@ -477,6 +507,35 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
         sleep_ms(20);
     assert_true(jd_store_is_leader(f->a));
     assert_false(jd_store_is_leader(f->b));
+    /* the listener's connection dies: it reconnects, then says anything
+     * may have changed (notices were missed) */
+    pthread_mutex_lock(&h.mu);
+    h.all = 0;
+    h.schedules = 0;
+    pthread_mutex_unlock(&h.mu);
+    assert_true(sql_int(f->url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                " WHERE query LIKE 'LISTEN %'") >= 1);
+    for (int w = 0; w < WAIT_MS; w += 20) {
+        pthread_mutex_lock(&h.mu);
+        bool done = h.all > 0 && strcmp(h.sched, "(all)") == 0;
+        pthread_mutex_unlock(&h.mu);
+        if (done)
+            break;
+        sleep_ms(20);
+    }
+    pthread_mutex_lock(&h.mu);
+    assert_true(h.all > 0);
+    assert_string_equal(h.sched, "(all)");
+    pthread_mutex_unlock(&h.mu);
+    /* and hears notices again */
+    pthread_mutex_lock(&h.mu);
+    h.version = 3;
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
+    assert_int_equal(r.version, 3);
+    for (int w = 0; w < WAIT_MS && !heard_version(&h, 3); w += 20)
+        sleep_ms(20);
+    assert_true(heard_version(&h, 3));
     /* close stops the hooks: nothing is called after it returns */
     jd_store_close(f->b);
     f->b = NULL;
