@@ -1244,7 +1244,7 @@ const char jd_openapi_yaml[] =
     "        \"200\": {description: alive}\n"
     "  /readyz:\n"
     "    get:\n"
-    "      summary: Ready to accept jobs (503 while starting or draining)\n"
+    "      summary: Ready to accept jobs (503 while starting or draining, or on a cluster node while the database did not answer its last lease heartbeat)\n"
     "      security: []\n"
     "      responses:\n"
     "        \"200\": {description: ready}\n"

@@ -84,10 +84,35 @@ static int env_timer_cancel(void *ctx, uint64_t id)
     return id && jd_sched_timer_cancel(j->sched, id - 1) == 0 ? 0 : 1;
 }
 
+/* A cluster node: a blocking command's handle() starts on the blocking
+ * pool, maybe long after its dispatch (queued there, or the node stalled):
+ * it starts only while the lease holds (a node that lost it starts over
+ * before it would run). */
+struct blocking_arg {
+    struct jd_jobs *j;
+    void (*fn)(void *arg);
+    void *arg;
+};
+
+static void blocking_run(void *p)
+{
+    struct blocking_arg a = *(struct blocking_arg *)p;
+    free(p);
+    jobs_cluster_lease_wait(a.j);
+    a.fn(a.arg);
+}
+
 static int env_run_blocking(void *ctx, void (*fn)(void *arg), void *arg)
 {
     struct jd_jobs *j = ctx;
-    return jd_sched_run_blocking(j->sched, fn, arg);
+    if (!j->cl)
+        return jd_sched_run_blocking(j->sched, fn, arg);
+    struct blocking_arg *a = jd_xmalloc(sizeof *a);
+    *a = (struct blocking_arg){j, fn, arg};
+    int rc = jd_sched_run_blocking(j->sched, blocking_run, a);
+    if (rc)
+        free(a);
+    return rc;
 }
 
 static const char *env_config(void *ctx, const char *key)
@@ -277,13 +302,20 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
 
     if ((rc = jobs_tasks_create(j, err)))
         goto fail;
-    if ((rc = jobs_recover(j, err)))
+    if (jd_store_clustered(j->store)) {
+        /* A new incarnation owns no job: they come in by claims, which the
+         * node's room bounds (so the queued-job window is not used). */
+        jobs_cluster_init(j);
+        j->window = 0;
+    } else if ((rc = jobs_recover(j, err))) {
         goto fail;
+    }
     jobs_unique_recover(j);
     jobs_admit(j);
     *out = j;
     return 0;
 fail:
+    jobs_cluster_free(j);
     jobs_window_fini(j);
     if (j->reg)
         jd_registry_destroy(j->reg);
@@ -313,7 +345,8 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
     }
     j->draining = true;
     pthread_mutex_unlock(&j->mu);
-    jobs_tasks_drain(j); /* parked claims answer (empty) now */
+    jobs_cluster_fini(j); /* no more claims or inbox requests */
+    jobs_tasks_drain(j);  /* parked claims answer (empty) now */
     pthread_mutex_lock(&j->mu);
     /* Let calls in flight finish (and be recorded) within the grace period.
      * Remote tasks do not hold the drain: they do not run here, and their
@@ -410,6 +443,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
         free(i);
     }
     jd_stats_destroy(j->series);
+    jobs_cluster_free(j);
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);

@@ -219,6 +219,35 @@ void jobs_queue_controls_load(struct jd_jobs *j)
     jd_strings_free(pairs, n);
 }
 
+void jobs_queue_controls_sync(struct jd_jobs *j)
+{
+    char **pairs = NULL;
+    size_t n = 0;
+    if (jd_store_queue_configs(j->store, &pairs, &n) != 0)
+        return;
+    struct job *start = NULL;
+    pthread_mutex_lock(&j->mu);
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        struct qctl c;
+        struct jd_error err = {0};
+        if (!pairs[i] || !pairs[i + 1] ||
+            qctl_parse(pairs[i + 1], strlen(pairs[i + 1]), &c, &err) != 0)
+            continue;
+        struct queue *q = jobs_queue_get(j, pairs[i]);
+        cJSON *a = qctl_render(&c), *b = qctl_render(&q->ctl);
+        bool same = cJSON_Compare(a, b, true);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        if (!same)
+            qctl_apply_locked(j, q, &c, false);
+    }
+    if (!j->draining)
+        jobs_admit_locked(j, &start);
+    pthread_mutex_unlock(&j->mu);
+    jd_strings_free(pairs, n);
+    jobs_start_list(j, start);
+}
+
 void jobs_queue_controls_committed_locked(struct jd_jobs *j, const char *queue, const char *text)
 {
     struct qctl c;

@@ -21,7 +21,7 @@
  * The fence: a job change or crash count is applied only
  * WHERE id = $1 AND owner_node = <this node incarnation>. Zero rows for a
  * job that exists means another incarnation owns it: the record fails with
- * JD_ESTALE (final, never retried), is logged and counted (jd_pg.fenced).
+ * JD_ESTALE (final, never retried), is logged and counted (jd_pg.st_fenced).
  *
  * queue_counts is kept as the SQLite writer keeps it, by the writer: each
  * (queue, state)'s net change is added once per transaction; here deletes
@@ -78,6 +78,9 @@ enum {
     PS_RET_QUEUES,
     PS_RET_DELETE,
     PS_JOB_INSERTS,
+    PS_REQUEST,
+    PS_REQUEST_TAKE,
+    PS_SCHED_EXISTS,
     PS_JOB_APPENDS,
     PS_N
 };
@@ -91,17 +94,26 @@ enum {
     ", l AS (DELETE FROM job_labels WHERE job_id IN (SELECT id FROM j))"                           \
     ", u AS (DELETE FROM unique_keys WHERE job_id IN (SELECT id FROM j))"                          \
     ", i AS (DELETE FROM idempotency WHERE (key, job_id) IN"                                       \
-    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"
+    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"                      \
+    ", r AS (DELETE FROM job_requests WHERE job_id IN (SELECT id FROM j))"
+
+/* This node ($n) if its lease is valid, else NULL: a job inserted by a
+ * node that lost its lease is nobody's, so another node claims it. */
+#define NODE_ALIVE(n) "(SELECT id FROM jd_nodes WHERE id = " n " AND expires_at > now())"
+/* The fence's second half: this node's lease is valid (database clock). */
+#define LEASE_VALID(n)                                                                             \
+    " AND EXISTS (SELECT 1 FROM jd_nodes WHERE id = " n " AND expires_at > now())"
 
 /* A job's insert: the row (owned by this node, $11), its definition, its
  * first event ("state", seq 1, at $13 with data $14). */
 #define JOB_INSERT_HEAD                                                                            \
     "WITH j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts, version,"        \
     " created_ms, updated_ms, started_ms, finished_ms, idempotency_key, schedule_id, handler,"     \
-    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, $11))"             \
-    ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"                    \
-    ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                            \
-    " VALUES ($1, 1, $13, 0, 0, $14))"
+    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, " NODE_ALIVE(      \
+        "$11") "))"                                                                                \
+               ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"         \
+               ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                 \
+               " VALUES ($1, 1, $13, 0, 0, $14))"
 
 static const struct {
     const char *sql;
@@ -133,7 +145,8 @@ static const struct {
                               " SELECT 1",
                               "itiiiiitttitit"},
     [PS_JOB_OWNER] = {"SELECT owner_node FROM jobs WHERE id = $1", "i"},
-    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3 RETURNING 1",
+    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3" LEASE_VALID(
+                        "$3") " RETURNING 1",
                     "iii"},
     [PS_QUEUE_UPSERT] = {"INSERT INTO queues(name, paused) VALUES ($1, $2)"
                          " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
@@ -165,7 +178,7 @@ static const struct {
                          " last_outcome = CASE WHEN ($3 & 8) <> 0 THEN $9 ELSE last_outcome END,"
                          " fires = fires + $10, skips = skips + $11,"
                          " event_seq = event_seq + $12, updated_ms = $2"
-                         " WHERE id = $1 RETURNING event_seq),"
+                         " WHERE id = $1 AND ($19 = 0 OR next_fire_ms = $19) RETURNING event_seq),"
                          " e AS (INSERT INTO schedule_events(schedule_id, seq, time_ms, kind,"
                          " fire_ms, job_id, data) SELECT $1, event_seq, $2, $13, $14, $15, $16"
                          " FROM u WHERE $13 IS NOT NULL),"
@@ -173,7 +186,7 @@ static const struct {
                          " AND $13 IS NOT NULL AND seq <= (SELECT event_seq FROM u) - $17"
                          " AND (SELECT event_seq FROM u) % $18 = 0)"
                          " SELECT event_seq FROM u",
-                         "tiiiiiiitiiitiitii"},
+                         "tiiiiiiitiiitiitiii"},
     [PS_SCHED_DELETE] = {"WITH s AS (DELETE FROM schedules WHERE id = $1 RETURNING id),"
                          " e AS (DELETE FROM schedule_events WHERE schedule_id IN"
                          " (SELECT id FROM s)) SELECT 1 FROM s",
@@ -224,48 +237,62 @@ static const struct {
      * each job's "labels" member as the writer found it in the definition
      * (NULL: none), so PostgreSQL parses only that; or, where $16 is true,
      * the whole definition (it did not scan). */
-    [PS_JOB_INSERTS] = {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
-                        " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
-                        " $9::text[], $10::text[], $11::text[], $12::text[], $15::text[],"
-                        " $16::bool[]) AS v(id, queue, priority, state, run_at_ms, created_ms,"
-                        " finished_ms, idem, schedule_id, handler, definition, data, lbl,"
-                        " lwhole)),"
-                        " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
-                        " version, created_ms, updated_ms, started_ms, finished_ms,"
-                        " idempotency_key, schedule_id, handler, owner_node)"
-                        " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
-                        " created_ms, 0, finished_ms, idem, schedule_id, handler, $13 FROM v),"
-                        " d AS (INSERT INTO job_definitions(job_id, definition)"
-                        " SELECT id, definition FROM v),"
-                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-                        " SELECT id, 1, $14, 0, 0, data FROM v),"
-                        " l AS (INSERT INTO job_labels(key, value, job_id)"
-                        " SELECT x.k, x.v #>> '{}', v.id FROM v,"
-                        " LATERAL (SELECT CASE WHEN v.lwhole THEN v.lbl::jsonb -> 'labels'"
-                        " ELSE v.lbl::jsonb END AS ls) AS d,"
-                        " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
-                        " ELSE '{}'::jsonb END) AS x(k, v)"
-                        " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
-                        " SELECT count(*) FROM v",
-                        "ITIIIIITTTTTiiTB"},
+    [PS_JOB_INSERTS] =
+        {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
+         " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
+         " $9::text[], $10::text[], $11::text[], $12::text[], $15::text[],"
+         " $16::bool[]) AS v(id, queue, priority, state, run_at_ms, created_ms,"
+         " finished_ms, idem, schedule_id, handler, definition, data, lbl,"
+         " lwhole)),"
+         " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
+         " version, created_ms, updated_ms, started_ms, finished_ms,"
+         " idempotency_key, schedule_id, handler, owner_node)"
+         " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
+         " created_ms, 0, finished_ms, idem, schedule_id, handler, " NODE_ALIVE(
+             "$13") " FROM v),"
+                    " d AS (INSERT INTO job_definitions(job_id, definition)"
+                    " SELECT id, definition FROM v),"
+                    " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                    " SELECT id, 1, $14, 0, 0, data FROM v),"
+                    " l AS (INSERT INTO job_labels(key, value, job_id)"
+                    " SELECT x.k, x.v #>> '{}', v.id FROM v,"
+                    " LATERAL (SELECT CASE WHEN v.lwhole THEN v.lbl::jsonb -> 'labels'"
+                    " ELSE v.lbl::jsonb END AS ls) AS d,"
+                    " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
+                    " ELSE '{}'::jsonb END) AS x(k, v)"
+                    " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
+                    " SELECT count(*) FROM v",
+         "ITIIIIITTTTTiiTB"},
     /* History appends (changes that set no field) of a pipelined batch in
      * one statement: per job, the version goes up by its number of appends
      * (fenced on $6, this node), and each event's seq is the old version
      * plus its rank among the job's appends, in batch order ($5: now).
      * Returns each job's old version; a job missing from the answer was
      * missing or fenced. */
-    [PS_JOB_APPENDS] = {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
-                        " $4::text[]) WITH ORDINALITY AS v(job_id, kind, tag, data, ord)),"
-                        " c AS (SELECT job_id, count(*) AS k FROM v GROUP BY job_id),"
-                        " u AS (UPDATE jobs j SET version = j.version + c.k, updated_ms = $5"
-                        " FROM c WHERE j.id = c.job_id AND j.owner_node = $6"
-                        " RETURNING j.id, j.version - c.k AS base),"
-                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-                        " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
-                        " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
-                        " ON u.id = v.job_id ORDER BY v.ord)"
-                        " SELECT id, base FROM u",
-                        "IIITii"},
+    [PS_JOB_APPENDS] =
+        {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
+         " $4::text[]) WITH ORDINALITY AS v(job_id, kind, tag, data, ord)),"
+         " c AS (SELECT job_id, count(*) AS k FROM v GROUP BY job_id),"
+         " u AS (UPDATE jobs j SET version = j.version + c.k, updated_ms = $5"
+         " FROM c WHERE j.id = c.job_id AND j.owner_node = $6" LEASE_VALID(
+             "$6") " RETURNING j.id, j.version - c.k AS base),"
+                   " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                   " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
+                   " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
+                   " ON u.id = v.job_id ORDER BY v.ord)"
+                   " SELECT id, base FROM u",
+         "IIITii"},
+    /* An inbox request (unfenced): one row always; state NULL: no such
+     * job; id NULL: the job is terminal. */
+    [PS_REQUEST] = {"WITH j AS (SELECT state FROM jobs WHERE id = $1),"
+                    " i AS (INSERT INTO job_requests(job_id, kind, data, created_ms)"
+                    " SELECT $1, $2, $3, $4 FROM j WHERE state < 3 RETURNING id)"
+                    " SELECT (SELECT state FROM j), (SELECT id FROM i)",
+                    "iiti"},
+    /* the owner recording request $1 for job $2: once only */
+    [PS_REQUEST_TAKE] = {"DELETE FROM job_requests WHERE id = $1 AND job_id = $2 RETURNING 1",
+                         "ii"},
+    [PS_SCHED_EXISTS] = {"SELECT 1 FROM schedules WHERE id = $1", "t"},
 };
 
 /* A statement's result as a JD_E* code, telling a record's own fault
@@ -327,6 +354,7 @@ enum {
     RK_CHANGE,  /* a job change's row: version, queue, old and new state */
     RK_DELETE,  /* a job delete's row: queue and state, counted out */
     RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see apply_pipelined) */
+    RK_REQUEST, /* an inbox request: (job state, request id), NULLs say why not */
     RK_APPENDS, /* the batch's grouped history appends (w: the first; see emit_appends) */
 };
 #define NOROW 1 /* a statement that had to touch a row touched none */
@@ -572,6 +600,14 @@ static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
         return take_appends(c, r);
     if (PQntuples(r) == 0)
         return NOROW;
+    if (kind == RK_REQUEST) {
+        if (PQgetisnull(r, 0, 0))
+            return JD_ENOENT;
+        if (PQgetisnull(r, 0, 1))
+            return JD_ECONFLICT;
+        w->request_id = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        return 0;
+    }
     if (kind == RK_CHANGE) {
         w->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
         int old_state = atoi(PQgetvalue(r, 0, 2)), new_state = atoi(PQgetvalue(r, 0, 3));
@@ -624,8 +660,10 @@ static int missing_or_fenced(struct jd_store *s, int64_t id)
     snprintf(idb, sizeof idb, "%lld", (long long)id);
     snprintf(ob, sizeof ob, "%lld", (long long)owner);
     snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
-    jd_log(JD_LOG_WARN, "storage: job write refused, another node owns the job", "job_id", idb,
-           "owner_node", ob, "node", me, NULL);
+    jd_log(JD_LOG_WARN,
+           owner == s->pg->node_id ? "storage: job write refused, this node's lease lapsed"
+                                   : "storage: job write refused, the job is not this node's",
+           "job_id", idb, "owner_node", ob, "node", me, NULL);
     return JD_ESTALE;
 }
 
@@ -709,7 +747,9 @@ static int apply_insert(struct ctx *c, struct jd_write *w)
  * are fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
  * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
  * $13 data. Returns version, queue, old state, new state; no row: missing
- * or fenced. A move to a terminal state without an explicit finish time
+ * or fenced (a change that moves a terminal job back to queued, a retry,
+ * passes the fence and takes the job for this node). A move to a terminal
+ * state without an explicit finish time
  * stamps it now, so retention never sees a terminal job with finished_ms 0.
  * The old state (o) is a plain read of the statement's snapshot: all parts
  * of one statement see the row as it was before the UPDATE (FOR UPDATE
@@ -720,7 +760,7 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
     snprintf(names[set], sizeof names[set], "u%u", set);
     if (s->pg->upd_prepared[set])
         return names[set];
-    char sql[1536];
+    char sql[1792];
     bool st = set & JD_SET_STATE;
     int len = snprintf(sql, sizeof sql,
                        "WITH %su AS (UPDATE jobs SET version = version + 1,"
@@ -737,11 +777,17 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
         len += snprintf(sql + len, sizeof sql - (size_t)len,
                         ", finished_ms = CASE WHEN $4 >= 3 AND finished_ms = 0 THEN $2"
                         " ELSE finished_ms END");
+    /* A finished job is nobody's future: a retry (back to queued) by any
+     * node makes the job that node's. */
+    if (st)
+        len += snprintf(sql + len, sizeof sql - (size_t)len, ", owner_node = $3");
     snprintf(sql + len, sizeof sql - (size_t)len,
-             " WHERE id = $1 AND owner_node = $3 RETURNING version, queue, state),"
-             " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-             " SELECT $1, version, $2, $11, $12, $13 FROM u)"
-             " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             " WHERE id = $1 AND %s" LEASE_VALID(
+                 "$3") " RETURNING version, queue, state),"
+                       " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                       " SELECT $1, version, $2, $11, $12, $13 FROM u)"
+                       " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             st ? "(owner_node = $3 OR (state >= 3 AND $4 = 0))" : "owner_node = $3",
              st ? "o.state" : "u.state", st ? ", o" : "");
     Oid oids[13];
     int n;
@@ -767,10 +813,21 @@ static int apply_change(struct ctx *c, struct jd_write *w)
 {
     if (!change_valid(w))
         return JD_EINVAL;
+    if (atomic_load(&c->s->pg->lease_lost))
+        return JD_ESTALE;
     const char *name = change_stmt(c->s, w->set);
     if (!name)
         return JD_EIO;
     int rc;
+    if (w->request_id > 0) {
+        /* gone: another record took it already (the request is recorded once) */
+        struct prm t = {0};
+        p_int(&t, w->request_id);
+        p_int(&t, w->job_id);
+        rc = emit(c, w, stmt_name(PS_REQUEST_TAKE), &t, RK_ROW);
+        if (rc)
+            return rc == NOROW ? JD_ECONFLICT : rc;
+    }
     if (w->release_unique) {
         struct prm u = {0};
         p_int(&u, w->job_id);
@@ -851,8 +908,20 @@ static int apply_schedule_change(struct ctx *c, struct jd_write *w,
     p_text(&p, sw->event_data);
     p_int(&p, JD_SCHEDULE_EVENTS_KEEP);
     p_int(&p, JD_PG_SCHED_TRIM_EVERY);
+    p_int(&p, sw->expect_next_fire_ms);
     int rc = emit(c, w, stmt_name(PS_SCHED_CHANGE), &p, RK_ROW);
-    return rc == NOROW ? JD_ENOENT : rc;
+    if (rc != NOROW)
+        return rc;
+    if (!sw->expect_next_fire_ms)
+        return JD_ENOENT;
+    /* a conditional fire that lost the race, or a schedule that is gone */
+    struct prm e = {0};
+    p_text(&e, sw->id);
+    int64_t one = 0;
+    bool found = false;
+    if ((rc = xint(c->s, PS_SCHED_EXISTS, &e, &one, &found)) != 0)
+        return rc;
+    return found ? JD_ECONFLICT : JD_ENOENT;
 }
 
 static int apply_schedule(struct ctx *c, struct jd_write *w)
@@ -892,6 +961,8 @@ static int apply_crashes(struct ctx *c, struct jd_write *w)
 {
     if (w->job_id <= 0)
         return JD_EINVAL;
+    if (atomic_load(&c->s->pg->lease_lost))
+        return JD_ESTALE;
     struct prm p = {0};
     p_int(&p, w->job_id);
     p_int(&p, w->crashes);
@@ -916,6 +987,19 @@ static int apply_job_delete(struct ctx *c, struct jd_write *w)
     if ((rc = xint(c->s, PS_JOB_STATE, &p, &state, &found)) != 0)
         return rc;
     return found ? JD_ECONFLICT : JD_ENOENT;
+}
+
+/* An inbox request (JD_W_JOB_REQUEST): any node may write it. */
+static int apply_request(struct ctx *c, struct jd_write *w)
+{
+    if (w->job_id <= 0 || (w->kind != JD_EVK_MESSAGE && w->kind != JD_EVK_CANCEL))
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_int(&p, w->job_id);
+    p_int(&p, w->kind);
+    p_text(&p, w->data);
+    p_int(&p, c->now);
+    return emit(c, w, stmt_name(PS_REQUEST), &p, RK_REQUEST);
 }
 
 static int apply_remote(struct ctx *c, struct jd_write *w)
@@ -974,6 +1058,8 @@ static int apply(struct ctx *c, struct jd_write *w)
     case JD_W_COMMAND_DELETE:
     case JD_W_TASK_PUT:
         return apply_remote(c, w);
+    case JD_W_JOB_REQUEST:
+        return apply_request(c, w);
     default:
         return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
     }
@@ -1283,7 +1369,8 @@ static struct jslot *jslot(struct jd_pg_wscratch *ws, int64_t id)
 
 static bool is_append(const struct jd_write *w)
 {
-    return w->op == JD_W_JOB_CHANGE && w->set == 0 && !w->release_unique && change_valid(w);
+    return w->op == JD_W_JOB_CHANGE && w->set == 0 && !w->release_unique && w->request_id == 0 &&
+           change_valid(w);
 }
 
 /* Queue the history appends of jobs that have nothing but appends (and
@@ -1498,7 +1585,7 @@ static int apply_savepoints(struct ctx *c, struct jd_write **b, int *rcs, size_t
             if (rc != 0)
                 b[i + k]->version = 0;
             if (rc == JD_ESTALE)
-                atomic_fetch_add_explicit(&s->pg->fenced, 1, memory_order_relaxed);
+                atomic_fetch_add_explicit(&s->pg->st_fenced, 1, memory_order_relaxed);
         }
         i += g;
     }
@@ -1555,6 +1642,82 @@ static int ensure_session(struct jd_store *s)
     return pg->wprepared ? 0 : prepare_all(s);
 }
 
+#define JD_PG_NOTIFY_MAX 7900 /* a NOTIFY payload is at most 8000 bytes */
+
+/* Append entry e to the notice being built; past the cap it becomes "*". */
+static void note_add(char *buf, size_t *len, bool *all, const char *e)
+{
+    size_t k = strlen(e);
+    if (*all)
+        return;
+    if (*len + k + 2 > JD_PG_NOTIFY_MAX) {
+        *all = true;
+        return;
+    }
+    if (*len)
+        buf[(*len)++] = ',';
+    memcpy(buf + *len, e, k + 1);
+    *len += k;
+}
+
+/* The batch's one change notice, inside its transaction (delivered at
+ * commit, dropped with a rollback): "id:version" per job record applied,
+ * "s:<id>" per schedule, "r" for inbox requests, or "*" when it would not
+ * fit. Hints only: listeners re-read. 0 or JD_EIO. */
+static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs, size_t n)
+{
+    static _Thread_local char buf[JD_PG_NOTIFY_MAX + 1];
+    size_t len = 0;
+    bool all = false, req = false;
+    uint64_t nreq = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = b[i];
+        char e[160];
+        if (rcs[i] != 0)
+            continue;
+        switch (w->op) {
+        case JD_W_JOB_INSERT:
+        case JD_W_JOB_CHANGE:
+        case JD_W_JOB_DELETE:
+            snprintf(e, sizeof e, "%lld:%lld", (long long)w->job_id, (long long)w->version);
+            note_add(buf, &len, &all, e);
+            break;
+        case JD_W_JOB_REQUEST:
+            req = true;
+            nreq++;
+            break;
+        case JD_W_SCHEDULE_PUT:
+        case JD_W_SCHEDULE_CHANGE:
+        case JD_W_SCHEDULE_DELETE:
+            if (w->sched.id && strlen(w->sched.id) < 120 && !strchr(w->sched.id, ','))
+                snprintf(e, sizeof e, "s:%s", w->sched.id);
+            else
+                snprintf(e, sizeof e, "s");
+            note_add(buf, &len, &all, e);
+            break;
+        default:
+            break;
+        }
+    }
+    if (req)
+        note_add(buf, &len, &all, "r");
+    if (all) {
+        /* "*" says any job may have changed; keep the inbox hint beside it */
+        snprintf(buf, sizeof buf, req ? "*,r,s" : "*,s");
+        len = strlen(buf);
+    }
+    if (len == 0)
+        return 0;
+    const char *v[] = {buf};
+    PGresult *r = PQexecParams(s->pg->wconn, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
+                               NULL, v, NULL, NULL, 0);
+    int rc = jd_pg_rc(r);
+    PQclear(r);
+    if (rc == 0)
+        atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed);
+    return rc ? JD_EIO : 0;
+}
+
 /* COMMIT, true only if the server committed (an aborted transaction
  * answers COMMIT with ROLLBACK). */
 static bool commit(struct jd_store *s)
@@ -1587,6 +1750,10 @@ again:
         }
         if (apply_savepoints(&c, b, rcs, n) != 0)
             goto fail;
+    }
+    if (notify_batch(s, b, rcs, n) != 0) {
+        log_failure(s, "notify");
+        goto fail;
     }
     commit_sent = true;
     if (!commit(s)) {
@@ -1628,6 +1795,15 @@ bool jd_pg_retention_step(struct jd_store *s)
     PGresult *qs = NULL;
     if (ensure_session(s) != 0 || simple(s, "BEGIN") != 0)
         goto fail;
+    /* one node at a time: another node's pass now, ours next time */
+    PGresult *lk =
+        PQexec(s->pg->wconn, "SELECT pg_try_advisory_xact_lock(" JD_PG_CHORE_LOCK_SQL ")");
+    bool mine = jd_pg_rc(lk) == 0 && PQntuples(lk) == 1 && PQgetvalue(lk, 0, 0)[0] == 't';
+    PQclear(lk);
+    if (!mine) {
+        simple(s, "ROLLBACK");
+        return false;
+    }
     struct prm none = {0};
     if (xq(s, stmt_name(PS_RET_QUEUES), &none, &qs) != 0)
         goto fail;

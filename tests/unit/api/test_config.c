@@ -46,6 +46,7 @@ static void test_defaults(void **state)
     assert_null(c.exec_env_allow);               /* exec's deny-list applies */
     assert_int_equal(c.exec_timeout_ms, 600000); /* every exec and http call has a deadline */
     assert_int_equal(c.http_timeout_ms, 60000);
+    assert_int_equal(c.lease_ms, 10000); /* a cluster node's lease */
     assert_false(c.help);
     jd_config_free(&c);
 }
@@ -85,6 +86,7 @@ static void test_bad_values(void **state)
         {"--max-body", "0"},     {"--max-body", "12q"},   {"--retention", "soon"},
         {"--log-level", "loud"}, {"--bogus", "1"},        {"--pin-workers", "maybe"},
         {"--exec-timeout", "0"}, {"--http-timeout", "0"}, {"--exec-timeout", "soon"},
+        {"--lease", "500ms"},    {"--lease", "2h"},       {"--lease", "later"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct jd_config c;
@@ -111,8 +113,9 @@ static void test_plugin_limits(void **state)
     setenv("JACKDAW_HTTP_TIMEOUT", "5s", 1);
     struct jd_config c;
     struct jd_error err = {0};
-    char *argv[] = {"jackdawd", "--exec-timeout", "2m", NULL};
-    assert_int_equal(jd_config_parse(&c, 3, argv, NULL, &err), 0);
+    char *argv[] = {"jackdawd", "--exec-timeout", "2m", "--lease", "2s", NULL};
+    assert_int_equal(jd_config_parse(&c, 5, argv, NULL, &err), 0);
+    assert_int_equal(c.lease_ms, 2000);
     assert_string_equal(c.exec_env_allow, "LANG,APP_*");
     assert_int_equal(c.exec_timeout_ms, 120000);
     assert_int_equal(c.http_timeout_ms, 5000);

@@ -72,11 +72,11 @@ static void fill(PGconn *db, int64_t first, int64_t n, const char *states)
 {
     char *q = jd_xasprintf(
         "INSERT INTO jobs(id, queue, priority, state, run_at_ms, created_ms, updated_ms,"
-        " schedule_id, handler)"
+        " schedule_id, handler, owner_node)"
         " SELECT i, 'q' || (i %% 5), i %% 3, ('{%s}'::bigint[])[1 + i %% %d],"
         " 1000 + i + CASE WHEN i %% 7 = 0 THEN 500 ELSE 0 END, 1000 + i, 1000 + i,"
         " CASE WHEN i %% 50 = 0 THEN 's' || (i %% 3) END,"
-        " CASE WHEN i %% 4 = 0 THEN 'h' || (i %% 5) END"
+        " CASE WHEN i %% 4 = 0 THEN 'h' || (i %% 5) END, 1"
         " FROM generate_series(%" PRId64 ", %" PRId64 ") i;"
         "INSERT INTO job_definitions SELECT i, '{\"handler\":\"x\",\"labels\":{\"team\":\"t'"
         " || (i %% 20) || '\"},\"traceparent\":\"00-' || i || '\"}'"
@@ -110,11 +110,11 @@ static const char *const plan_args[PR_N] = {
     [PR_EVENTS] = "5, 0, 100",
     [PR_EVENTS_OF_JOBS] = "'{1,2,3}'",
     [PR_IDEM] = "'k'",
-    [PR_ACTIVE] = "0, 128",
-    [PR_STARTED] = "0, 128",
-    [PR_QUEUED_SAME] = "'q1', 1, 0, 900000, 100",
-    [PR_QUEUED_LOWER] = "'q1', 1, 900000, 100",
-    [PR_QUEUED_LATER] = "0, 0, 900000, 100",
+    [PR_ACTIVE] = "0, 128, 1",
+    [PR_STARTED] = "0, 128, 1",
+    [PR_QUEUED_SAME] = "'q1', 1, 0, 900000, 100, 1",
+    [PR_QUEUED_LOWER] = "'q1', 1, 900000, 100, 1",
+    [PR_QUEUED_LATER] = "0, 0, 900000, 100, 1",
     [PR_OLDEST_QUEUED] = "'q1'",
     [PR_SCHED_GET] = "'s1'",
     [PR_SCHED_LIST] = "'', 11",
