@@ -8,6 +8,7 @@
 #   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse | bench-backlog
 #   make hostile         the hostile mix (tests/integration/test_hostile.sh) for 2 minutes
 #   make crash | fuzz | docker-smoke | format | clean
+#   make cluster-test    3 nodes on a throwaway PostgreSQL under SIGKILL/SIGSTOP: nothing lost or run twice
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
 
@@ -279,6 +280,12 @@ crash: deps
 	$(Q)$(MAKE) --no-print-directory all
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
 
+# The cluster's proof (issue 16): NODES (3) nodes on one throwaway PostgreSQL,
+# ROUNDS (3) rounds of a SIGKILL and a SIGSTOP past two leases under load.
+cluster-test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	JD_BUILD=$(BUILD) ROUNDS=$${ROUNDS:-3} LOAD_S=$${LOAD_S:-15} tests/cluster/cluster.sh
+
 fuzz: deps
 	@tools/deps.sh clang
 	JD_BUILD=$(BUILD) tests/fuzz/run.sh $${FUZZ_SECONDS:-60}
@@ -294,5 +301,7 @@ clean:
 
 .PHONY: all deps ui-deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
         bench-compare bench-e2e bench-schedules bench-backlog hostile crash fuzz docker-smoke format clean
+
+.PHONY: cluster-test
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
