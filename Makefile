@@ -7,7 +7,7 @@
 #   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse | bench-backlog
 #   make hostile         the hostile mix (tests/integration/test_hostile.sh) for 2 minutes
-#   make crash | fuzz | docker-smoke | format | clean
+#   make crash | fuzz | docker-smoke | format | clean   (make crash DB=pg: the node on PostgreSQL)
 #   make cluster-test    3 nodes on a throwaway PostgreSQL under SIGKILL/SIGSTOP: nothing lost or run twice
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
@@ -278,7 +278,7 @@ bench-backlog: deps
 
 crash: deps
 	$(Q)$(MAKE) --no-print-directory all
-	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
+	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} $(if $(filter pg,$(DB)),CRASH_PG=1) tests/crash/run.sh
 
 # The cluster's proof (issue 16): NODES (3) nodes on one throwaway PostgreSQL,
 # ROUNDS (3) rounds of a SIGKILL and a SIGSTOP past two leases under load.
