@@ -4,15 +4,10 @@
  * the shared writer thread (writer.c, which commits through pg_write.c);
  * and close.
  *
- * Phase 1 runs one node per database, as the SQLite backend runs one
- * process per file: the writer connection holds a session advisory lock
- * (JD_PG_NODE_LOCK) for the node's life, so a second jackdawd on the same
- * database is refused with JD_EBUSY, and the lock goes with the session
- * when the process dies. At start the node adopts every unfinished job
- * (jobs.owner_node = its new id) and drops the rows of earlier
- * incarnations: one left behind means the last node did not close, which
- * is what jd_store_unclean reports. The cluster (phase 2) replaces both
- * with leases and takeover of expired nodes only.
+ * Any number of nodes share a database (the cluster, pg_cluster.c): at
+ * open the node registers a fresh incarnation with a lease and takes over
+ * only the jobs of nodes whose lease lapsed; at close it gives its own
+ * unfinished jobs back (unowned) and deletes its row.
  *
  * Threading: jd_pg_open/jd_pg_close on the opening thread (the writer is
  * not running yet / has stopped, so wconn is theirs); jd_pg_next_id on any
@@ -32,12 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define JD_PG_LEASE_MS 10000           /* a node's lease (phase 2 heartbeats it; --lease) */
 #define JD_PG_IDLE_TX_TIMEOUT_MS 60000 /* a stuck session never pins dead tuples for long */
 #define JD_PG_CONNECT_TIMEOUT_S "10"
-#define JD_PG_NODE_LOCK 0x4a44574b4e4f4445LL /* "JDWKNODE": one node per database (phase 1) */
-#define JD_PG_LOCK_WAITS 100                 /* ... of JD_PG_LOCK_WAIT_NS: 2 s at most */
-#define JD_PG_LOCK_WAIT_NS 20000000          /* 20 ms */
 
 bool jd_store_path_is_pg(const char *path)
 {
@@ -182,87 +173,28 @@ int64_t jd_pg_next_id(struct jd_store *s)
     return id;
 }
 
-/* Register this incarnation (a fresh jd_nodes row) and, phase 1, adopt
- * the database: refuse if another node holds it, take every unfinished
- * job, drop the rows of earlier incarnations (their presence: unclean). */
-static int register_node(struct jd_store *s, struct jd_error *err)
-{
-    struct jd_pg *pg = s->pg;
-    PGresult *r = NULL;
-    char sql[512];
-    snprintf(sql, sizeof sql, "SELECT pg_try_advisory_lock(%lld)", (long long)JD_PG_NODE_LOCK);
-    bool locked = false;
-    int rc;
-    /* A node killed a moment ago holds the lock until the server has seen
-     * its connections close: give that a moment rather than refuse a
-     * restart (as the SQLite lock file does for an orphaned lock). */
-    for (int i = 0; !locked && i < JD_PG_LOCK_WAITS; i++) {
-        if (i > 0) {
-            struct timespec ts = {0, JD_PG_LOCK_WAIT_NS};
-            nanosleep(&ts, NULL);
-        }
-        if ((rc = pg_exec(pg->wconn, pg->display, sql, &r, err)) != 0)
-            return rc;
-        locked = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
-        PQclear(r);
-    }
-    if (!locked)
-        return jd_error_set(err, JD_EBUSY, NULL,
-                            "PostgreSQL database %s is in use by another running Jackdaw node; "
-                            "refusing to open it twice (a cluster of nodes is not supported yet)",
-                            pg->display);
-
-    char host[128] = "?";
-    gethostname(host, sizeof host - 1);
-    char name[160];
-    snprintf(name, sizeof name, "%s:%ld", host, (long)getpid());
-    char lease[32];
-    snprintf(lease, sizeof lease, "%lld", (long long)pg->lease_ms);
-    const char *vals[] = {name, lease};
-    r = PQexecParams(pg->wconn,
-                     "INSERT INTO jd_nodes(name, started_at, expires_at)"
-                     " VALUES ($1, now(), now() + $2::bigint * interval '1 millisecond')"
-                     " RETURNING id",
-                     2, NULL, vals, NULL, NULL, 0);
-    if (jd_pg_rc(r) || PQntuples(r) != 1) {
-        rc = jd_error_set(err, JD_EIO, NULL, "PostgreSQL database %s: registering the node: %s",
-                          pg->display, PQerrorMessage(pg->wconn));
-        PQclear(r);
-        return rc;
-    }
-    pg->node_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    PQclear(r);
-
-    snprintf(sql, sizeof sql,
-             "BEGIN;"
-             " UPDATE jobs SET owner_node = %lld WHERE state < 3"
-             " AND owner_node IS DISTINCT FROM %lld;"
-             " DELETE FROM jd_nodes WHERE id <> %lld RETURNING id;",
-             (long long)pg->node_id, (long long)pg->node_id, (long long)pg->node_id);
-    if ((rc = pg_exec(pg->wconn, pg->display, sql, &r, err)) != 0) {
-        PQclear(PQexec(pg->wconn, "ROLLBACK"));
-        return rc;
-    }
-    s->unclean = PQntuples(r) > 0;
-    PQclear(r);
-    return pg_exec(pg->wconn, pg->display, "COMMIT", NULL, err);
-}
-
 int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_error *err)
 {
     struct jd_pg *pg = jd_xcalloc(1, sizeof *pg);
     s->pg = pg;
     pg->url = jd_xstrdup(cfg->path);
     pg->display = jd_pg_display_url(cfg->path);
-    pg->lease_ms = JD_PG_LEASE_MS;
+    pg->lease_ms = cfg->lease_ms > 0 ? cfg->lease_ms : JD_PG_LEASE_MS;
+    pg->sync_full = cfg->sync_full;
+    atomic_init(&pg->healthy, true);
+    atomic_init(&pg->leader, false);
+    pg->wake[0] = pg->wake[1] = -1;
     pthread_mutex_init(&pg->id_mu, NULL);
+    pthread_mutex_init(&pg->cl_mu, NULL);
+    pthread_mutex_init(&pg->claim_mu, NULL);
+    pthread_cond_init(&pg->cl_cv, NULL);
 
     pg->wconn = jd_pg_connect(pg->url, pg->display, cfg->sync_full, err);
     if (!pg->wconn)
         return err ? err->code : JD_EIO;
     int rc = jd_pg_schema_migrate(pg->wconn, pg->display, err);
     if (rc == 0)
-        rc = register_node(s, err);
+        rc = jd_pg_node_register(s, err);
     if (rc)
         return rc;
     pg->idconn = jd_pg_connect(pg->url, pg->display, cfg->sync_full, err);
@@ -284,6 +216,8 @@ int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_
     if ((rc = jd_pg_readers_open(s, err)) != 0)
         return rc;
     pg->readers_opened = true;
+    if (jd_pg_heartbeat_start(s) != 0)
+        return jd_error_set(err, JD_EIO, NULL, "starting the heartbeat thread failed");
     return jd_writer_start(s, err);
 }
 
@@ -292,21 +226,18 @@ void jd_pg_close(struct jd_store *s)
     struct jd_pg *pg = s->pg;
     if (!pg)
         return;
-    if (pg->wconn && pg->node_id > 0 && PQstatus(pg->wconn) == CONNECTION_OK) {
-        char sql[96];
-        snprintf(sql, sizeof sql, "DELETE FROM jd_nodes WHERE id = %lld", (long long)pg->node_id);
-        PGresult *r = PQexec(pg->wconn, sql);
-        if (jd_pg_rc(r))
-            jd_log(JD_LOG_WARN, "storage: marking the node gone failed", "db", pg->display, "error",
-                   PQerrorMessage(pg->wconn), NULL);
-        PQclear(r);
-    }
+    jd_pg_cluster_stop(s);
+    jd_pg_node_unregister(s);
     if (pg->readers_opened)
         jd_pg_readers_close(s);
     jd_pg_write_free(pg);
     PQfinish(pg->wconn);
     PQfinish(pg->idconn);
     pthread_mutex_destroy(&pg->id_mu);
+    pthread_mutex_destroy(&pg->cl_mu);
+    pthread_mutex_destroy(&pg->claim_mu);
+    PQfinish(pg->cconn);
+    pthread_cond_destroy(&pg->cl_cv);
     free(pg->url);
     free(pg->display);
     free(pg);

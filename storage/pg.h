@@ -35,6 +35,7 @@
 
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -52,16 +53,34 @@ struct jd_pg {
     bool wprepared;                 /* the writer's named statements exist on wconn */
     bool upd_prepared[128];         /* the job-change statement per JD_SET_* mask, lazily */
     struct jd_pg_wscratch *scratch; /* the writer's per-batch scratch (pg_write.c) */
-    int64_t fenced;                 /* job writes refused by the fence (JD_ESTALE) */
 
     /* ---- job ids (jd_store_next_id, any thread) ---- */
     pthread_mutex_t id_mu;
     PGconn *idconn;          /* under id_mu: its own connection, for the refills */
     int64_t id_next, id_end; /* under id_mu: the reserved block [id_next, id_end) */
 
-    /* ---- this node (cluster) ---- */
-    int64_t node_id;  /* this incarnation's jd_nodes.id */
+    /* ---- this node (cluster: pg_cluster.c) ---- */
+    int64_t node_id;  /* this incarnation's jd_nodes.id; set at open, then read-only */
     int64_t lease_ms; /* --lease */
+    bool sync_full;
+    atomic_bool lease_lost;           /* the heartbeat found the row gone or expired: final */
+    atomic_bool healthy;              /* the database answered the last heartbeat */
+    atomic_bool leader;               /* the lowest live node id, as of the last heartbeat */
+    atomic_int_least64_t deadline_ms; /* the last confirmed lease deadline, real monotonic ms */
+    atomic_bool hb_paused;            /* tests (jd_pg_test_pause_heartbeat): skip heartbeats */
+    struct jd_store_cluster_hooks hooks;
+    pthread_mutex_t cl_mu; /* guards cl_stop and the threads' sleeps */
+    pthread_cond_t cl_cv;
+    bool cl_stop;                /* under cl_mu */
+    bool hb_started, cl_started; /* the heartbeat / listener runs (opening, closing thread) */
+    atomic_bool hooks_ready;     /* hooks are set (jd_pg_cluster_start) */
+    pthread_t hb_thr, ln_thr;
+    int wake[2];              /* a pipe: close wakes the listener's poll */
+    pthread_mutex_t claim_mu; /* guards cconn */
+    PGconn *cconn;            /* claims and adoptions (readers are read-only) */
+    unsigned passes;          /* takeover passes (heartbeat thread) */
+    atomic_uint_least64_t st_claims, st_takeovers, st_fenced, st_requests, st_notices,
+        st_lease_lost, st_hb, st_hb_us_sum, st_hb_us_max;
 
     /* ---- readers (pg_read.c) ---- */
     pthread_mutex_t pool_mu;
@@ -104,9 +123,12 @@ int jd_pg_schema_migrate(PGconn *c, const char *display, struct jd_error *err);
  * caller fires done() as for SQLite. */
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n);
 /* A job write (JD_W_JOB_CHANGE, JD_W_JOB_CRASHES) for a job this node does
- * not own (jobs.owner_node is another incarnation's: it was taken over)
- * fails with JD_ESTALE: final, never retried, logged and counted in
- * jd_pg.fenced. Nothing of the record is written. */
+ * not own (jobs.owner_node is another incarnation's or nobody's: it was
+ * taken over), or made after this node's lease lapsed (its jd_nodes row is
+ * expired or gone, checked in the same statement), fails with JD_ESTALE:
+ * final, never retried, logged and counted in st_fenced. Nothing of the
+ * record is written. Each commit that changed jobs, schedules or inboxes
+ * sends one NOTIFY on JD_PG_NOTIFY_CHANNEL in its transaction. */
 /* pg_write.c: free what the writer kept in pg (jd_pg_close). */
 void jd_pg_write_free(struct jd_pg *pg);
 /* pg_write.c, on the writer thread when idle: one bounded retention step;
@@ -155,6 +177,45 @@ int jd_pg_commands(struct jd_store *s, struct jd_rcmd_row **rows, size_t *n);
 int jd_pg_task_state(struct jd_store *s, const char *id, int *state, int64_t *job_id);
 int jd_pg_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_t attempt,
                        bool *claimed);
+
+/* pg_cluster.c: the node's lease, takeover, claims, the inbox, notices
+ * (storage/store.h, "the cluster"). */
+#define JD_PG_LEASE_MS 10000 /* a node's lease when the config says 0 */
+#define JD_PG_NOTIFY_CHANNEL "jd_changes"
+/* The transaction-scoped advisory lock of the singleton chores (retention,
+ * the orphan sweep): "JDWKCHOR". */
+#define JD_PG_CHORE_LOCK 0x4a44574b43484f52LL
+#define JD_PG_CHORE_LOCK_SQL "5351498237985967954" /* the same, for SQL text */
+/* At open, on wconn: register this incarnation (a jd_nodes row), then one
+ * takeover pass (s->unclean: it unowned jobs of a node that did not close). */
+int jd_pg_node_register(struct jd_store *s, struct jd_error *err);
+/* At close, after the writer stopped: unown this node's unfinished jobs and
+ * delete its row, in one transaction (a clean restart resumes at once). */
+void jd_pg_node_unregister(struct jd_store *s);
+int64_t jd_pg_node_id(const struct jd_store *s);
+/* At open, after registering: the heartbeat thread (heartbeats and
+ * takeover passes) runs from open to close. */
+int jd_pg_heartbeat_start(struct jd_store *s);
+/* Set the hooks and start the listener thread. */
+int jd_pg_cluster_start(struct jd_store *s, const struct jd_store_cluster_hooks *h);
+/* Stop the heartbeat and listener threads (idempotent; first in close). */
+void jd_pg_cluster_stop(struct jd_store *s);
+bool jd_pg_lease_ok(struct jd_store *s);
+bool jd_pg_is_leader(struct jd_store *s);
+bool jd_pg_healthy(struct jd_store *s);
+int jd_pg_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+int jd_pg_requests(struct jd_store *s, int64_t after_id, unsigned limit,
+                   struct jd_job_request **rows, size_t *n);
+void jd_pg_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out);
+/* Take every unowned unfinished job for this node (while its lease is
+ * valid), before a recovery read: 0 or a JD_E* code. */
+int jd_pg_adopt_unowned(struct jd_store *s);
+/* Tests: stop (true) or resume heartbeating, so the lease lapses. */
+void jd_pg_test_pause_heartbeat(struct jd_store *s, bool pause);
+/* pg_read.c: hand jobs ids[0..n) (those that exist) with their histories
+ * to fn, in id order, in one snapshot, as jd_pg_recover does. */
+int jd_pg_jobs_hand(struct jd_store *s, const int64_t *ids, size_t nids, jd_store_job_fn fn,
+                    void *arg, size_t *n);
 
 /* Map a libpq result to a JD_E* code (0 for PGRES_COMMAND_OK/TUPLES_OK). */
 int jd_pg_rc(const PGresult *r);

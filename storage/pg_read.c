@@ -131,13 +131,15 @@ static const char *const pg_sql[PR_N] = {
     [PR_IDEM] = "SELECT job_id, fingerprint FROM idempotency WHERE key = $1",
     /* Keyset pages of the recovery reads: ids above $1, $2 of them. */
     [PR_ACTIVE] = "SELECT " JOB_COLS JOB_FROM " WHERE j.state < 3 AND j.id > $1"
-                  " ORDER BY j.id LIMIT $2",
+                  " AND j.owner_node = $3 ORDER BY j.id LIMIT $2",
     /* Running and waiting jobs: each state's range of (state, id) is in id
      * order; the merge is over at most twice $2 rows. */
     [PR_STARTED] = "SELECT * FROM ((SELECT " JOB_COLS JOB_FROM " WHERE j.state >= 1"
-                   " AND j.state <= 1 AND j.id > $1 ORDER BY j.state, j.id LIMIT $2)"
+                   " AND j.state <= 1 AND j.id > $1 AND j.owner_node = $3"
+                   " ORDER BY j.state, j.id LIMIT $2)"
                    " UNION ALL (SELECT " JOB_COLS JOB_FROM " WHERE j.state >= 2 AND j.state <= 2"
-                   " AND j.id > $1 ORDER BY j.state, j.id LIMIT $2)) s ORDER BY id LIMIT $2",
+                   " AND j.id > $1 AND j.owner_node = $3 ORDER BY j.state, j.id LIMIT $2))"
+                   " s ORDER BY id LIMIT $2",
     /* A page of a queue's queued jobs in run order after ($2 priority, $3
      * id): the rest of $2's priority, then the lower ones (as store.c). */
     [PR_QUEUED_SAME] = "SELECT " JOB_COLS JOB_FROM " WHERE j.queue = $1 AND j.state = 0"
@@ -205,8 +207,10 @@ static int rconn_connect(struct jd_store *s, struct jd_pg_rconn *c)
                err.message, NULL);
         return JD_EIO;
     }
+    /* named for pg_stat_activity (and tests that kill read sessions) */
     PGresult *r = PQexec(c->conn, "SET default_transaction_read_only = on;"
-                                  " SET client_encoding = 'UTF8'");
+                                  " SET client_encoding = 'UTF8';"
+                                  " SET application_name = 'jackdawd-read'");
     int rc = jd_pg_rc(r);
     PQclear(r);
     return rc;
@@ -913,6 +917,12 @@ static int walk_rc(int rc, int stop_rc)
     return rc ? rc : stop_rc < 0 ? stop_rc : 0;
 }
 
+static int cmp_job_id(const void *a, const void *b)
+{
+    int64_t x = ((const struct jd_job *)a)->id, y = ((const struct jd_job *)b)->id;
+    return (x > y) - (x < y);
+}
+
 /* Recovery: every job statement `which` yields, by keyset pages of ids in
  * one snapshot, each with its events. */
 static int recover_read(struct jd_store *s, int which, jd_store_job_fn fn, void *arg)
@@ -930,6 +940,7 @@ static int recover_read(struct jd_store *s, int which, jd_store_job_fn fn, void 
         struct params p = {0};
         p_int(&p, after);
         p_int(&p, PG_JOB_PAGE);
+        p_int(&p, s->pg->node_id);
         PGresult *r = run(s, c, which, NULL, &p, &rc);
         if (!r)
             break;
@@ -949,14 +960,47 @@ done:
     return walk_rc(rc, stop_rc);
 }
 
+/* Recovery reads the jobs this node owns, after taking every unowned one
+ * (pg_cluster.c): what a clean close gave back, or a takeover unowned. */
 int jd_pg_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
 {
-    return recover_read(s, PR_ACTIVE, fn, arg);
+    int rc = jd_pg_adopt_unowned(s);
+    return rc ? rc : recover_read(s, PR_ACTIVE, fn, arg);
 }
 
 int jd_pg_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg)
 {
-    return recover_read(s, PR_STARTED, fn, arg);
+    int rc = jd_pg_adopt_unowned(s);
+    return rc ? rc : recover_read(s, PR_STARTED, fn, arg);
+}
+
+int jd_pg_jobs_hand(struct jd_store *s, const int64_t *ids, size_t nids, jd_store_job_fn fn,
+                    void *arg, size_t *n)
+{
+    *n = 0;
+    if (nids == 0)
+        return 0;
+    struct jd_pg_rconn *c;
+    int rc = jd_pg_rconn_get(s, &c);
+    if (rc)
+        return rc;
+    int stop_rc = 0;
+    if ((rc = tx_begin(s, c)) == 0) {
+        struct jd_job *jobs = jd_xcalloc(nids, sizeof *jobs);
+        size_t got = 0;
+        rc = jobs_by_ids(s, c, ids, nids, jobs, &got);
+        if (rc == 0) {
+            qsort(jobs, got, sizeof *jobs, cmp_job_id);
+            rc = hand_jobs(s, c, jobs, got, fn, arg, n, &stop_rc);
+        } else {
+            for (size_t i = 0; i < got; i++)
+                jd_job_clear(&jobs[i]);
+        }
+        free(jobs);
+    }
+    tx_end(c);
+    jd_pg_rconn_put(s, c);
+    return walk_rc(rc, stop_rc);
 }
 
 int jd_pg_queued_page(struct jd_store *s, const char *queue, struct jd_queued_pos after,

@@ -86,8 +86,8 @@ static const char *const migrations[] = {
     "CREATE INDEX jobs_queued ON jobs(queue, priority DESC, id, run_at_ms) WHERE state = 0;"
     "CREATE INDEX jobs_queued_later ON jobs(run_at_ms, id)"
     "  WHERE state = 0 AND run_at_ms > created_ms;"
-    /* phase 2: a dead node's unfinished jobs, found by owner */
-    "CREATE INDEX jobs_owner ON jobs(owner_node) WHERE state < 3;"
+    /* (no index on owner_node yet: every index costs each insert and
+     * state change; the cluster's takeover adds the one it needs) */
     "CREATE TABLE events ("
     "  id BIGSERIAL PRIMARY KEY,"
     "  job_id BIGINT NOT NULL,"
@@ -186,6 +186,23 @@ static const char *const migrations[] = {
     "  started_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
     "  expires_at TIMESTAMPTZ NOT NULL"
     ");",
+    /* 2: the cluster (issue 16 phase 2): each job's inbox of cancels and
+     * messages written by nodes that do not own it (the owner records
+     * them and deletes the row in that commit), and the claim's partial
+     * index over unowned unfinished jobs, in claim order. */
+    "CREATE TABLE job_requests ("
+    "  id BIGSERIAL PRIMARY KEY,"
+    "  job_id BIGINT NOT NULL,"
+    "  kind BIGINT NOT NULL,"
+    "  data TEXT,"
+    "  created_ms BIGINT NOT NULL"
+    ");"
+    "CREATE INDEX job_requests_job ON job_requests(job_id);"
+    "CREATE INDEX jobs_unowned ON jobs(priority DESC, id) WHERE owner_node IS NULL AND state < 3;"
+    /* a node's own unfinished jobs in id order: recovery reads them, a
+     * takeover and a clean close unown them */
+    "CREATE INDEX jobs_owned ON jobs(owner_node, id) WHERE state < 3;"
+    "CREATE INDEX jd_nodes_expires ON jd_nodes(expires_at);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -48,6 +48,8 @@
 
 #define OID_INT8 20
 #define OID_TEXT 25
+#define OID_INT8_ARRAY 1016
+#define OID_TEXT_ARRAY 1009
 
 /* ---- statements ---- */
 
@@ -64,9 +66,7 @@ enum {
     PS_QUEUE_UPSERT,
     PS_QUEUE_CONFIG,
     PS_SCHED_UPSERT,
-    PS_SCHED_UPDATE,
-    PS_SCHED_EVENT,
-    PS_SCHED_TRIM,
+    PS_SCHED_CHANGE,
     PS_SCHED_DELETE,
     PS_JOB_DELETE,
     PS_JOB_STATE,
@@ -76,6 +76,10 @@ enum {
     PS_COUNT_ADD,
     PS_RET_QUEUES,
     PS_RET_DELETE,
+    PS_JOB_INSERTS,
+    PS_REQUEST,
+    PS_REQUEST_TAKE,
+    PS_SCHED_EXISTS,
     PS_N
 };
 
@@ -88,21 +92,30 @@ enum {
     ", l AS (DELETE FROM job_labels WHERE job_id IN (SELECT id FROM j))"                           \
     ", u AS (DELETE FROM unique_keys WHERE job_id IN (SELECT id FROM j))"                          \
     ", i AS (DELETE FROM idempotency WHERE (key, job_id) IN"                                       \
-    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"
+    " (SELECT idempotency_key, id FROM j WHERE idempotency_key IS NOT NULL))"                      \
+    ", r AS (DELETE FROM job_requests WHERE job_id IN (SELECT id FROM j))"
+
+/* This node ($n) if its lease is valid, else NULL: a job inserted by a
+ * node that lost its lease is nobody's, so another node claims it. */
+#define NODE_ALIVE(n) "(SELECT id FROM jd_nodes WHERE id = " n " AND expires_at > now())"
+/* The fence's second half: this node's lease is valid (database clock). */
+#define LEASE_VALID(n)                                                                             \
+    " AND EXISTS (SELECT 1 FROM jd_nodes WHERE id = " n " AND expires_at > now())"
 
 /* A job's insert: the row (owned by this node, $11), its definition, its
  * first event ("state", seq 1, at $13 with data $14). */
 #define JOB_INSERT_HEAD                                                                            \
     "WITH j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts, version,"        \
     " created_ms, updated_ms, started_ms, finished_ms, idempotency_key, schedule_id, handler,"     \
-    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, $11))"             \
-    ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"                    \
-    ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                            \
-    " VALUES ($1, 1, $13, 0, 0, $14))"
+    " owner_node) VALUES ($1, $2, $3, $4, $5, 0, 1, $6, $6, 0, $7, $8, $9, $10, " NODE_ALIVE(      \
+        "$11") "))"                                                                                \
+               ", d AS (INSERT INTO job_definitions(job_id, definition) VALUES ($1, $12))"         \
+               ", e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"                 \
+               " VALUES ($1, 1, $13, 0, 0, $14))"
 
 static const struct {
     const char *sql;
-    const char *types; /* one letter per parameter: i bigint, t text */
+    const char *types; /* one letter per parameter: i bigint, t text, I bigint[], T text[] */
 } pstmt[PS_N] = {
     [PS_IDEM_INSERT] = {"INSERT INTO idempotency(key, job_id, fingerprint, created_ms)"
                         " VALUES ($1, $2, $3, $4) ON CONFLICT(key) DO NOTHING RETURNING 1",
@@ -122,14 +135,16 @@ static const struct {
     /* ... and one job_labels row per string member of its "labels" */
     [PS_JOB_INSERT_LABELS] = {JOB_INSERT_HEAD
                               ", l AS (INSERT INTO job_labels(key, value, job_id)"
-                              " SELECT k, v #>> '{}', $1 FROM jsonb_each(CASE WHEN"
-                              " jsonb_typeof($12::jsonb -> 'labels') = 'object' THEN"
-                              " $12::jsonb -> 'labels' ELSE '{}'::jsonb END) AS x(k, v)"
-                              " WHERE jsonb_typeof(v) = 'string' ON CONFLICT DO NOTHING)"
+                              " SELECT x.k, x.v #>> '{}', $1"
+                              " FROM (SELECT $12::jsonb -> 'labels' AS ls) AS d,"
+                              " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
+                              " ELSE '{}'::jsonb END) AS x(k, v)"
+                              " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                               " SELECT 1",
                               "itiiiiitttitit"},
     [PS_JOB_OWNER] = {"SELECT owner_node FROM jobs WHERE id = $1", "i"},
-    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3 RETURNING 1",
+    [PS_CRASHES] = {"UPDATE jobs SET crashes = $2 WHERE id = $1 AND owner_node = $3" LEASE_VALID(
+                        "$3") " RETURNING 1",
                     "iii"},
     [PS_QUEUE_UPSERT] = {"INSERT INTO queues(name, paused) VALUES ($1, $2)"
                          " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
@@ -148,8 +163,11 @@ static const struct {
                          " next_fire_ms = excluded.next_fire_ms, anchor_ms = excluded.anchor_ms,"
                          " updated_ms = excluded.updated_ms",
                          "ttiiiii"},
-    /* every combination of JD_SSET_* in one statement ($3 is the mask) */
-    [PS_SCHED_UPDATE] = {"UPDATE schedules SET"
+    /* A schedule change in one statement: every combination of JD_SSET_*
+     * ($3 is the mask), its event if any ($13: the kind, NULL for none;
+     * seq = the new event_seq) and, every $18th event, trimming its history
+     * to the newest $17. */
+    [PS_SCHED_CHANGE] = {"WITH u AS (UPDATE schedules SET"
                          " paused = CASE WHEN ($3 & 1) <> 0 THEN $4 ELSE paused END,"
                          " retired = CASE WHEN ($3 & 2) <> 0 THEN $5 ELSE retired END,"
                          " next_fire_ms = CASE WHEN ($3 & 4) <> 0 THEN $6 ELSE next_fire_ms END,"
@@ -158,12 +176,15 @@ static const struct {
                          " last_outcome = CASE WHEN ($3 & 8) <> 0 THEN $9 ELSE last_outcome END,"
                          " fires = fires + $10, skips = skips + $11,"
                          " event_seq = event_seq + $12, updated_ms = $2"
-                         " WHERE id = $1 RETURNING event_seq",
-                         "tiiiiiiitiii"},
-    [PS_SCHED_EVENT] = {"INSERT INTO schedule_events(schedule_id, seq, time_ms, kind, fire_ms,"
-                        " job_id, data) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                        "tiitiit"},
-    [PS_SCHED_TRIM] = {"DELETE FROM schedule_events WHERE schedule_id = $1 AND seq <= $2", "ti"},
+                         " WHERE id = $1 AND ($19 = 0 OR next_fire_ms = $19) RETURNING event_seq),"
+                         " e AS (INSERT INTO schedule_events(schedule_id, seq, time_ms, kind,"
+                         " fire_ms, job_id, data) SELECT $1, event_seq, $2, $13, $14, $15, $16"
+                         " FROM u WHERE $13 IS NOT NULL),"
+                         " t AS (DELETE FROM schedule_events WHERE schedule_id = $1"
+                         " AND $13 IS NOT NULL AND seq <= (SELECT event_seq FROM u) - $17"
+                         " AND (SELECT event_seq FROM u) % $18 = 0)"
+                         " SELECT event_seq FROM u",
+                         "tiiiiiiitiiitiitiii"},
     [PS_SCHED_DELETE] = {"WITH s AS (DELETE FROM schedules WHERE id = $1 RETURNING id),"
                          " e AS (DELETE FROM schedule_events WHERE schedule_id IN"
                          " (SELECT id FROM s)) SELECT 1 FROM s",
@@ -208,6 +229,45 @@ static const struct {
                        " WHERE queue = $1 AND state = $2)"
                        " SELECT count(*) FROM j",
                        "tiii"},
+    /* The job inserts of a pipelined batch in one statement (arrays, one
+     * element per job; $13 this node, $14 now): rows, definitions, first
+     * events and labels, as PS_JOB_INSERT_LABELS does one by one. */
+    [PS_JOB_INSERTS] =
+        {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
+         " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
+         " $9::text[], $10::text[], $11::text[], $12::text[]) AS v(id, queue,"
+         " priority, state, run_at_ms, created_ms, finished_ms, idem, schedule_id,"
+         " handler, definition, data)),"
+         " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
+         " version, created_ms, updated_ms, started_ms, finished_ms,"
+         " idempotency_key, schedule_id, handler, owner_node)"
+         " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
+         " created_ms, 0, finished_ms, idem, schedule_id, handler, " NODE_ALIVE(
+             "$13") " FROM v),"
+                    " d AS (INSERT INTO job_definitions(job_id, definition)"
+                    " SELECT id, definition FROM v),"
+                    " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                    " SELECT id, 1, $14, 0, 0, data FROM v),"
+                    " l AS (INSERT INTO job_labels(key, value, job_id)"
+                    " SELECT x.k, x.v #>> '{}', v.id FROM v,"
+                    " LATERAL (SELECT CASE WHEN strpos(v.definition, '\"labels\":') > 0"
+                    " THEN v.definition::jsonb -> 'labels' END AS ls) AS d,"
+                    " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
+                    " ELSE '{}'::jsonb END) AS x(k, v)"
+                    " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
+                    " SELECT count(*) FROM v",
+         "ITIIIIITTTTTii"},
+    /* An inbox request (unfenced): one row always; state NULL: no such
+     * job; id NULL: the job is terminal. */
+    [PS_REQUEST] = {"WITH j AS (SELECT state FROM jobs WHERE id = $1),"
+                    " i AS (INSERT INTO job_requests(job_id, kind, data, created_ms)"
+                    " SELECT $1, $2, $3, $4 FROM j WHERE state < 3 RETURNING id)"
+                    " SELECT (SELECT state FROM j), (SELECT id FROM i)",
+                    "iiti"},
+    /* the owner recording request $1 for job $2: once only */
+    [PS_REQUEST_TAKE] = {"DELETE FROM job_requests WHERE id = $1 AND job_id = $2 RETURNING 1",
+                         "ii"},
+    [PS_SCHED_EXISTS] = {"SELECT 1 FROM schedules WHERE id = $1", "t"},
 };
 
 /* A statement's result as a JD_E* code, telling a record's own fault
@@ -225,7 +285,7 @@ static int wrc(const PGresult *r)
 }
 
 /* Parameters in text format; NULL is SQL NULL. */
-#define JD_PG_MAX_PARAMS 16
+#define JD_PG_MAX_PARAMS 20 /* the most any statement here takes (18: a schedule change) */
 struct prm {
     int n;
     const char *v[JD_PG_MAX_PARAMS];
@@ -234,6 +294,8 @@ struct prm {
 
 static void p_int(struct prm *p, int64_t x)
 {
+    if (p->n >= JD_PG_MAX_PARAMS)
+        abort(); /* a statement here with more parameters than JD_PG_MAX_PARAMS: a bug */
     snprintf(p->b[p->n], sizeof p->b[p->n], "%lld", (long long)x);
     p->v[p->n] = p->b[p->n];
     p->n++;
@@ -241,6 +303,8 @@ static void p_int(struct prm *p, int64_t x)
 
 static void p_text(struct prm *p, const char *s)
 {
+    if (p->n >= JD_PG_MAX_PARAMS)
+        abort(); /* as in p_int */
     p->v[p->n++] = s;
 }
 
@@ -248,10 +312,36 @@ static void set_oids(const char *types, Oid *oids, int *n)
 {
     *n = (int)strlen(types);
     for (int i = 0; i < *n; i++)
-        oids[i] = types[i] == 't' ? OID_TEXT : OID_INT8;
+        oids[i] = types[i] == 't'   ? OID_TEXT
+                  : types[i] == 'I' ? OID_INT8_ARRAY
+                  : types[i] == 'T' ? OID_TEXT_ARRAY
+                                    : OID_INT8;
 }
 
 /* ---- the batch's scratch: queue count changes and saved job ids ---- */
+
+/* What a statement's result must show for its record to have applied. */
+enum {
+    RK_ANY,     /* nothing to check */
+    RK_ROW,     /* at least one row (RETURNING, a found row) */
+    RK_INSERT,  /* a job insert: version 1, counted in */
+    RK_CHANGE,  /* a job change's row: version, queue, old and new state */
+    RK_DELETE,  /* a job delete's row: queue and state, counted out */
+    RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see apply_pipelined) */
+    RK_REQUEST, /* an inbox request: (job state, request id), NULLs say why not */
+};
+#define NOROW 1 /* a statement that had to touch a row touched none */
+
+/* An array literal being built ("{1,2}", "{\"a\",NULL}"). */
+struct abuf {
+    char *p;
+    size_t len, cap;
+};
+
+struct pend {
+    struct jd_write *w; /* NULL: the BEGIN */
+    int kind;
+};
 
 struct qdelta {
     char *queue;
@@ -265,6 +355,9 @@ struct jd_pg_wscratch {
     size_t nsaved, capsaved;
     int64_t *ids; /* each record's job_id before the optimistic pass */
     size_t capids;
+    struct pend *pq; /* statements sent in the pipeline, results not yet read */
+    size_t npq, cappq;
+    struct abuf arr[12]; /* PS_JOB_INSERTS's array parameters, reused */
 };
 
 static struct jd_pg_wscratch *scratch(struct jd_pg *pg)
@@ -330,6 +423,9 @@ void jd_pg_write_free(struct jd_pg *pg)
     free(w->q);
     free(w->saved);
     free(w->ids);
+    free(w->pq);
+    for (size_t i = 0; i < sizeof w->arr / sizeof w->arr[0]; i++)
+        free(w->arr[i].p);
     free(w);
     pg->scratch = NULL;
 }
@@ -390,7 +486,8 @@ static int prepare_all(struct jd_store *s)
     return 0;
 }
 
-/* Run prepared statement i; *res (caller clears) or NULL. The JD_E* code. */
+/* Run prepared statement name at once (sequential follow-ups only); *res
+ * (caller clears) or NULL. The JD_E* code. */
 static int xq(struct jd_store *s, const char *name, const struct prm *p, PGresult **res)
 {
     PGresult *r = PQexecPrepared(s->pg->wconn, name, p->n, p->v, NULL, NULL, 0);
@@ -399,18 +496,6 @@ static int xq(struct jd_store *s, const char *name, const struct prm *p, PGresul
         PQclear(r);
     else
         *res = r;
-    return rc;
-}
-
-/* Rows of a statement run for its row count (RETURNING, SELECT). */
-static int xrows(struct jd_store *s, int i, const struct prm *p, int *rows)
-{
-    PGresult *r = NULL;
-    int rc = xq(s, stmt_name(i), p, &r);
-    if (rc == 0) {
-        *rows = PQntuples(r);
-        PQclear(r);
-    }
     return rc;
 }
 
@@ -425,6 +510,88 @@ static int xint(struct jd_store *s, int i, const struct prm *p, int64_t *out, bo
             *out = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
         PQclear(r);
     }
+    return rc;
+}
+
+/* One batch being applied: sequentially (each statement runs at once; when
+ * one touched no row, follow-up reads say why), or pipelined (statements
+ * are queued and their results checked when they come back: any record
+ * that did not apply sends the batch to the sequential savepoint path). */
+struct ctx {
+    struct jd_store *s;
+    struct jd_pg_wscratch *ws;
+    int64_t now;
+    bool pipe;
+    struct jd_write **b; /* the batch (pipelined) */
+    size_t nb;
+    bool hoisted; /* pipelined: the batch's job rows went in one statement first
+                     (PS_JOB_INSERTS); apply_insert only takes keys */
+};
+
+/* Check r against kind for w and apply what it tells (version, counts).
+ * 0, NOROW, or the statement's error code. */
+static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
+{
+    int rc = wrc(r);
+    if (rc)
+        return rc;
+    if (kind == RK_ANY)
+        return 0;
+    if (kind == RK_INSERT) {
+        w->version = 1;
+        count(c->ws, w->job->queue, (int)w->job->state, 1);
+        return 0;
+    }
+    if (kind == RK_INSERTS) {
+        for (size_t i = 0; i < c->nb; i++)
+            if (c->b[i]->op == JD_W_JOB_INSERT) {
+                c->b[i]->version = 1;
+                count(c->ws, c->b[i]->job->queue, (int)c->b[i]->job->state, 1);
+            }
+        return 0;
+    }
+    if (PQntuples(r) == 0)
+        return NOROW;
+    if (kind == RK_REQUEST) {
+        if (PQgetisnull(r, 0, 0))
+            return JD_ENOENT;
+        if (PQgetisnull(r, 0, 1))
+            return JD_ECONFLICT;
+        w->request_id = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        return 0;
+    }
+    if (kind == RK_CHANGE) {
+        w->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        int old_state = atoi(PQgetvalue(r, 0, 2)), new_state = atoi(PQgetvalue(r, 0, 3));
+        if (old_state != new_state) {
+            count(c->ws, PQgetvalue(r, 0, 1), old_state, -1);
+            count(c->ws, PQgetvalue(r, 0, 1), new_state, 1);
+        }
+    } else if (kind == RK_DELETE) {
+        count(c->ws, PQgetvalue(r, 0, 0), atoi(PQgetvalue(r, 0, 1)), -1);
+    }
+    return 0;
+}
+
+/* Run (sequential) or queue (pipelined: always 0 unless it cannot be
+ * sent) one statement of w. */
+static int emit(struct ctx *c, struct jd_write *w, const char *name, const struct prm *p, int kind)
+{
+    PGconn *conn = c->s->pg->wconn;
+    if (c->pipe) {
+        if (!PQsendQueryPrepared(conn, name, p->n, p->v, NULL, NULL, 0))
+            return JD_EIO;
+        struct jd_pg_wscratch *ws = c->ws;
+        if (ws->npq == ws->cappq) {
+            ws->cappq = ws->cappq ? 2 * ws->cappq : 256;
+            ws->pq = jd_xrealloc(ws->pq, ws->cappq * sizeof *ws->pq);
+        }
+        ws->pq[ws->npq++] = (struct pend){.w = w, .kind = kind};
+        return 0;
+    }
+    PGresult *r = PQexecPrepared(conn, name, p->n, p->v, NULL, NULL, 0);
+    int rc = take(c, w, kind, r);
+    PQclear(r);
     return rc;
 }
 
@@ -445,16 +612,18 @@ static int missing_or_fenced(struct jd_store *s, int64_t id)
     snprintf(idb, sizeof idb, "%lld", (long long)id);
     snprintf(ob, sizeof ob, "%lld", (long long)owner);
     snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
-    jd_log(JD_LOG_WARN, "storage: job write refused, another node owns the job", "job_id", idb,
-           "owner_node", ob, "node", me, NULL);
+    jd_log(JD_LOG_WARN,
+           owner == s->pg->node_id ? "storage: job write refused, this node's lease lapsed"
+                                   : "storage: job write refused, the job is not this node's",
+           "job_id", idb, "owner_node", ob, "node", me, NULL);
     return JD_ESTALE;
 }
 
 /* ---- the records ---- */
 
-static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now,
-                        struct jd_pg_wscratch *ws)
+static int apply_insert(struct ctx *c, struct jd_write *w)
 {
+    struct jd_store *s = c->s;
     const struct jd_job *j = w->job;
     if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
         return JD_EINVAL;
@@ -462,8 +631,9 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now,
     if (id <= 0)
         return JD_EINVAL;
     w->job_id = id;
-    int64_t created = j->created_ms ? j->created_ms : now;
-    int rc, rows = 0;
+    int64_t created = j->created_ms ? j->created_ms : c->now;
+    int rc;
+    bool found = false;
 
     if (j->idempotency_key) {
         struct prm p = {0};
@@ -471,34 +641,36 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now,
         p_int(&p, id);
         p_text(&p, w->idem_fingerprint);
         p_int(&p, created);
-        if ((rc = xrows(s, PS_IDEM_INSERT, &p, &rows)) != 0)
-            return rc;
-        if (rows == 0) {
+        rc = emit(c, w, stmt_name(PS_IDEM_INSERT), &p, RK_ROW);
+        if (rc == NOROW) {
             struct prm g = {0};
             p_text(&g, j->idempotency_key);
-            bool found = false;
             if ((rc = xint(s, PS_IDEM_GET, &g, &w->job_id, &found)) != 0)
                 return rc;
             return found ? JD_EEXIST : JD_EIO;
         }
+        if (rc)
+            return rc;
     }
     if (w->unique_key) {
         struct prm p = {0};
         p_text(&p, w->unique_key);
         p_int(&p, id);
         p_int(&p, w->unique_expires_ms);
-        p_int(&p, now);
-        if ((rc = xrows(s, PS_UNIQUE_TAKE, &p, &rows)) != 0)
-            return rc;
-        if (rows == 0) {
+        p_int(&p, c->now);
+        rc = emit(c, w, stmt_name(PS_UNIQUE_TAKE), &p, RK_ROW);
+        if (rc == NOROW) {
             struct prm g = {0};
             p_text(&g, w->unique_key);
-            bool found = false;
             if ((rc = xint(s, PS_UNIQUE_HOLDER, &g, &w->job_id, &found)) != 0)
                 return rc;
             return found ? JD_ECONFLICT : JD_EIO;
         }
+        if (rc)
+            return rc;
     }
+    if (c->hoisted)
+        return 0;
     char data[48];
     snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
     struct prm p = {0};
@@ -514,20 +686,17 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now,
     p_text(&p, j->handler);
     p_int(&p, s->pg->node_id);
     p_text(&p, j->definition);
-    p_int(&p, now);
+    p_int(&p, c->now);
     p_text(&p, data);
     /* the cheap test SQLite's label trigger makes too */
     bool labels = strstr(j->definition, "\"labels\":") != NULL;
-    if ((rc = xrows(s, labels ? PS_JOB_INSERT_LABELS : PS_JOB_INSERT, &p, &rows)) != 0)
-        return rc;
-    w->version = 1;
-    count(ws, j->queue, j->state, 1);
-    return 0;
+    return emit(c, w, stmt_name(labels ? PS_JOB_INSERT_LABELS : PS_JOB_INSERT), &p, RK_INSERT);
 }
 
 /* The job change for one combination of JD_SET_* flags, prepared on first
- * use. Parameters keep fixed numbers (types declared, so unused ones are
- * fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
+ * use (never inside a pipeline: the pipelined path prepares its batch's
+ * first). Parameters keep fixed numbers (types declared, so unused ones
+ * are fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
  * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
  * $13 data. Returns version, queue, old state, new state; no row: missing
  * or fenced. A move to a terminal state without an explicit finish time
@@ -541,7 +710,7 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
     snprintf(names[set], sizeof names[set], "u%u", set);
     if (s->pg->upd_prepared[set])
         return names[set];
-    char sql[1536];
+    char sql[1792];
     bool st = set & JD_SET_STATE;
     int len = snprintf(sql, sizeof sql,
                        "WITH %su AS (UPDATE jobs SET version = version + 1,"
@@ -559,10 +728,12 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
                         ", finished_ms = CASE WHEN $4 >= 3 AND finished_ms = 0 THEN $2"
                         " ELSE finished_ms END");
     snprintf(sql + len, sizeof sql - (size_t)len,
-             " WHERE id = $1 AND owner_node = $3 RETURNING version, queue, state),"
-             " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-             " SELECT $1, version, $2, $11, $12, $13 FROM u)"
-             " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             " WHERE id = $1 AND owner_node = $3" LEASE_VALID(
+                 "$3") " RETURNING version, queue,"
+                       " state),"
+                       " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                       " SELECT $1, version, $2, $11, $12, $13 FROM u)"
+                       " SELECT u.version, u.queue, %s, u.state FROM u%s",
              st ? "o.state" : "u.state", st ? ", o" : "");
     Oid oids[13];
     int n;
@@ -578,33 +749,47 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
     return names[set];
 }
 
-static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now,
-                        struct jd_pg_wscratch *ws)
+static bool change_valid(const struct jd_write *w)
 {
-    unsigned set = w->set;
-    if (w->job_id <= 0 || (unsigned)w->kind > JD_EVK_PROGRESS || set >= JD_UPDATE_MASKS ||
-        ((set & JD_SET_STATE) && (unsigned)w->state >= JD_JOB_NSTATES))
+    return w->job_id > 0 && (unsigned)w->kind <= JD_EVK_PROGRESS && w->set < JD_UPDATE_MASKS &&
+           (!(w->set & JD_SET_STATE) || (unsigned)w->state < JD_JOB_NSTATES);
+}
+
+static int apply_change(struct ctx *c, struct jd_write *w)
+{
+    if (!change_valid(w))
         return JD_EINVAL;
-    const char *name = change_stmt(s, set);
+    if (atomic_load(&c->s->pg->lease_lost))
+        return JD_ESTALE;
+    const char *name = change_stmt(c->s, w->set);
     if (!name)
         return JD_EIO;
     int rc;
+    if (w->request_id > 0) {
+        /* gone: another record took it already (the request is recorded once) */
+        struct prm t = {0};
+        p_int(&t, w->request_id);
+        p_int(&t, w->job_id);
+        rc = emit(c, w, stmt_name(PS_REQUEST_TAKE), &t, RK_ROW);
+        if (rc)
+            return rc == NOROW ? JD_ECONFLICT : rc;
+    }
     if (w->release_unique) {
         struct prm u = {0};
         p_int(&u, w->job_id);
-        if ((rc = xq(s, stmt_name(PS_UNIQUE_RELEASE), &u, NULL)) != 0)
+        if ((rc = emit(c, w, stmt_name(PS_UNIQUE_RELEASE), &u, RK_ANY)) != 0)
             return rc;
     }
     const char *data = w->data;
     char buf[48];
-    if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE)) {
+    if (!data && w->kind == JD_EVK_STATE && (w->set & JD_SET_STATE)) {
         snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
         data = buf;
     }
     struct prm p = {0};
     p_int(&p, w->job_id);
-    p_int(&p, now);
-    p_int(&p, s->pg->node_id);
+    p_int(&p, c->now);
+    p_int(&p, c->s->pg->node_id);
     p_int(&p, w->state);
     p_text(&p, w->output);
     p_text(&p, w->error);
@@ -615,24 +800,11 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now,
     p_int(&p, w->kind);
     p_int(&p, w->tag);
     p_text(&p, data);
-    PGresult *r = NULL;
-    if ((rc = xq(s, name, &p, &r)) != 0)
-        return rc;
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        return missing_or_fenced(s, w->job_id);
-    }
-    w->version = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    int old_state = atoi(PQgetvalue(r, 0, 2)), new_state = atoi(PQgetvalue(r, 0, 3));
-    if (old_state != new_state) {
-        count(ws, PQgetvalue(r, 0, 1), old_state, -1);
-        count(ws, PQgetvalue(r, 0, 1), new_state, 1);
-    }
-    PQclear(r);
-    return 0;
+    rc = emit(c, w, name, &p, RK_CHANGE);
+    return rc == NOROW ? missing_or_fenced(c->s, w->job_id) : rc;
 }
 
-static int apply_queue(struct jd_store *s, struct jd_write *w)
+static int apply_queue(struct ctx *c, struct jd_write *w)
 {
     if (!w->queue)
         return JD_EINVAL;
@@ -640,7 +812,7 @@ static int apply_queue(struct jd_store *s, struct jd_write *w)
     p_text(&p, w->queue);
     if (w->op == JD_W_QUEUE) {
         p_int(&p, w->paused ? 1 : 0);
-        return xq(s, stmt_name(PS_QUEUE_UPSERT), &p, NULL);
+        return emit(c, w, stmt_name(PS_QUEUE_UPSERT), &p, RK_ANY);
     }
     p_text(&p, w->queue_config);
     for (int i = 0; i < 3; i++) {
@@ -648,23 +820,24 @@ static int apply_queue(struct jd_store *s, struct jd_write *w)
             return JD_EINVAL;
         p_int(&p, w->retain_ms[i]);
     }
-    int rc = xq(s, stmt_name(PS_QUEUE_CONFIG), &p, NULL);
-    /* never switched off until the next start (as in writer.c) */
-    if (rc == 0 && (w->retain_ms[0] > 0 || w->retain_ms[1] > 0 || w->retain_ms[2] > 0))
-        s->queue_retention = true;
-    return rc;
+    /* Never switched off until the next start (as in writer.c): a pass per
+     * (queue, state) is as right without overrides, only a little slower;
+     * so it is set even if this record is later rolled back. */
+    if (w->retain_ms[0] > 0 || w->retain_ms[1] > 0 || w->retain_ms[2] > 0)
+        c->s->queue_retention = true;
+    return emit(c, w, stmt_name(PS_QUEUE_CONFIG), &p, RK_ANY);
 }
 
-/* Update the schedule row as sw says and append its event (if any).
- * JD_ENOENT when the schedule does not exist. */
-static int apply_schedule_change(struct jd_store *s, const struct jd_schedule_write *sw,
-                                 int64_t now)
+/* Update the schedule row as sw says and append its event (if any), in
+ * one statement. JD_ENOENT when the schedule does not exist. */
+static int apply_schedule_change(struct ctx *c, struct jd_write *w,
+                                 const struct jd_schedule_write *sw)
 {
     if (!sw->id || sw->set > 15)
         return JD_EINVAL;
     struct prm p = {0};
     p_text(&p, sw->id);
-    p_int(&p, now);
+    p_int(&p, c->now);
     p_int(&p, sw->set);
     p_int(&p, sw->paused);
     p_int(&p, sw->retired);
@@ -675,57 +848,50 @@ static int apply_schedule_change(struct jd_store *s, const struct jd_schedule_wr
     p_int(&p, sw->add_fires);
     p_int(&p, sw->add_skips);
     p_int(&p, sw->event != NULL);
-    int64_t seq = 0;
-    bool found = false;
-    int rc = xint(s, PS_SCHED_UPDATE, &p, &seq, &found);
-    if (rc)
+    p_text(&p, sw->event);
+    p_int(&p, sw->event_fire_ms);
+    p_int(&p, sw->event_job_id);
+    p_text(&p, sw->event_data);
+    p_int(&p, JD_SCHEDULE_EVENTS_KEEP);
+    p_int(&p, JD_PG_SCHED_TRIM_EVERY);
+    p_int(&p, sw->expect_next_fire_ms);
+    int rc = emit(c, w, stmt_name(PS_SCHED_CHANGE), &p, RK_ROW);
+    if (rc != NOROW)
         return rc;
-    if (!found)
+    if (!sw->expect_next_fire_ms)
         return JD_ENOENT;
-    if (!sw->event)
-        return 0;
+    /* a conditional fire that lost the race, or a schedule that is gone */
     struct prm e = {0};
     p_text(&e, sw->id);
-    p_int(&e, seq);
-    p_int(&e, now);
-    p_text(&e, sw->event);
-    p_int(&e, sw->event_fire_ms);
-    p_int(&e, sw->event_job_id);
-    p_text(&e, sw->event_data);
-    if ((rc = xq(s, stmt_name(PS_SCHED_EVENT), &e, NULL)) != 0)
+    int64_t one = 0;
+    bool found = false;
+    if ((rc = xint(c->s, PS_SCHED_EXISTS, &e, &one, &found)) != 0)
         return rc;
-    if (seq % JD_PG_SCHED_TRIM_EVERY == 0 && seq > JD_SCHEDULE_EVENTS_KEEP) {
-        struct prm t = {0};
-        p_text(&t, sw->id);
-        p_int(&t, seq - JD_SCHEDULE_EVENTS_KEEP);
-        return xq(s, stmt_name(PS_SCHED_TRIM), &t, NULL);
-    }
-    return 0;
+    return found ? JD_ECONFLICT : JD_ENOENT;
 }
 
-static int apply_schedule(struct jd_store *s, struct jd_write *w, int64_t now)
+static int apply_schedule(struct ctx *c, struct jd_write *w)
 {
     const struct jd_schedule_write *sw = &w->sched;
     if (!sw->id)
         return JD_EINVAL;
     if (w->op == JD_W_SCHEDULE_CHANGE)
-        return apply_schedule_change(s, sw, now);
+        return apply_schedule_change(c, w, sw);
     struct prm p = {0};
     p_text(&p, sw->id);
     if (w->op == JD_W_SCHEDULE_DELETE) {
-        int rows = 0;
-        int rc = xrows(s, PS_SCHED_DELETE, &p, &rows);
-        return rc ? rc : rows == 0 ? JD_ENOENT : 0;
+        int rc = emit(c, w, stmt_name(PS_SCHED_DELETE), &p, RK_ROW);
+        return rc == NOROW ? JD_ENOENT : rc;
     }
     if (!sw->definition)
         return JD_EINVAL;
     p_text(&p, sw->definition);
     p_int(&p, sw->paused);
     p_int(&p, sw->next_fire_ms);
-    p_int(&p, now);
+    p_int(&p, c->now);
     p_int(&p, sw->anchor_ms);
     p_int(&p, sw->retired);
-    int rc = xq(s, stmt_name(PS_SCHED_UPSERT), &p, NULL);
+    int rc = emit(c, w, stmt_name(PS_SCHED_UPSERT), &p, RK_ANY);
     if (rc || !sw->event)
         return rc;
     struct jd_schedule_write ev = {.id = sw->id,
@@ -733,51 +899,56 @@ static int apply_schedule(struct jd_store *s, struct jd_write *w, int64_t now)
                                    .event_fire_ms = sw->event_fire_ms,
                                    .event_job_id = sw->event_job_id,
                                    .event_data = sw->event_data};
-    return apply_schedule_change(s, &ev, now);
+    return apply_schedule_change(c, w, &ev);
 }
 
 /* A job's crash count (no event, no new version); fenced like a change. */
-static int apply_crashes(struct jd_store *s, struct jd_write *w)
+static int apply_crashes(struct ctx *c, struct jd_write *w)
 {
     if (w->job_id <= 0)
         return JD_EINVAL;
+    if (atomic_load(&c->s->pg->lease_lost))
+        return JD_ESTALE;
     struct prm p = {0};
     p_int(&p, w->job_id);
     p_int(&p, w->crashes);
-    p_int(&p, s->pg->node_id);
-    int rows = 0;
-    int rc = xrows(s, PS_CRASHES, &p, &rows);
-    if (rc)
-        return rc;
-    return rows > 0 ? 0 : missing_or_fenced(s, w->job_id);
+    p_int(&p, c->s->pg->node_id);
+    int rc = emit(c, w, stmt_name(PS_CRASHES), &p, RK_ROW);
+    return rc == NOROW ? missing_or_fenced(c->s, w->job_id) : rc;
 }
 
 /* Delete a terminal job and everything of its (any node may: it is
  * finished, nobody owns its future). */
-static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct jd_pg_wscratch *ws)
+static int apply_job_delete(struct ctx *c, struct jd_write *w)
 {
     if (w->job_id <= 0)
         return JD_EINVAL;
     struct prm p = {0};
     p_int(&p, w->job_id);
-    PGresult *r = NULL;
-    int rc = xq(s, stmt_name(PS_JOB_DELETE), &p, &r);
-    if (rc)
+    int rc = emit(c, w, stmt_name(PS_JOB_DELETE), &p, RK_DELETE);
+    if (rc != NOROW)
         return rc;
-    if (PQntuples(r) > 0) {
-        count(ws, PQgetvalue(r, 0, 0), atoi(PQgetvalue(r, 0, 1)), -1);
-        PQclear(r);
-        return 0;
-    }
-    PQclear(r);
     int64_t state = 0;
     bool found = false;
-    if ((rc = xint(s, PS_JOB_STATE, &p, &state, &found)) != 0)
+    if ((rc = xint(c->s, PS_JOB_STATE, &p, &state, &found)) != 0)
         return rc;
     return found ? JD_ECONFLICT : JD_ENOENT;
 }
 
-static int apply_remote(struct jd_store *s, struct jd_write *w, int64_t now)
+/* An inbox request (JD_W_JOB_REQUEST): any node may write it. */
+static int apply_request(struct ctx *c, struct jd_write *w)
+{
+    if (w->job_id <= 0 || (w->kind != JD_EVK_MESSAGE && w->kind != JD_EVK_CANCEL))
+        return JD_EINVAL;
+    struct prm p = {0};
+    p_int(&p, w->job_id);
+    p_int(&p, w->kind);
+    p_text(&p, w->data);
+    p_int(&p, c->now);
+    return emit(c, w, stmt_name(PS_REQUEST), &p, RK_REQUEST);
+}
+
+static int apply_remote(struct ctx *c, struct jd_write *w)
 {
     struct prm p = {0};
     if (w->op == JD_W_TASK_PUT) {
@@ -792,48 +963,49 @@ static int apply_remote(struct jd_store *s, struct jd_write *w, int64_t now)
         p_int(&p, t->state);
         p_text(&p, t->worker);
         p_int(&p, t->lease_expires_ms);
-        p_int(&p, now);
-        return xq(s, stmt_name(PS_TASK_UPSERT), &p, NULL);
+        p_int(&p, c->now);
+        return emit(c, w, stmt_name(PS_TASK_UPSERT), &p, RK_ANY);
     }
     if (!w->rcmd.name)
         return JD_EINVAL;
     p_text(&p, w->rcmd.name);
     if (w->op == JD_W_COMMAND_DELETE) {
-        int rows = 0;
-        int rc = xrows(s, PS_RCMD_DELETE, &p, &rows);
-        return rc ? rc : rows == 0 ? JD_ENOENT : 0;
+        int rc = emit(c, w, stmt_name(PS_RCMD_DELETE), &p, RK_ROW);
+        return rc == NOROW ? JD_ENOENT : rc;
     }
     p_int(&p, w->rcmd.timeout_ms);
     p_text(&p, w->rcmd.description);
-    p_int(&p, now);
+    p_int(&p, c->now);
     p_int(&p, w->rcmd.max_in_flight);
-    return xq(s, stmt_name(PS_RCMD_UPSERT), &p, NULL);
+    return emit(c, w, stmt_name(PS_RCMD_UPSERT), &p, RK_ANY);
 }
 
-static int apply(struct jd_store *s, struct jd_write *w, int64_t now, struct jd_pg_wscratch *ws)
+static int apply(struct ctx *c, struct jd_write *w)
 {
     w->version = 0;
-    w->time_ms = now;
+    w->time_ms = c->now;
     switch (w->op) {
     case JD_W_JOB_INSERT:
-        return apply_insert(s, w, now, ws);
+        return apply_insert(c, w);
     case JD_W_JOB_CHANGE:
-        return apply_change(s, w, now, ws);
+        return apply_change(c, w);
     case JD_W_QUEUE:
     case JD_W_QUEUE_CONFIG:
-        return apply_queue(s, w);
+        return apply_queue(c, w);
     case JD_W_JOB_CRASHES:
-        return apply_crashes(s, w);
+        return apply_crashes(c, w);
     case JD_W_JOB_DELETE:
-        return apply_job_delete(s, w, ws);
+        return apply_job_delete(c, w);
     case JD_W_SCHEDULE_PUT:
     case JD_W_SCHEDULE_CHANGE:
     case JD_W_SCHEDULE_DELETE:
-        return apply_schedule(s, w, now);
+        return apply_schedule(c, w);
     case JD_W_COMMAND_PUT:
     case JD_W_COMMAND_DELETE:
     case JD_W_TASK_PUT:
-        return apply_remote(s, w, now);
+        return apply_remote(c, w);
+    case JD_W_JOB_REQUEST:
+        return apply_request(c, w);
     default:
         return w->op == JD_W_SYNC_ ? 0 : JD_EINVAL;
     }
@@ -848,8 +1020,9 @@ static bool record_fault(int rc)
 }
 
 /* Add the transaction's queue count changes; 0 or the JD_E* code. */
-static int counts_flush(struct jd_store *s, struct jd_pg_wscratch *ws)
+static int counts_flush(struct ctx *c)
 {
+    struct jd_pg_wscratch *ws = c->ws;
     for (size_t i = 0; i < ws->nq; i++)
         for (int k = 0; k < JD_JOB_NSTATES; k++) {
             if (ws->q[i].d[k] == 0)
@@ -858,7 +1031,7 @@ static int counts_flush(struct jd_store *s, struct jd_pg_wscratch *ws)
             p_text(&p, ws->q[i].queue);
             p_int(&p, k);
             p_int(&p, ws->q[i].d[k]);
-            int rc = xq(s, stmt_name(PS_COUNT_ADD), &p, NULL);
+            int rc = xq(c->s, stmt_name(PS_COUNT_ADD), &p, NULL);
             if (rc)
                 return rc;
         }
@@ -866,46 +1039,234 @@ static int counts_flush(struct jd_store *s, struct jd_pg_wscratch *ws)
     return 0;
 }
 
-/* The fast path: every record without savepoints. 0: all applied
- * (transaction open); 1: a record failed on its own (rolled back, ids
- * restored: redo with savepoints); -1: the transaction failed. */
-static int apply_optimistic(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
-                            int64_t now, struct jd_pg_wscratch *ws)
+/* ---- the pipelined fast path ---- */
+
+static void ab_put(struct abuf *a, const char *v, size_t n)
 {
+    if (a->len + n + 1 > a->cap) {
+        a->cap = 2 * (a->len + n + 1) + 256;
+        a->p = jd_xrealloc(a->p, a->cap);
+    }
+    memcpy(a->p + a->len, v, n);
+    a->len += n;
+    a->p[a->len] = '\0';
+}
+
+static void ab_sep(struct abuf *a)
+{
+    if (a->len > 1) /* past the "{" */
+        ab_put(a, ",", 1);
+}
+
+static void ab_int(struct abuf *a, int64_t v)
+{
+    char b[24];
+    int n = snprintf(b, sizeof b, "%lld", (long long)v);
+    ab_sep(a);
+    ab_put(a, b, (size_t)n);
+}
+
+/* A text element: NULL, or double-quoted with '"' and '\' escaped. */
+static void ab_text(struct abuf *a, const char *v)
+{
+    ab_sep(a);
+    if (!v) {
+        ab_put(a, "NULL", 4);
+        return;
+    }
+    ab_put(a, "\"", 1);
+    for (const char *run = v;;) {
+        size_t k = strcspn(run, "\"\\");
+        ab_put(a, run, k);
+        if (!run[k])
+            break;
+        ab_put(a, "\\", 1);
+        ab_put(a, run + k, 1);
+        run += k + 1;
+    }
+    ab_put(a, "\"", 1);
+}
+
+/* Queue the batch's job rows as one statement (PS_JOB_INSERTS), before
+ * every other record's statements: a record about a job comes after the
+ * job's insert in the batch, so it still finds the row. apply_insert then
+ * only takes the inserts' keys; a key taken after a release earlier in the
+ * batch fails here and sends the batch the slow way, in order. Only for
+ * two or more inserts. 0, or JD_EINVAL for a record apply_insert would
+ * refuse (the slow path says which). */
+static int emit_inserts(struct ctx *c)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    size_t nins = 0;
+    for (size_t i = 0; i < c->nb; i++)
+        nins += c->b[i]->op == JD_W_JOB_INSERT;
+    if (nins < 2)
+        return 0;
+    const size_t na = sizeof ws->arr / sizeof ws->arr[0];
+    for (size_t k = 0; k < na; k++) {
+        ws->arr[k].len = 0;
+        ab_put(&ws->arr[k], "{", 1);
+    }
+    struct jd_write *first = NULL;
+    for (size_t i = 0; i < c->nb; i++) {
+        struct jd_write *w = c->b[i];
+        if (w->op != JD_W_JOB_INSERT)
+            continue;
+        const struct jd_job *j = w->job;
+        if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
+            return JD_EINVAL;
+        int64_t id = j->id ? j->id : w->job_id;
+        if (id <= 0)
+            return JD_EINVAL;
+        w->job_id = id;
+        int64_t created = j->created_ms ? j->created_ms : c->now;
+        char data[48];
+        snprintf(data, sizeof data, "{\"state\":\"%s\"}", jd_job_state_name(j->state));
+        ab_int(&ws->arr[0], id);
+        ab_text(&ws->arr[1], j->queue);
+        ab_int(&ws->arr[2], j->priority);
+        ab_int(&ws->arr[3], j->state);
+        ab_int(&ws->arr[4], j->run_at_ms);
+        ab_int(&ws->arr[5], created);
+        ab_int(&ws->arr[6], jd_job_state_terminal(j->state) ? created : 0);
+        ab_text(&ws->arr[7], j->idempotency_key);
+        ab_text(&ws->arr[8], j->schedule_id);
+        ab_text(&ws->arr[9], j->handler);
+        ab_text(&ws->arr[10], j->definition);
+        ab_text(&ws->arr[11], data);
+        if (!first)
+            first = w;
+    }
+    struct prm p = {0};
+    for (size_t k = 0; k < na; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
+    p_int(&p, c->s->pg->node_id);
+    p_int(&p, c->now);
+    c->hoisted = true;
+    return emit(c, first, stmt_name(PS_JOB_INSERTS), &p, RK_INSERTS);
+}
+
+#define JD_PG_PIPE_CHUNK                                                                           \
+    256 /* statements in flight before reading their results: the                                  \
+           results must fit the sockets' buffers, or both ends block */
+
+enum { PIPE_OK = 0, PIPE_FAULT = 1, PIPE_FATAL = 2 };
+
+/* Sync the pipeline and read every queued statement's result, checking
+ * each against its record. Returns the worst outcome seen. */
+static int pipe_drain(struct ctx *c)
+{
+    PGconn *conn = c->s->pg->wconn;
+    struct jd_pg_wscratch *ws = c->ws;
+    int out = PIPE_OK;
+    if (!PQpipelineSync(conn))
+        return PIPE_FATAL;
+    for (size_t k = 0; k < ws->npq; k++) {
+        PGresult *r = PQgetResult(conn);
+        if (!r)
+            return PIPE_FATAL; /* the connection is gone */
+        if (PQresultStatus(r) == PGRES_PIPELINE_ABORTED) {
+            /* an earlier statement failed: already counted */
+        } else if (!ws->pq[k].w) {
+            if (wrc(r) != 0)
+                out = PIPE_FATAL; /* the BEGIN */
+        } else {
+            int rc = take(c, ws->pq[k].w, ws->pq[k].kind, r);
+            if (rc == NOROW || record_fault(rc))
+                out = out > PIPE_FAULT ? out : PIPE_FAULT;
+            else if (rc)
+                out = PIPE_FATAL;
+        }
+        PQclear(r);
+        r = PQgetResult(conn); /* NULL: the end of this statement's results */
+        if (r) {
+            PQclear(r);
+            return PIPE_FATAL;
+        }
+    }
+    ws->npq = 0;
+    PGresult *r = PQgetResult(conn);
+    bool synced = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
+    PQclear(r);
+    return synced ? out : PIPE_FATAL;
+}
+
+/* The fast path: every record's statements pipelined in one transaction,
+ * a few round trips for the whole batch. 0: all applied (transaction
+ * open, counts written); 1: a record did not apply (rolled back, ids
+ * restored: redo with savepoints); -1: the transaction failed. */
+static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t n)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    PGconn *conn = c->s->pg->wconn;
     if (n > ws->capids) {
         ws->capids = 2 * n;
         ws->ids = jd_xrealloc(ws->ids, ws->capids * sizeof *ws->ids);
     }
     counts_clear(ws);
-    for (size_t i = 0; i < n; i++)
-        ws->ids[i] = b[i]->job_id;
+    ws->npq = 0;
     for (size_t i = 0; i < n; i++) {
+        ws->ids[i] = b[i]->job_id;
         rcs[i] = 0;
+        /* statements cannot be prepared inside the pipeline */
+        if (b[i]->op == JD_W_JOB_CHANGE && change_valid(b[i]) && !change_stmt(c->s, b[i]->set))
+            return -1;
+    }
+    if (!PQenterPipelineMode(conn))
+        return -1;
+    c->pipe = true;
+    int out = PIPE_OK;
+    if (!PQsendQueryParams(conn, "BEGIN", 0, NULL, NULL, NULL, NULL, 0)) {
+        out = PIPE_FATAL;
+    } else {
+        if (ws->cappq == 0) {
+            ws->cappq = 2 * JD_PG_PIPE_CHUNK;
+            ws->pq = jd_xrealloc(ws->pq, ws->cappq * sizeof *ws->pq);
+        }
+        ws->pq[ws->npq++] = (struct pend){0}; /* w NULL: the BEGIN */
+        c->b = b;
+        c->nb = n;
+        int rc = emit_inserts(c);
+        if (rc)
+            out = record_fault(rc) ? PIPE_FAULT : PIPE_FATAL;
+    }
+    for (size_t i = 0; i < n && out == PIPE_OK; i++) {
         if (b[i]->op == JD_W_SYNC_)
             continue;
-        int rc = apply(s, b[i], now, ws);
-        if (rc == 0)
-            continue;
+        int rc = apply(c, b[i]);
+        if (rc)
+            out = record_fault(rc) ? PIPE_FAULT : PIPE_FATAL;
+        else if (ws->npq >= JD_PG_PIPE_CHUNK)
+            out = pipe_drain(c);
+    }
+    if (ws->npq > 0 && out != PIPE_FATAL) {
+        int d = pipe_drain(c);
+        out = d > out ? d : out;
+    }
+    c->pipe = c->hoisted = false;
+    if (out == PIPE_FATAL || !PQexitPipelineMode(conn))
+        return -1;
+    if (out == PIPE_FAULT) {
         counts_clear(ws);
-        if (!record_fault(rc))
+        if (simple(c->s, "ROLLBACK") != 0)
             return -1;
-        if (simple(s, "ROLLBACK") != 0)
-            return -1;
-        for (size_t k = 0; k <= i; k++) {
+        for (size_t k = 0; k < n; k++) {
             b[k]->job_id = ws->ids[k];
             b[k]->version = 0;
         }
         return 1;
     }
-    return counts_flush(s, ws) == 0 ? 0 : -1;
+    return counts_flush(c) == 0 ? 0 : -1;
 }
 
-/* The slow path: every record, or group, in its own SAVEPOINT. 0, or -1
- * when the transaction failed. */
-static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,
-                            int64_t now, struct jd_pg_wscratch *ws)
+/* The slow path: every record, or group, in its own SAVEPOINT, one
+ * statement at a time. 0, or -1 when the transaction failed. */
+static int apply_savepoints(struct ctx *c, struct jd_write **b, int *rcs, size_t n)
 {
-    counts_clear(ws);
+    struct jd_store *s = c->s;
+    counts_clear(c->ws);
     for (size_t i = 0; i < n;) {
         size_t g = b[i]->group_ ? b[i]->group_ : 1;
         if (g == 1 && b[i]->op == JD_W_SYNC_) {
@@ -916,16 +1277,16 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
             log_failure(s, "savepoint");
             return -1;
         }
-        counts_mark(ws);
+        counts_mark(c->ws);
         int rc = 0;
         for (size_t k = 0; k < g && rc == 0; k++)
-            rc = apply(s, b[i + k], now, ws);
+            rc = apply(c, b[i + k]);
         if (rc != 0 && !record_fault(rc)) {
             log_failure(s, "write");
             return -1;
         }
         if (rc != 0) {
-            counts_restore(ws);
+            counts_restore(c->ws);
             if (simple(s, "ROLLBACK TO SAVEPOINT r") != 0) {
                 log_failure(s, "rollback to savepoint");
                 return -1;
@@ -940,24 +1301,41 @@ static int apply_savepoints(struct jd_store *s, struct jd_write **b, int *rcs, s
             if (rc != 0)
                 b[i + k]->version = 0;
             if (rc == JD_ESTALE)
-                s->pg->fenced++;
+                atomic_fetch_add_explicit(&s->pg->st_fenced, 1, memory_order_relaxed);
         }
         i += g;
     }
-    if (counts_flush(s, ws) != 0) {
+    if (counts_flush(c) != 0) {
         log_failure(s, "queue counts");
         return -1;
     }
     return 0;
 }
 
-/* A usable session: reconnected (and statements prepared again) after
- * the connection was lost. 0 or JD_EIO. */
+/* A usable session: out of any pipeline and transaction a failure left it
+ * in, reconnected (and statements prepared again) if the connection was
+ * lost. 0 or JD_EIO. */
 static int ensure_session(struct jd_store *s)
 {
     struct jd_pg *pg = s->pg;
+    if (PQpipelineStatus(pg->wconn) != PQ_PIPELINE_OFF) {
+        /* a failed batch left results unread: read them, or start over */
+        for (int i = 0; i < 4 * JD_PG_PIPE_CHUNK && !PQexitPipelineMode(pg->wconn); i++) {
+            PGresult *r = PQstatus(pg->wconn) == CONNECTION_OK ? PQgetResult(pg->wconn) : NULL;
+            if (!r && !PQisBusy(pg->wconn) && !PQexitPipelineMode(pg->wconn)) {
+                PQfinish(pg->wconn);
+                pg->wconn = jd_pg_connect(pg->url, pg->display, s->sync_full, NULL);
+                pg->wprepared = false;
+                break; /* NULL: connected again below */
+            }
+            PQclear(r);
+        }
+    }
     if (PQstatus(pg->wconn) != CONNECTION_OK) {
-        PQreset(pg->wconn);
+        if (pg->wconn)
+            PQreset(pg->wconn);
+        else
+            pg->wconn = jd_pg_connect(pg->url, pg->display, s->sync_full, NULL);
         pg->wprepared = false;
         if (PQstatus(pg->wconn) != CONNECTION_OK) {
             log_failure(s, "reconnect");
@@ -968,6 +1346,82 @@ static int ensure_session(struct jd_store *s)
     if (PQtransactionStatus(pg->wconn) != PQTRANS_IDLE)
         simple(s, "ROLLBACK");
     return pg->wprepared ? 0 : prepare_all(s);
+}
+
+#define JD_PG_NOTIFY_MAX 7900 /* a NOTIFY payload is at most 8000 bytes */
+
+/* Append entry e to the notice being built; past the cap it becomes "*". */
+static void note_add(char *buf, size_t *len, bool *all, const char *e)
+{
+    size_t k = strlen(e);
+    if (*all)
+        return;
+    if (*len + k + 2 > JD_PG_NOTIFY_MAX) {
+        *all = true;
+        return;
+    }
+    if (*len)
+        buf[(*len)++] = ',';
+    memcpy(buf + *len, e, k + 1);
+    *len += k;
+}
+
+/* The batch's one change notice, inside its transaction (delivered at
+ * commit, dropped with a rollback): "id:version" per job record applied,
+ * "s:<id>" per schedule, "r" for inbox requests, or "*" when it would not
+ * fit. Hints only: listeners re-read. 0 or JD_EIO. */
+static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs, size_t n)
+{
+    static _Thread_local char buf[JD_PG_NOTIFY_MAX + 1];
+    size_t len = 0;
+    bool all = false, req = false;
+    uint64_t nreq = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = b[i];
+        char e[160];
+        if (rcs[i] != 0)
+            continue;
+        switch (w->op) {
+        case JD_W_JOB_INSERT:
+        case JD_W_JOB_CHANGE:
+        case JD_W_JOB_DELETE:
+            snprintf(e, sizeof e, "%lld:%lld", (long long)w->job_id, (long long)w->version);
+            note_add(buf, &len, &all, e);
+            break;
+        case JD_W_JOB_REQUEST:
+            req = true;
+            nreq++;
+            break;
+        case JD_W_SCHEDULE_PUT:
+        case JD_W_SCHEDULE_CHANGE:
+        case JD_W_SCHEDULE_DELETE:
+            if (w->sched.id && strlen(w->sched.id) < 120 && !strchr(w->sched.id, ','))
+                snprintf(e, sizeof e, "s:%s", w->sched.id);
+            else
+                snprintf(e, sizeof e, "s");
+            note_add(buf, &len, &all, e);
+            break;
+        default:
+            break;
+        }
+    }
+    if (req)
+        note_add(buf, &len, &all, "r");
+    if (all) {
+        /* "*" says any job may have changed; keep the inbox hint beside it */
+        snprintf(buf, sizeof buf, req ? "*,r,s" : "*,s");
+        len = strlen(buf);
+    }
+    if (len == 0)
+        return 0;
+    const char *v[] = {buf};
+    PGresult *r = PQexecParams(s->pg->wconn, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
+                               NULL, v, NULL, NULL, 0);
+    int rc = jd_pg_rc(r);
+    PQclear(r);
+    if (rc == 0)
+        atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed);
+    return rc ? JD_EIO : 0;
 }
 
 /* COMMIT, true only if the server committed (an aborted transaction
@@ -984,15 +1438,10 @@ static bool commit(struct jd_store *s)
 
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
 {
-    struct jd_pg_wscratch *ws = scratch(s->pg);
-    int64_t now = jd_wall_ms();
+    struct ctx c = {.s = s, .ws = scratch(s->pg), .now = jd_wall_ms()};
     if (ensure_session(s) != 0)
         goto fail;
-    if (simple(s, "BEGIN") != 0) {
-        log_failure(s, "begin");
-        goto fail;
-    }
-    int fast = apply_optimistic(s, b, rcs, n, now, ws);
+    int fast = apply_pipelined(&c, b, rcs, n);
     if (fast < 0) {
         log_failure(s, "write");
         goto fail;
@@ -1002,8 +1451,12 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
             log_failure(s, "begin");
             goto fail;
         }
-        if (apply_savepoints(s, b, rcs, n, now, ws) != 0)
+        if (apply_savepoints(&c, b, rcs, n) != 0)
             goto fail;
+    }
+    if (notify_batch(s, b, rcs, n) != 0) {
+        log_failure(s, "notify");
+        goto fail;
     }
     if (!commit(s)) {
         log_failure(s, "commit");
@@ -1012,8 +1465,10 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
     return 0;
 
 fail:
-    counts_clear(ws);
+    counts_clear(c.ws);
+    c.ws->npq = 0;
     if (PQstatus(s->pg->wconn) == CONNECTION_OK &&
+        PQpipelineStatus(s->pg->wconn) == PQ_PIPELINE_OFF &&
         PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)
         simple(s, "ROLLBACK");
     for (size_t i = 0; i < n; i++) {
@@ -1030,6 +1485,15 @@ bool jd_pg_retention_step(struct jd_store *s)
     PGresult *qs = NULL;
     if (ensure_session(s) != 0 || simple(s, "BEGIN") != 0)
         goto fail;
+    /* one node at a time: another node's pass now, ours next time */
+    PGresult *lk =
+        PQexec(s->pg->wconn, "SELECT pg_try_advisory_xact_lock(" JD_PG_CHORE_LOCK_SQL ")");
+    bool mine = jd_pg_rc(lk) == 0 && PQntuples(lk) == 1 && PQgetvalue(lk, 0, 0)[0] == 't';
+    PQclear(lk);
+    if (!mine) {
+        simple(s, "ROLLBACK");
+        return false;
+    }
     struct prm none = {0};
     if (xq(s, stmt_name(PS_RET_QUEUES), &none, &qs) != 0)
         goto fail;

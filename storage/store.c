@@ -474,6 +474,8 @@ struct jd_rconn {
 
 static void store_free(struct jd_store *s)
 {
+    if (s->pg)
+        jd_pg_cluster_stop(s); /* no hook is called once close returns */
     jd_writer_stop(s);
     jd_checkpointer_stop(s);
     if (s->pg)
@@ -1478,4 +1480,68 @@ int jd_store_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint
     sqlite3_reset(st);
     rconn_put(s, c);
     return rc;
+}
+
+/* ---- the cluster (storage/pg_cluster.c); SQLite is one node alone ---- */
+
+bool jd_store_clustered(const struct jd_store *s)
+{
+    return s->pg != NULL;
+}
+
+int64_t jd_store_node_id(const struct jd_store *s)
+{
+    return s->pg ? jd_pg_node_id(s) : 0;
+}
+
+int jd_store_cluster_start(struct jd_store *s, const struct jd_store_cluster_hooks *h)
+{
+    return s->pg ? jd_pg_cluster_start(s, h) : JD_EINVAL;
+}
+
+bool jd_store_lease_ok(struct jd_store *s)
+{
+    return s->pg ? jd_pg_lease_ok(s) : true;
+}
+
+bool jd_store_is_leader(struct jd_store *s)
+{
+    return s->pg ? jd_pg_is_leader(s) : true;
+}
+
+bool jd_store_healthy(struct jd_store *s)
+{
+    return s->pg ? jd_pg_healthy(s) : true;
+}
+
+int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n)
+{
+    *n = 0;
+    if (limit < 1 || limit > 256)
+        return JD_EINVAL;
+    return s->pg ? jd_pg_claim(s, limit, fn, arg, n) : 0;
+}
+
+int jd_store_requests(struct jd_store *s, int64_t after_id, unsigned limit,
+                      struct jd_job_request **rows, size_t *n)
+{
+    *rows = NULL;
+    *n = 0;
+    if (limit < 1 || limit > 1000)
+        return JD_EINVAL;
+    return s->pg ? jd_pg_requests(s, after_id, limit, rows, n) : 0;
+}
+
+void jd_job_requests_free(struct jd_job_request *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(rows[i].data);
+    free(rows);
+}
+
+void jd_store_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (s->pg)
+        jd_pg_cluster_stats(s, out);
 }

@@ -104,6 +104,7 @@ struct jd_store_config {
     unsigned max_batch;   /* records per transaction at most; 0: 1024 */
     uint64_t max_bytes;   /* refuse to grow the database past this many bytes (commits
                              then fail with JD_EIO, as on a full disk); 0: no limit */
+    int64_t lease_ms;     /* PostgreSQL cluster: this node's lease (--lease); 0: 10 s */
 };
 
 /* Open (create, migrate) the database and start the writer. Clear errors

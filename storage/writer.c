@@ -105,7 +105,8 @@ static const char *const writer_sql[JD_WS_N] = {
                            " last_outcome = iif(?3 & 8, ?9, last_outcome),"
                            " fires = fires + ?10, skips = skips + ?11,"
                            " event_seq = event_seq + ?12, updated_ms = ?2"
-                           " WHERE id = ?1 RETURNING event_seq",
+                           " WHERE id = ?1 AND (?13 = 0 OR next_fire_ms = ?13)"
+                           " RETURNING event_seq",
     [JD_WS_SCHED_EVENT] = "INSERT INTO schedule_events(schedule_id, seq, time_ms, kind, fire_ms,"
                           " job_id, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [JD_WS_SCHED_TRIM] = "DELETE FROM schedule_events WHERE schedule_id = ?1 AND seq <= ?2",
@@ -707,6 +708,21 @@ static int apply_queue(struct jd_store *s, struct jd_write *w)
 
 /* Update the schedule row as w->sched says and append its event (if any).
  * JD_ENOENT when the schedule does not exist. */
+/* Does schedule id exist (a conditional fire that touched no row: lost
+ * the race, JD_ECONFLICT, or the schedule is gone, JD_ENOENT)? Rare. */
+static bool schedule_exists(struct jd_store *s, const char *id)
+{
+    sqlite3_stmt *st = NULL;
+    bool found = false;
+    if (sqlite3_prepare_v2(s->wdb, "SELECT 1 FROM schedules WHERE id = ?1", -1, &st, NULL) ==
+        SQLITE_OK) {
+        sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+        found = sqlite3_step(st) == SQLITE_ROW;
+    }
+    sqlite3_finalize(st);
+    return found;
+}
+
 static int apply_schedule_change(struct jd_store *s, const struct jd_schedule_write *sw,
                                  int64_t now)
 {
@@ -725,9 +741,12 @@ static int apply_schedule_change(struct jd_store *s, const struct jd_schedule_wr
     sqlite3_bind_int64(st, 10, sw->add_fires);
     sqlite3_bind_int64(st, 11, sw->add_skips);
     sqlite3_bind_int(st, 12, sw->event != NULL);
+    sqlite3_bind_int64(st, 13, sw->expect_next_fire_ms);
     int rc = sqlite3_step(st);
     int64_t seq = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
     sqlite3_reset(st);
+    if (rc == SQLITE_DONE && sw->expect_next_fire_ms)
+        return schedule_exists(s, sw->id) ? JD_ECONFLICT : JD_ENOENT;
     if (rc == SQLITE_DONE)
         return JD_ENOENT;
     if (rc != SQLITE_ROW)

@@ -4,7 +4,9 @@
 # at a throwaway PostgreSQL (tests/pg/pg.sh), so each test opens the store
 # on a freshly emptied database instead of a SQLite file. One TAP line per
 # cmocka test; tests about SQLite files themselves report a skip.
+# shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+# shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
 if ! pg_start nofsync; then
@@ -13,7 +15,7 @@ if ! pg_start nofsync; then
 fi
 export JD_TEST_PG_URL=$PG_URL
 
-for prog in test_store test_store_schedules test_store_concurrent; do
+for prog in test_store test_store_schedules test_store_concurrent test_store_find test_store_pg test_pg_read test_store_cluster; do
     bin=$BUILD/tests/$prog
     if [ ! -x "$bin" ]; then
         notok "$prog is built ($bin; make unit-build)"

@@ -289,6 +289,41 @@ static void test_history_is_trimmed_to_the_newest(void **state)
     free(rs);
 }
 
+/* A fire made conditional on the row's next_fire_ms commits once: a
+ * second attempt at the same occurrence (another node's, in a cluster) is
+ * JD_ECONFLICT and changes nothing; a missing schedule stays JD_ENOENT. */
+static void test_a_conditional_fire_commits_once(void **state)
+{
+    struct fx *f = *state;
+    assert_int_equal(put_wait(f->s, "tick", "{}", 1000, NULL), 0);
+    struct jd_write w = {.op = JD_W_SCHEDULE_CHANGE};
+    w.sched = (struct jd_schedule_write){.id = "tick",
+                                         .set = JD_SSET_NEXT_FIRE,
+                                         .next_fire_ms = 2000,
+                                         .add_fires = 1,
+                                         .expect_next_fire_ms = 1000,
+                                         .event = "fired"};
+    struct tres r;
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+    assert_int_equal(submit_wait(f->s, &w, &r), JD_ECONFLICT);
+    struct jd_schedule_row row;
+    assert_int_equal(jd_store_schedule_get(f->s, "tick", &row), 0);
+    assert_int_equal(row.fires, 1);
+    assert_int_equal(row.next_fire_ms, 2000);
+    jd_schedule_row_clear(&row);
+    struct jd_schedule_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_schedule_events(f->s, "tick", 0, 10, &ev, &n), 0);
+    assert_int_equal(n, 1);
+    jd_schedule_events_free(ev, n);
+    w.sched.id = "nope";
+    assert_int_equal(submit_wait(f->s, &w, &r), JD_ENOENT);
+    /* an unconditional change still applies whatever next_fire_ms is */
+    w.sched.id = "tick";
+    w.sched.expect_next_fire_ms = 0;
+    assert_int_equal(submit_wait(f->s, &w, &r), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +334,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_jobs_listed_by_schedule_newest_first, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pause_delete_and_list_pages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_history_is_trimmed_to_the_newest, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_conditional_fire_commits_once, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
