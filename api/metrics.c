@@ -276,6 +276,42 @@ static void render_store(struct buf *b, const struct jd_store_stats *s)
               (double)s->commit_us_sum / 1e6);
 }
 
+static void render_cluster(struct buf *b, const struct jd_metrics_cluster *c)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } rows[] = {
+        {"jackdaw_cluster_claims_total", "counter", "Jobs this node claimed from the cluster.",
+         offsetof(struct jd_metrics_cluster, claims)},
+        {"jackdaw_cluster_takeovers_total", "counter",
+         "Nodes whose lease lapsed, taken over by this node.",
+         offsetof(struct jd_metrics_cluster, takeovers)},
+        {"jackdaw_cluster_fenced_writes_total", "counter",
+         "Writes refused because another node owns the job now.",
+         offsetof(struct jd_metrics_cluster, fenced)},
+        {"jackdaw_cluster_requests_applied_total", "counter",
+         "Cancels and messages from other nodes applied here.",
+         offsetof(struct jd_metrics_cluster, requests_applied)},
+        {"jackdaw_cluster_lease_lost_total", "counter", "Times this node lost its lease.",
+         offsetof(struct jd_metrics_cluster, lease_lost)},
+        {"jackdaw_cluster_heartbeats_total", "counter", "Lease heartbeats answered.",
+         offsetof(struct jd_metrics_cluster, heartbeats)},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        family(b, rows[i].name, rows[i].type, rows[i].help);
+        put(b, "%s{node=\"%lld\"} %llu\n", rows[i].name, (long long)c->node,
+            (unsigned long long)*(const uint64_t *)((const char *)c + rows[i].off));
+    }
+    family(b, "jackdaw_cluster_heartbeat_seconds_sum", "counter",
+           "Time the lease heartbeats took, summed.");
+    put(b, "jackdaw_cluster_heartbeat_seconds_sum{node=\"%lld\"} %.6f\n", (long long)c->node,
+        (double)c->heartbeat_us_sum / 1e6);
+    family(b, "jackdaw_cluster_heartbeat_seconds_max", "gauge", "The slowest lease heartbeat.");
+    put(b, "jackdaw_cluster_heartbeat_seconds_max{node=\"%lld\"} %.6f\n", (long long)c->node,
+        (double)c->heartbeat_us_max / 1e6);
+}
+
 static void render_calls(struct buf *b, const struct jd_jobs_call_stats *r)
 {
     family(b, "jackdaw_plugin_calls_total", "counter", "Handler plugin calls by result.");
@@ -439,5 +475,7 @@ char *jd_metrics_render(const struct jd_metrics_sources *src)
         render_limits(&b, src);
     if (src->tasks)
         render_tasks(&b, src->tasks, src->ntasks);
+    if (src->cluster)
+        render_cluster(&b, src->cluster);
     return b.p;
 }

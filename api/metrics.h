@@ -45,6 +45,14 @@ struct jd_http_metrics {
 void jd_http_metrics_observe(struct jd_http_metrics *m, enum jd_route route, int status,
                              uint64_t duration_us);
 
+/* A cluster node's counters (jd_store_cluster_stats, the job layer's
+ * inbox), labelled node="<id>". */
+struct jd_metrics_cluster {
+    int64_t node;
+    uint64_t claims, takeovers, fenced, requests_applied, lease_lost;
+    uint64_t heartbeats, heartbeat_us_sum, heartbeat_us_max;
+};
+
 /* The snapshots to render; any pointer may be NULL (that family is left out). */
 struct jd_metrics_sources {
     const struct jd_http_metrics *http;
@@ -61,6 +69,8 @@ struct jd_metrics_sources {
     size_t ncommand_limits;
     const struct jd_task_stats *tasks; /* per remote command (server/tasks.h) */
     size_t ntasks;
+    /* A cluster node (PostgreSQL): its id and counters, or NULL. */
+    const struct jd_metrics_cluster *cluster;
     int ready; /* 1 ready, 0 starting or draining */
 };
 

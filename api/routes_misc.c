@@ -29,6 +29,8 @@ enum MHD_Result route_readyz(struct jd_req *r)
         return http_respond_problem(r, 503, "starting: recovering jobs", NULL);
     if (atomic_load(&h->draining))
         return http_respond_problem(r, 503, "draining: shutting down", NULL);
+    if (h->store != NULL && !jd_store_healthy(h->store))
+        return http_respond_problem(r, 503, "the database did not answer the last heartbeat", NULL);
     char *text = jd_xstrdup("{\"status\":\"ready\"}\n");
     return http_respond(r, 200, "application/json", text, strlen(text), NULL, NULL, NULL, NULL);
 }
@@ -68,6 +70,22 @@ enum MHD_Result route_metrics(struct jd_req *r)
     if (j != NULL && jd_jobs_task_stats(j, &ts, &nts) == 0) {
         src.tasks = ts;
         src.ntasks = nts;
+    }
+    struct jd_metrics_cluster mc;
+    if (h->store != NULL && jd_store_clustered(h->store)) {
+        struct jd_cluster_stats cs2;
+        jd_store_cluster_stats(h->store, &cs2);
+        mc = (struct jd_metrics_cluster){.node = jd_store_node_id(h->store),
+                                         .claims = cs2.claims,
+                                         .takeovers = cs2.takeovers,
+                                         .fenced = cs2.fenced,
+                                         .requests_applied =
+                                             j ? jd_jobs_cluster_requests_applied(j) : 0,
+                                         .lease_lost = cs2.lease_lost,
+                                         .heartbeats = cs2.heartbeats,
+                                         .heartbeat_us_sum = cs2.heartbeat_us_sum,
+                                         .heartbeat_us_max = cs2.heartbeat_us_max};
+        src.cluster = &mc;
     }
     if (h->store != NULL) {
         jd_store_stats(h->store, &st);

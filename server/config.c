@@ -106,6 +106,9 @@ static const struct opt opts[] = {
     {"--queue-window", "JACKDAW_QUEUE_WINDOW", OPT_UINT, F(queue_window), "N",
      "queued jobs each queue keeps in memory, the next to run; the rest wait in the store "
      "and are read in as these drain (default 1000, 0: all in memory)"},
+    {"--lease", "JACKDAW_LEASE", OPT_DURATION, F(lease_ms), "DURATION",
+     "cluster (PostgreSQL): a node that misses its heartbeats this long loses its jobs to the "
+     "other nodes (default 10s, at least 1s)"},
     {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
      "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
@@ -310,6 +313,7 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->queue_window = 1000; /* ~3 MB of queued jobs per queue; a backlog waits in the store */
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
+    c->lease_ms = 10000;                 /* a dead node's jobs move within ~1.5 leases */
 
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);
@@ -345,6 +349,9 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
         return jd_error_set(err, JD_EINVAL, NULL,
                             "--exec-timeout and --http-timeout must be > 0 (a job may ask for "
                             "longer with its own timeout_ms)");
+    if (c->lease_ms < 1000 || c->lease_ms > 3600000)
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--lease must be from 1s to 1h (heartbeats go every lease/5)");
     if (c->token != NULL && c->token[0] == '\0') {
         free(c->token); /* an empty token means "no auth", as an unset variable */
         c->token = NULL;

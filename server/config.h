@@ -47,6 +47,7 @@ struct jd_config {
     size_t max_job_memory;         /* --max-job-memory; definitions in memory, default 256 MiB */
     unsigned max_replays;          /* --max-replays; poison-job quarantine, default 3, 0: off */
     unsigned queue_window;         /* --queue-window; queued jobs in memory per queue, 0: all */
+    int64_t lease_ms;              /* --lease; a cluster node's lease (PostgreSQL), default 10 s */
     bool ui;                       /* --ui on|off; serve the dashboard, default on */
     bool help;                     /* --help was given: print usage, exit 0 */
 };

@@ -277,13 +277,20 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
 
     if ((rc = jobs_tasks_create(j, err)))
         goto fail;
-    if ((rc = jobs_recover(j, err)))
+    if (jd_store_clustered(j->store)) {
+        /* A new incarnation owns no job: they come in by claims, which the
+         * node's room bounds (so the queued-job window is not used). */
+        jobs_cluster_init(j);
+        j->window = 0;
+    } else if ((rc = jobs_recover(j, err))) {
         goto fail;
+    }
     jobs_unique_recover(j);
     jobs_admit(j);
     *out = j;
     return 0;
 fail:
+    jobs_cluster_free(j);
     jobs_window_fini(j);
     if (j->reg)
         jd_registry_destroy(j->reg);
@@ -313,7 +320,8 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
     }
     j->draining = true;
     pthread_mutex_unlock(&j->mu);
-    jobs_tasks_drain(j); /* parked claims answer (empty) now */
+    jobs_cluster_fini(j); /* no more claims or inbox requests */
+    jobs_tasks_drain(j);  /* parked claims answer (empty) now */
     pthread_mutex_lock(&j->mu);
     /* Let calls in flight finish (and be recorded) within the grace period.
      * Remote tasks do not hold the drain: they do not run here, and their
@@ -410,6 +418,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
         free(i);
     }
     jd_stats_destroy(j->series);
+    jobs_cluster_free(j);
     free(j->exec_allow);
     free(j->http_allow);
     free(j->exec_env_allow);

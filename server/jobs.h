@@ -423,4 +423,25 @@ void jd_jobs_call_stats(struct jd_jobs *j, struct jd_jobs_call_stats *out);
 /* Parse a job id as shown to users ("42"): 0 and *id, or JD_ENOENT. */
 int jd_jobs_parse_id(const char *s, int64_t *id);
 
+/* ---- the cluster (a clustered store: storage/store.h, "the cluster") ----
+ *
+ * A node starts with none of the cluster's unfinished jobs (jd_jobs_create
+ * does not read them back): one thread claims unowned jobs in batches (on
+ * the claimable hint, every second, and at start) and resumes each from
+ * its history; it applies the cancels and messages other nodes put in the
+ * inboxes of jobs this node owns; and it fires watches on jobs other nodes
+ * run (?wait=, SSE, /v1/events) from change notices, re-reading watched
+ * jobs every second as a fallback. A cancel or message for a job this node
+ * does not hold goes to the job's inbox (its owner applies it). */
+struct jd_job_change;
+/* Start that thread (after create, before jd_store_cluster_start). 0, or
+ * JD_EINVAL for a store that is not clustered. */
+int jd_jobs_cluster_start(struct jd_jobs *j);
+/* The store's hooks (any thread; they never block). */
+void jd_jobs_cluster_changed(struct jd_jobs *j, const struct jd_job_change *c, size_t n);
+void jd_jobs_cluster_requests(struct jd_jobs *j);
+void jd_jobs_cluster_claimable(struct jd_jobs *j);
+/* Inbox requests this node applied since start (/metrics). */
+uint64_t jd_jobs_cluster_requests_applied(struct jd_jobs *j);
+
 #endif

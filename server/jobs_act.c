@@ -21,14 +21,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Under mu: the live job, or the error for one that is not live. */
-static int live_job(struct jd_jobs *j, int64_t id, struct job **out)
+/* Under mu: the live job, or the error for one that is not live. In a
+ * cluster (remote not NULL), *remote is set for a job that is not
+ * finished but not held here (another node's, or none yet): its inbox. */
+static int live_job(struct jd_jobs *j, int64_t id, struct job **out, bool *remote)
 {
     struct job *jb = jobs_job_find(j, id);
     if (jb) {
         if (!jb->inserted)
             return JD_ENOENT;
-        if (jb->finished)
+        if (jb->finished || jb->lost)
             return JD_ECONFLICT;
         *out = jb;
         return 0;
@@ -37,20 +39,52 @@ static int live_job(struct jd_jobs *j, int64_t id, struct job **out)
         return jobs_window_load_locked(j, id, out);
     struct jd_job row = {0};
     int rc = jd_store_job_get(j->store, id, &row);
+    bool live = rc == 0 && !jd_job_state_terminal(row.state);
     jd_job_clear(&row);
+    if (live && remote && j->cl) {
+        *remote = true;
+        return 0;
+    }
     return rc == 0 ? JD_ECONFLICT : JD_ENOENT;
 }
 
-int jd_jobs_cancel(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)
+/* Under mu: put a cancel or message (data) for job id, which another node
+ * holds, in its inbox; done fires once that commits (JD_ENOENT, JD_ECONFLICT
+ * as the store finds the job then). */
+static void request_remote_locked(struct jd_jobs *j, int64_t id, enum jd_event_kind kind,
+                                  char *data, jd_action_done_fn done, void *arg)
+{
+    struct wrec *r = jobs_wrec_new(j, NULL, JD_W_JOB_REQUEST);
+    r->w.job_id = id;
+    r->w.kind = kind;
+    r->data = data;
+    r->w.data = r->data;
+    r->action_done = done;
+    r->user_arg = arg;
+    jobs_record(r);
+}
+
+/* request_id: 0 for a cancel asked of this node (one for a job held
+ * elsewhere goes to its inbox); else the inbox request being applied (only
+ * a job held here). */
+static int cancel_do(struct jd_jobs *j, int64_t id, int64_t request_id, jd_action_done_fn done,
+                     void *arg)
 {
     struct job *jb = NULL;
+    bool remote = false;
     pthread_mutex_lock(&j->mu);
-    int rc = j->draining ? JD_ESHUTDOWN : live_job(j, id, &jb);
+    int rc = j->draining ? JD_ESHUTDOWN : live_job(j, id, &jb, request_id ? NULL : &remote);
+    if (rc == 0 && remote) {
+        request_remote_locked(j, id, JD_EVK_CANCEL, jd_xstrdup("{}"), done, arg);
+        pthread_mutex_unlock(&j->mu);
+        return 0;
+    }
     if (rc) {
         pthread_mutex_unlock(&j->mu);
         return rc;
     }
     struct wrec *ce = jobs_wrec_new(j, jb, JD_W_JOB_CHANGE);
+    ce->w.request_id = request_id;
     ce->data = jobs_with_run(cJSON_CreateObject(), jb->run);
     ce->w.kind = JD_EVK_CANCEL;
     ce->w.data = ce->data;
@@ -79,8 +113,19 @@ int jd_jobs_cancel(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *
     return 0;
 }
 
-int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
-                    jd_action_done_fn done, void *arg, struct jd_error *err)
+int jd_jobs_cancel(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)
+{
+    return cancel_do(j, id, 0, done, arg);
+}
+
+int jobs_cancel_request(struct jd_jobs *j, int64_t id, int64_t request_id, jd_action_done_fn done,
+                        void *arg)
+{
+    return cancel_do(j, id, request_id, done, arg);
+}
+
+static int message_do(struct jd_jobs *j, int64_t id, const char *body, size_t len,
+                      int64_t request_id, jd_action_done_fn done, void *arg, struct jd_error *err)
 {
     static const char *const allowed[] = {"topic", "data", NULL};
     jd_error_clear(err);
@@ -124,8 +169,15 @@ int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
     cJSON_AddItemToObject(payload, "data", data ? cJSON_Duplicate(data, 1) : cJSON_CreateNull());
     cJSON_Delete(m);
     struct job *jb = NULL;
+    bool remote = false;
     pthread_mutex_lock(&j->mu);
-    rc = j->draining ? JD_ESHUTDOWN : live_job(j, id, &jb);
+    rc = j->draining ? JD_ESHUTDOWN : live_job(j, id, &jb, request_id ? NULL : &remote);
+    if (rc == 0 && remote) { /* its owner checks its message limits */
+        request_remote_locked(j, id, JD_EVK_MESSAGE, cJSON_PrintUnformatted(payload), done, arg);
+        pthread_mutex_unlock(&j->mu);
+        cJSON_Delete(payload);
+        return 0;
+    }
     if (rc) {
         pthread_mutex_unlock(&j->mu);
         cJSON_Delete(payload);
@@ -155,12 +207,26 @@ int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
     r->res = res;
     r->w.kind = JD_EVK_MESSAGE;
     r->w.data = r->data;
+    r->w.request_id = request_id;
     r->after = AFTER_MESSAGE;
     r->action_done = done;
     r->user_arg = arg;
     jobs_record(r);
     pthread_mutex_unlock(&j->mu);
     return 0;
+}
+
+int jd_jobs_message(struct jd_jobs *j, int64_t id, const char *body, size_t len,
+                    jd_action_done_fn done, void *arg, struct jd_error *err)
+{
+    return message_do(j, id, body, len, 0, done, arg, err);
+}
+
+int jobs_message_request(struct jd_jobs *j, int64_t id, const char *body, int64_t request_id,
+                         jd_action_done_fn done, void *arg)
+{
+    struct jd_error err = {0};
+    return message_do(j, id, body, strlen(body), request_id, done, arg, &err);
 }
 
 int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *arg)

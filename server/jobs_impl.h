@@ -15,6 +15,8 @@
  *   jobs_window.c  the queued-job window: which queued jobs are in memory,
  *                  paging the rest in from the store (--queue-window)
  *   jobs_watch.c   watches (change notification)
+ *   jobs_cluster.c the cluster (PostgreSQL, jd_store_clustered): claiming
+ *                  jobs, the inbox, other nodes' changes for watches
  *   jobs_read.c    JSON reads and counters
  *   jobs_tasks*.c  remote commands and their tasks (tasks.h; own lock, after mu;
  *                  split in four, see jobs_tasks_impl.h)
@@ -217,6 +219,9 @@ struct job {
      * left memory for the store; later, waits for run_at (counted in
      * jd_jobs.later_mem). */
     bool parked, transient, dropped, later;
+    /* Cluster: a write for it was fenced (JD_ESTALE: another node owns it
+     * now); it is dropped here without recording anything more. */
+    bool lost;
     jd_pid pid;
     uint64_t run_at_timer, timeout_timer, grace_timer;
     struct rec *recs;
@@ -305,6 +310,8 @@ struct jd_jobs {
     pthread_t pager;
     pthread_cond_t pager_cv;
     bool pager_on, pager_stop;
+    /* The cluster (jobs_cluster.c): NULL for SQLite. */
+    struct jobs_cluster *cl;
 };
 
 struct idem {
@@ -513,6 +520,31 @@ char *jobs_trace_of_job(struct jd_jobs *j, int64_t id);
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */
 int jobs_recover(struct jd_jobs *j, struct jd_error *err);
+/* Under mu: a job another node left, just claimed (jd_store_claim, which
+ * already raised a started job's crash count) and built by
+ * jobs_job_from_row, enters the table and resumes as at recovery: queued,
+ * into its queue (or its recorded cancel ends it); started, true: the
+ * caller starts it (jobs_start_job(.., true), without mu); or quarantined. */
+bool jobs_resume_claimed_locked(struct jd_jobs *j, struct job *jb);
+
+/* jobs_cluster.c: the cluster (see jobs.h's jd_jobs_cluster_*). */
+void jobs_cluster_init(struct jd_jobs *j); /* create, for a clustered store */
+void jobs_cluster_free(struct jd_jobs *j); /* destroy, last */
+/* Stop and join the cluster thread (drain; without mu). */
+void jobs_cluster_fini(struct jd_jobs *j);
+/* Without mu: wait while the lease is within its safety margin (no new
+ * handler call starts then); returns at once for SQLite. */
+void jobs_cluster_lease_wait(struct jd_jobs *j);
+/* Under mu: a write for jb was fenced (JD_ESTALE). *kill: its process,
+ * for the caller to end (jd_sched_kill, without mu), or 0. */
+void jobs_cluster_fenced_locked(struct jd_jobs *j, struct job *jb, jd_pid *kill);
+/* jobs_act.c: a cancel or message from this node's inbox, applied through
+ * the local path with the request deleted in the same commit. 0, or
+ * JD_ENOENT (not here) / JD_ECONFLICT (ended, or over its message limits). */
+int jobs_cancel_request(struct jd_jobs *j, int64_t id, int64_t request_id, jd_action_done_fn done,
+                        void *arg);
+int jobs_message_request(struct jd_jobs *j, int64_t id, const char *body, int64_t request_id,
+                         jd_action_done_fn done, void *arg);
 
 /* jobs_tasks.c: remote commands. create loads them and installs the
  * registry's fallback (before replay); drain answers parked claims. */

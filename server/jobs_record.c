@@ -287,6 +287,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     char *notify_url = NULL;
     int64_t notify_id = 0;
     enum jd_job_state notify_state = JD_JOB_SUCCEEDED;
+    jd_pid fenced_kill = 0;
 
     if (r->submit_done && !r->no_json && rc == 0 && w->op == JD_W_JOB_INSERT &&
         r->row.id == w->job_id) {
@@ -299,6 +300,11 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     }
 
     pthread_mutex_lock(&j->mu);
+    /* Cluster: another node owns the job now; it resumes there from the
+     * history, so nothing more is recorded or retried here. */
+    bool fenced = rc == JD_ESTALE && jb && j->cl;
+    if (fenced)
+        jobs_cluster_fenced_locked(j, jb, &fenced_kill);
     if (rc == 0 && jb && w->op != JD_W_JOB_CRASHES) {
         if (w->version > jb->version)
             jb->version = w->version;
@@ -322,7 +328,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         if (rc != 0) {
             /* Not durable: the process must not act on it. Record it again
              * later (a full disk frees up); it is delivered once it commits. */
-            if (!j->stopping)
+            if (!j->stopping && !fenced)
                 retry_record_locked(j, jb, r, rc);
         } else if (!j->stopping && !jb->dlv) {
             jd_sched_complete(j->sched, r->token, r->res, r->res_err); /* nothing ahead */
@@ -355,6 +361,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         }
         break;
     case AFTER_FINAL:
+        if (fenced) { /* its end is the new owner's to record */
+            jobs_job_remove(j, jb);
+            break;
+        }
         if (rc != 0 && !j->stopping) {
             /* The job stays in memory until its end is durable. */
             retry_record_locked(j, jb, r, rc);
@@ -402,6 +412,8 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     pthread_mutex_unlock(&j->mu);
 
     jobs_watches_fire(j, fires, 0);
+    if (fenced_kill)
+        jd_sched_kill(j->sched, fenced_kill, NULL);
     if (notify_url) { /* the end is durable: tell the job's webhook (a registry call: without mu) */
         jobs_notify_start(j, notify_id, notify_state, notify_url);
         free(notify_url);

@@ -241,3 +241,24 @@ int jobs_recover(struct jd_jobs *j, struct jd_error *err)
         jd_logf(JD_LOG_INFO, "resumed %zu running jobs", nstart);
     return j->window ? jobs_window_recover(j, err) : 0;
 }
+
+bool jobs_resume_claimed_locked(struct jd_jobs *j, struct job *jb)
+{
+    jobs_job_insert(j, jb);
+    if (jb->state == JD_JOB_QUEUED) {
+        if (jb->cancel_requested)
+            jobs_cancel_recovered_locked(j, jb);
+        else
+            jobs_window_place_locked(j, jb);
+        return false;
+    }
+    /* The claim raised its crash count already (its owner died running it). */
+    if (j->max_replays && jb->crashes >= j->max_replays) {
+        uint32_t n = jb->crashes;
+        quarantine_locked(j, jb, n);
+        return false;
+    }
+    jb->admitted = true;
+    jobs_slot_take_locked(j, jb);
+    return true;
+}

@@ -417,6 +417,7 @@ static void call_send(struct call *c)
         .arg = c,
     };
     struct jd_call_handle *h = NULL;
+    jobs_cluster_lease_wait(j); /* no handler call starts on a lease about to end */
     int r = jd_registry_call(j->reg, &req, &h);
     pthread_mutex_lock(&j->mu);
     if (r != 0) {

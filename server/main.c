@@ -9,6 +9,12 @@
  * layer, close storage, exit 0. Jobs still running stay non-terminal in the database and resume on
  * the next start.
  *
+ * A cluster node (PostgreSQL): after the schedules load, the job layer's
+ * cluster thread and the store's cluster threads start (the hooks below
+ * forward to the job and schedule layers). A lost lease reaches main() as
+ * SIGUSR1 (hook_lease_lost); the node then starts over by re-executing
+ * itself (start_over).
+ *
  * Threading: main() is the only thread here; signals are blocked in every
  * thread and taken synchronously with sigwait, so no handler runs
  * asynchronously. After the first signal main() unblocks them with their
@@ -23,6 +29,7 @@
 #include "server/schedules.h"
 #include "storage/store.h"
 
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
@@ -42,6 +49,81 @@ static char *default_plugin_dir(void)
         return jd_xstrdup("plugins");
     exe[n] = '\0';
     return jd_xasprintf("%s/plugins", dirname(exe));
+}
+
+/* ---- the cluster (a PostgreSQL store) ---- */
+
+/* The store's cluster threads run until jd_store_close, after the job and
+ * schedule layers are gone: the hooks reach them only while `live`
+ * (cluster_off clears it, under the write lock, before they are freed). */
+struct cluster_ctx {
+    pthread_rwlock_t lock;
+    bool live;
+    struct jd_jobs *jobs;
+    struct jd_schedules *schedules;
+};
+
+static void hook_changed(void *arg, const struct jd_job_change *c, size_t n)
+{
+    struct cluster_ctx *x = arg;
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_cluster_changed(x->jobs, c, n);
+    pthread_rwlock_unlock(&x->lock);
+}
+
+static void hook_schedule_changed(void *arg, const char *id)
+{
+    struct cluster_ctx *x = arg;
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_schedules_cluster_changed(x->schedules, id);
+    pthread_rwlock_unlock(&x->lock);
+}
+
+static void hook_requests(void *arg)
+{
+    struct cluster_ctx *x = arg;
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_cluster_requests(x->jobs);
+    pthread_rwlock_unlock(&x->lock);
+}
+
+static void hook_claimable(void *arg)
+{
+    struct cluster_ctx *x = arg;
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_cluster_claimable(x->jobs);
+    pthread_rwlock_unlock(&x->lock);
+}
+
+static void cluster_off(struct cluster_ctx *x)
+{
+    pthread_rwlock_wrlock(&x->lock);
+    x->live = false;
+    pthread_rwlock_unlock(&x->lock);
+}
+
+/* On the store's heartbeat thread: main() takes it from here (SIGUSR1). */
+static void hook_lease_lost(void *arg)
+{
+    (void)arg;
+    kill(getpid(), SIGUSR1);
+}
+
+/* The lease is lost: every job this incarnation held belongs to other
+ * nodes now, and its writes are refused. Start over as a new incarnation
+ * (a new node id, no jobs), the simplest state that is surely right: the
+ * same binary and arguments, every descriptor (the listening socket, the
+ * database connections) closed on exec. Returns only if exec failed. */
+static void start_over(char **argv)
+{
+    jd_log(JD_LOG_WARN, "this node lost its lease; starting over as a new incarnation", NULL);
+    close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+    execv("/proc/self/exe", argv);
+    jd_log(JD_LOG_ERROR, "cannot start over", "error", strerror(errno), NULL);
 }
 
 /* Create the database's directory when it is missing (one level, as for
@@ -68,6 +150,7 @@ int main(int argc, char **argv)
     struct jd_http *http = NULL;
     int status = 1;
     char *db_shown = NULL;
+    static struct cluster_ctx cctx = {.lock = PTHREAD_RWLOCK_INITIALIZER};
 
     char *plugdir = default_plugin_dir();
     int rc = jd_config_parse(&cfg, argc, argv, plugdir, &err);
@@ -91,6 +174,8 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    if (strstr(cfg.db, "://"))     /* PostgreSQL: a cluster node */
+        sigaddset(&sigs, SIGUSR1); /* the lease was lost (hook_lease_lost) */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -100,6 +185,7 @@ int main(int argc, char **argv)
         .path = cfg.db,
         .sync_full = cfg.sync_full,
         .retention_ms = cfg.retention_ms,
+        .lease_ms = cfg.lease_ms,
     };
     if ((rc = jd_store_open(&scfg, &store, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot open the database", "db", db_shown, "error",
@@ -163,12 +249,37 @@ int main(int argc, char **argv)
     }
     jd_http_attach_schedules(http, schedules);
     jd_http_attach(http, jobs);
+    if (jd_store_clustered(store)) {
+        cctx.jobs = jobs;
+        cctx.schedules = schedules;
+        cctx.live = true;
+        struct jd_store_cluster_hooks hooks = {
+            .changed = hook_changed,
+            .schedule_changed = hook_schedule_changed,
+            .requests = hook_requests,
+            .claimable = hook_claimable,
+            .lease_lost = hook_lease_lost,
+            .arg = &cctx,
+        };
+        if ((rc = jd_jobs_cluster_start(jobs)) != 0 ||
+            (rc = jd_store_cluster_start(store, &hooks)) != 0) {
+            jd_log(JD_LOG_ERROR, "cannot join the cluster", "error", jd_strerror(rc), NULL);
+            goto out;
+        }
+        char node[24];
+        snprintf(node, sizeof node, "%lld", (long long)jd_store_node_id(store));
+        jd_log(JD_LOG_INFO, "joined the cluster", "node", node, NULL);
+    }
     jd_log(JD_LOG_INFO, "ready", "addr", addr, "db", db_shown, "plugin_dir",
            cfg.plugin_dir ? cfg.plugin_dir : "", NULL);
 
     int sig = 0;
-    while (sigwait(&sigs, &sig) != 0)
-        ;
+    while (sigwait(&sigs, &sig) != 0 || sig == SIGUSR1) {
+        if (sig == SIGUSR1) {
+            start_over(argv);
+            goto out;
+        }
+    }
     jd_log(JD_LOG_INFO, "shutting down", "signal", sig == SIGINT ? "SIGINT" : "SIGTERM", "hint",
            "a second signal exits at once", NULL);
     /* A second SIGTERM/SIGINT takes the default action (exit at once):
@@ -191,6 +302,7 @@ out:
     }
     if (http != NULL)
         jd_http_stop(http, 2000);
+    cluster_off(&cctx); /* no hook reaches the layers freed below */
     if (schedules != NULL)
         jd_schedules_destroy(schedules);
     if (jobs != NULL)

@@ -69,6 +69,11 @@ void schedules_unlink(struct jd_schedules *S, struct sched *sc)
 /* Load one stored schedule (under mu, before any timer runs). */
 static void load_row(struct jd_schedules *S, const struct jd_schedule_row *row)
 {
+    schedules_load_row(S, row);
+}
+
+struct sched *schedules_load_row(struct jd_schedules *S, const struct jd_schedule_row *row)
+{
     cJSON *def = cJSON_Parse(row->definition);
     struct spec sp;
     struct jd_error err;
@@ -98,6 +103,7 @@ static void load_row(struct jd_schedules *S, const struct jd_schedule_row *row)
     sc->next = S->tab[b];
     S->tab[b] = sc;
     S->count++;
+    return sc;
 }
 
 int jd_schedules_create(const struct jd_schedules_config *cfg, struct jd_schedules **out,
@@ -163,12 +169,15 @@ int jd_schedules_create(const struct jd_schedules_config *cfg, struct jd_schedul
     for (size_t i = 0; i < k; i++)
         schedules_unref(all[i]);
     free(all);
+    if (jd_store_clustered(S->store))
+        schedules_cluster_start(S);
     *out = S;
     return 0;
 }
 
 void jd_schedules_stop(struct jd_schedules *S)
 {
+    schedules_cluster_stop(S); /* no more re-reads */
     pthread_mutex_lock(&S->mu);
     S->stopped = true;
     for (size_t b = 0; b < NBUCKETS; b++)
@@ -201,6 +210,7 @@ void jd_schedules_destroy(struct jd_schedules *S)
         }
         S->tab[b] = NULL;
     }
+    schedules_cluster_free(S);
     pthread_cond_destroy(&S->cv);
     pthread_mutex_destroy(&S->mu);
     free(S);

@@ -103,6 +103,11 @@ int jd_schedules_list_json(struct jd_schedules *s, const char *cursor, unsigned 
 int jd_schedules_events_json(struct jd_schedules *s, const char *id, int64_t after_seq,
                              unsigned limit, char **json);
 
+/* A clustered store's hook (never blocks): schedule id (NULL: any) was
+ * changed by some node; it is re-read from the store, so that a new leader
+ * fires from where the old one stopped. */
+void jd_schedules_cluster_changed(struct jd_schedules *s, const char *id);
+
 /* A schedule id as the API takes it: 0 or JD_EINVAL (err says why). */
 int jd_schedules_check_id(const char *id, struct jd_error *err);
 

@@ -274,7 +274,12 @@ static void fire_done(void *arg, const struct jd_submit_result *res)
         schedules_arm(S, sc, -1);
     } else {
         schedules_busy_end(S, sc);
-        if (res->rc != JD_ENOENT && res->rc != JD_ESHUTDOWN) {
+        if (res->rc == JD_ECONFLICT && S->cl) {
+            /* Another node committed this fire first (or moved the schedule
+             * on): re-read it; a timer covers a failed read. */
+            schedules_cluster_reread(S, sc->id);
+            schedules_arm(S, sc, RETRY_MS);
+        } else if (res->rc != JD_ENOENT && res->rc != JD_ESHUTDOWN) {
             jd_logf(JD_LOG_WARN,
                     "schedule %s: the fire at %" PRId64 " was not stored (%s); "
                     "trying again",
@@ -395,7 +400,7 @@ static void timer_fn(void *arg)
         sc->timer_armed = false;
         sc->tarm = NULL;
         if (!S->stopped && !sc->gone && !sc->deleting && !sc->paused && !sc->retired && !sc->busy &&
-            !sc->ops)
+            !sc->ops && schedules_cluster_may_fire_locked(S, sc))
             decide(S, sc, jd_wall_ms());
     }
     tarm_end(S, t);

@@ -11,6 +11,8 @@
  *   schedules_ops.c    records on their way to the store (struct op), PUT,
  *                      pause/resume, delete, trigger and their commits
  *   schedules_read.c   the JSON reads (get, list, events) and statistics
+ *   schedules_cluster.c (a clustered store) only the leader node fires;
+ *                      other nodes' changes are re-read from the store
  *
  * State: every schedule has a struct sched in a hash under S->mu. Its
  * durable truth is the schedules row; the struct mirrors what has
@@ -122,7 +124,8 @@ struct jd_schedules {
     unsigned busy_total;
     unsigned tarms; /* timers armed or running */
     bool stopped;
-    atomic_uint ops_live; /* struct op allocated (stop waits for them to finish) */
+    atomic_uint ops_live;     /* struct op allocated (stop waits for them to finish) */
+    struct sched_cluster *cl; /* a clustered store (schedules_cluster.c), or NULL */
 
     /* statistics (relaxed: independent counters) */
     atomic_uint_least64_t st_fires, st_skips, st_caught_up, st_retired, st_lag_sum;
@@ -190,5 +193,19 @@ int schedules_submit_changes(struct jd_schedules *S, struct op *o); /* under mu 
 
 /* schedules_read.c: JSON */
 char *schedules_render(struct jd_schedules *S, const struct jd_schedule_row *row);
+
+/* schedules.c: add a stored schedule to the table (under mu). */
+struct sched *schedules_load_row(struct jd_schedules *S, const struct jd_schedule_row *row);
+
+/* schedules_cluster.c (a clustered store; all no-ops for SQLite). */
+void schedules_cluster_start(struct jd_schedules *S); /* create: the re-read thread */
+void schedules_cluster_stop(struct jd_schedules *S);  /* stop: joins it (not under mu) */
+void schedules_cluster_free(struct jd_schedules *S);
+/* Under mu: whether this node may decide sc's fire now; if not, sc is
+ * looked at again in a second (another node is the leader). */
+bool schedules_cluster_may_fire_locked(struct jd_schedules *S, struct sched *sc);
+/* Re-read schedule id from the store soon (a fire another node committed
+ * first: JD_ECONFLICT). Any thread, with or without mu. */
+void schedules_cluster_reread(struct jd_schedules *S, const char *id);
 
 #endif

@@ -63,6 +63,10 @@ void schedules_op_advance(struct op *o, int64_t next_ms)
     o->next_ms = next_ms;
     o->w[0].sched.set |= JD_SSET_NEXT_FIRE;
     o->w[0].sched.next_fire_ms = next_ms;
+    /* A cluster: the decision holds only if no node has moved the schedule
+     * on since (it commits once however many nodes make it). */
+    if (o->S->cl)
+        o->w[0].sched.expect_next_fire_ms = o->sc->next_fire_ms;
     if (next_ms == 0) {
         o->retire = true;
         o->w[0].sched.set |= JD_SSET_RETIRED;
@@ -129,6 +133,8 @@ static void change_done(void *arg, struct jd_write *w, int rc)
             }
             schedules_arm(S, sc, -1);
         } else if (rc != JD_ENOENT && rc != JD_ESHUTDOWN) {
+            if (rc == JD_ECONFLICT && S->cl) /* another node moved it on: re-read */
+                schedules_cluster_reread(S, sc->id);
             schedules_arm(S, sc, RETRY_MS);
         }
         break;
