@@ -4,8 +4,8 @@
 #
 # A throwaway PostgreSQL (fsync on) and NODES jackdawd nodes on it
 # (--lease 2s) on free loopback ports. CLIENTS loops submit exec workflows
-# to random nodes; each step appends "<job id>:<step>:<n>:<wall ms>" to a
-# marker file (n counts that step's runs: the side effect). For some jobs a
+# to random nodes; each step appends "<job id>:<step>:<n>:<wall ms>:<node
+# pid>" to a marker file (n counts that step's runs: the side effect). For some jobs a
 # ?wait= long-poll and an SSE stream are opened on ANOTHER node. During the
 # load, ROUNDS times: SIGKILL one node (restarted later on its port), and
 # SIGSTOP another for more than two leases, then SIGCONT: it must come back
@@ -16,7 +16,9 @@
 #   - no completion recorded twice for a (job, tag, run) (SQL on events);
 #   - every job's history is seq 1..version; nothing left owned by a dead node;
 #   - every step of every job left its side effect, and none ran again after
-#     its completion was recorded;
+#     its completion was recorded, except at most one per handler thread
+#     by a node SIGSTOPped between its last lease check and the call's
+#     start (no lease check can close that window; it is counted);
 #   - every long-poll and SSE stream on the undisturbed node returned the
 #     job's final state, and every answer that came back from any node did.
 #
@@ -85,27 +87,31 @@ if [ "$HAVE_LEASE" = 0 ] && [ "$NODES" -gt 1 ]; then
     NODES=1
 fi
 
-# The step: its side effect under a lock (so n counts runs exactly), then
-# a little work, so that kills and stops land in the middle of steps.
+# The step: its side effect under a lock (so n counts runs exactly; the
+# parent pid says which node ran it), then a little work, so that kills and
+# stops land in the middle of steps.
 cat >"$WORK/step.sh" <<EOF
 #!/bin/sh
 exec 9>>"$MARK.lock"
 flock 9
 n=\$(grep -c "^\$1:\$2:" "$MARK")
-echo "\$1:\$2:\$((n + 1)):\$(date +%s%3N)" >>"$MARK"
+echo "\$1:\$2:\$((n + 1)):\$(date +%s%3N):\$PPID" >>"$MARK"
 flock -u 9
 sleep \${3:-0.1}
 EOF
 chmod 755 "$WORK/step.sh"
 
-# node_start I: start node I on its port (a free one the first time).
+# node_start I: start node I on its port (a free one the first time: a
+# fixed one, since a node that lost its lease re-executes itself and binds
+# its --listen address again).
 node_start() {
     local i=$1 log
+    [ -n "${PORT[i]:-}" ] || PORT[i]=$(pg_free_port)
     STARTS_N[i]=$((${STARTS_N[i]:-0} + 1))
     log=$WORK/node$i.${STARTS_N[i]}.log
     local extra=()
     [ "$HAVE_LEASE" = 1 ] && extra=(--lease "$LEASE")
-    "$JACKDAWD" --listen "127.0.0.1:${PORT[i]:-0}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" \
+    "$JACKDAWD" --listen "127.0.0.1:${PORT[i]}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" \
         --exec-allow /bin/sh --workers 2 --grace 1s --max-wait 150s --max-replays 1000 \
         "${extra[@]}" 2>"$log" &
     PID[i]=$!
@@ -199,6 +205,7 @@ for r in $(seq 1 "$ROUNDS"); do
         before_ready=$(ready_count "$s")
         stop_s=$(awk -v l="$LEASE_S" 'BEGIN{print l*2.5+1}')
         echo "# round $r: SIGSTOP node $s for ${stop_s}s (nodes $before_ids; $(acked_now) acknowledged)"
+        echo "${PID[s]}" >>"$WORK/stopped"
         kill -STOP "${PID[s]}"
         sleep "$stop_s"
         kill -CONT "${PID[s]}"
@@ -291,7 +298,7 @@ sql "SELECT job_id, kind, tag, time_ms, data FROM events WHERE kind IN (1, 2) OR
 
 python3 tests/cluster/check.py --acked "$ACKED" --jobs "$WORK/jobs" --markers "$MARK" \
     --events "$WORK/events.tsv" --polls "$WORK/polls" --sse "$WORK/sse" \
-    --steady "$last" --first $((TAPN + 1))
+    --steady "$last" --stopped "$WORK/stopped" --first $((TAPN + 1))
 rc=$?
 TAPN=$((TAPN + $(python3 tests/cluster/check.py --count)))
 [ "$rc" = 0 ] || FAILED=$((FAILED + 1))
