@@ -227,9 +227,15 @@ for r in $(seq 1 "$ROUNDS"); do
             echo "# node $s did not rejoin as a new incarnation; its log:"
             node_log "$s" | tail -n 8 | sed 's/^/#   /'
         fi
-        if ! node_log "$s" | grep -qiE 'lease.?lost|fenced|lost its lease|ESTALE'; then
+        # Its late writes refused: said in its log (its /metrics counters
+        # start again with the new incarnation, so they are a second witness
+        # only when the refusal came after the restart).
+        fenced=$(curl -s "$(url "$s")/metrics" | awk '/^jackdaw_cluster_fenced_writes_total/ {n += $2} END {print n + 0}')
+        echo "# node $s: $(node_log "$s" | grep -c 'write refused') refused writes in its log, fenced counter now $fenced"
+        if ! node_log "$s" | grep -q 'lost its lease' ||
+            { ! node_log "$s" | grep -q 'write refused' && [ "$fenced" = 0 ]; }; then
             fence_seen=0
-            echo "# node $s's log says nothing of its lost lease or refused writes"
+            echo "# node $s's log does not tell of its lost lease and refused writes"
         fi
     fi
     pause "$(awk -v s="$LOAD_S" 'BEGIN{print s/3}')"
