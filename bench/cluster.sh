@@ -13,7 +13,8 @@
 # of xact_commit and tup_inserted+tup_updated+tup_deleted, read after the
 # nodes stopped so every backend has flushed its counters) and the
 # PostgreSQL server's CPU per job (user+system of the postmaster, its live
-# children and its reaped children, from /proc). Each run gets a fresh
+# children and its reaped children, from /proc); for every row the nodes'
+# own CPU per job. Each run gets a fresh
 # database. On this 2-core machine the nodes, the server and loadgen share
 # the cores: more nodes cannot add CPU, so the target for 2 and 3 nodes is
 # only that throughput does not fall.
@@ -57,7 +58,7 @@ cleanup() {
 trap cleanup EXIT
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
-pg_start # fsync on: strict, like --sync full
+pg_start fsync # fsync on: strict, like --sync full
 PGBASE=${PG_URL%/*}
 
 HAVE_LEASE=0
@@ -72,6 +73,15 @@ pg_cpu_ticks() {
     # one pass over every process: the postmaster's children
     t=$((t + $(cat /proc/[0-9]*/stat 2>/dev/null | sed 's/.*) //' |
         awk -v pm="$pm" '$2 == pm {t += $12 + $13} END {print t + 0}')))
+    echo "$t"
+}
+
+# nodes_cpu_ticks: user+system of the running nodes so far.
+nodes_cpu_ticks() {
+    local p t=0
+    for p in "${PIDS[@]}"; do
+        t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
     echo "$t"
 }
 
@@ -103,16 +113,18 @@ start_node() { # DB_URL_OR_PATH LOG: appends to PIDS, sets ADDR
 
 run=0
 run_one() { # CONFIG
-    local cfg=$1 nodes db url addrs=() line w0 w1 c0 c1 i
+    local cfg=$1 nodes db url addrs=() line w0 w1 c0 c1 n0 n1 i
     run=$((run + 1))
     echo "[$cfg] run $run" >&2
     if [ "$cfg" = sqlite ]; then
         start_node "$WORK/run$run.db" "$WORK/run$run.log"
         addrs+=(--addr "$ADDR")
+        n0=$(nodes_cpu_ticks)
         line=$("$LOADGEN" --target jackdaw "${addrs[@]}" --jobs "$JOBS" --conns "$CONC" --label "$cfg") || true
+        n1=$(nodes_cpu_ticks)
         stop_nodes
         rm -f "$WORK/run$run".db*
-        echo "{\"config\":\"$cfg\",\"nodes\":1,${line#\{}" >>"$RESULTS"
+        echo "{\"config\":\"$cfg\",\"nodes\":1,\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
         return
     fi
     nodes=${cfg#pg}
@@ -126,7 +138,9 @@ run_one() { # CONFIG
         start_node "$url" "$WORK/run$run.$i.log"
         addrs+=(--addr "$ADDR")
     done
+    n0=$(nodes_cpu_ticks)
     line=$("$LOADGEN" --target jackdaw "${addrs[@]}" --jobs "$JOBS" --conns "$CONC" --label "$cfg") || true
+    n1=$(nodes_cpu_ticks)
     stop_nodes
     sleep 1 # the backends' exit flushes their counters
     c1=$(pg_cpu_ticks)
@@ -136,7 +150,7 @@ run_one() { # CONFIG
     done_jobs=${done_jobs:-0}
     xacts=$((${w1%:*} - ${w0%:*}))
     tups=$((${w1#*:} - ${w0#*:}))
-    echo "{\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
+    echo "{\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
     pg_psql -c "DROP DATABASE $db" >/dev/null
 }
 
@@ -160,8 +174,8 @@ by = {}
 for r in rows:
     by.setdefault(r["config"], []).append(r)
 med = lambda xs: statistics.median(xs) if xs else 0
-print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG CPU us/job | runs |")
-print("|---|---|---|---|---|---|---|---|")
+print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG CPU us/job | nodes' CPU us/job | runs |")
+print("|---|---|---|---|---|---|---|---|---|")
 jps = {}
 for cfg in ("sqlite", "pg1", "pg2", "pg3"):
     rs = by.get(cfg)
@@ -174,7 +188,7 @@ for cfg in ("sqlite", "pg1", "pg2", "pg3"):
         return f"{med(v):.2f}" if v else "-"
     bad = sum(1 for r in rs if r.get("completed", 0) != r.get("jobs"))
     print(f"| {cfg} | {rs[0]['nodes']} | {jps[cfg]:.0f} | {p99:.1f} | {per('pg_xacts')} | "
-          f"{per('pg_tuples')} | {per('pg_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
+          f"{per('pg_tuples')} | {per('pg_cpu_us')} | {per('node_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
 print()
 def ratio(a, b, target):
     if jps.get(a) and jps.get(b):
