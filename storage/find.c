@@ -187,6 +187,8 @@ static int find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out, 
     struct sqlbuf q = {.len = 0};
     put(&q, "SELECT j.id, j.created_ms, j.state, j.queue, ");
     put(&q, m.s);
+    if (pg)
+        put(&q, " AS m"); /* pg_read.c's wrapper filters on it */
     int64_t before = f->after_id > 0 ? f->after_id : INT64_MAX;
     /* The driver: an index range in the listing's order. PostgreSQL
      * orders by the index's whole key (see key_eq); SQLite is told the
@@ -438,7 +440,7 @@ static int event_sql_build(const struct jd_event_find *f, struct jd_find_sql *ou
         bind_text(out, f->label_key[i]);
         bind_text(out, f->label_value[i]);
     }
-    put(&q, "), ");
+    put(&q, pg ? ") AS m, " : "), ");
     put(&q, state);
     put(&q, " FROM events e LEFT JOIN jobs j ON j.id = e.job_id"
             " WHERE e.id > ? ORDER BY e.id LIMIT ?");

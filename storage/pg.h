@@ -104,6 +104,10 @@ void jd_pg_close(struct jd_store *s);
  * ids are unique across nodes and restarts; 0 when no block could be
  * reserved (the database is gone: the insert then fails with JD_EINVAL). */
 #define JD_PG_ID_BLOCK 1000
+/* The session advisory lock the writer's connection holds (phase 1: one
+ * node per database; pg.c takes it at open, pg_write.c again after a
+ * reconnect). "JDWKNODE". */
+#define JD_PG_NODE_LOCK 0x4a44574b4e4f4445LL
 int64_t jd_pg_next_id(struct jd_store *s);
 /* pg.c: the URL without its password (caller frees). */
 char *jd_pg_display_url(const char *url);

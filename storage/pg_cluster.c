@@ -15,7 +15,9 @@
  * counted from before the heartbeat was sent, so it errs early).
  *
  * Takeover: every lease/2 each node deletes the expired node rows and, in
- * the same transaction, unowns their unfinished jobs (the rows are locked
+ * the same transaction, unowns their unfinished jobs, raising the crash
+ * count of those that were started (a clean close gives jobs back without
+ * one); the rows are locked
  * by that UPDATE, so a late fenced write of the old owner waits for it and
  * then finds owner_node changed: zero rows, JD_ESTALE). Unowned jobs are
  * claimed by jd_pg_claim: a MATERIALIZED CTE with FOR UPDATE SKIP LOCKED
@@ -111,8 +113,9 @@ static int64_t takeover_pass(struct jd_pg *pg, PGconn *c, bool sweep)
     if (strcmp(ids, "{}") != 0) {
         const char *v[] = {ids};
         r = q(c,
-              "UPDATE jobs SET owner_node = NULL WHERE state < 3"
-              " AND owner_node = ANY($1::bigint[])",
+              "UPDATE jobs SET owner_node = NULL,"
+              " crashes = crashes + CASE WHEN state IN (1, 2) THEN 1 ELSE 0 END"
+              " WHERE state < 3 AND owner_node = ANY($1::bigint[])",
               1, v);
         if (!r)
             goto fail;
@@ -132,8 +135,9 @@ static int64_t takeover_pass(struct jd_pg *pg, PGconn *c, bool sweep)
         PQclear(r);
         if (mine) {
             r = q(c,
-                  "UPDATE jobs j SET owner_node = NULL WHERE state < 3"
-                  " AND owner_node IS NOT NULL"
+                  "UPDATE jobs j SET owner_node = NULL,"
+                  " crashes = crashes + CASE WHEN state IN (1, 2) THEN 1 ELSE 0 END"
+                  " WHERE state < 3 AND owner_node IS NOT NULL"
                   " AND NOT EXISTS (SELECT 1 FROM jd_nodes n WHERE n.id = j.owner_node)",
                   0, NULL);
             if (!r)
@@ -236,7 +240,7 @@ static PGconn *claim_conn(struct jd_pg *pg)
 }
 
 /* Up to limit unowned unfinished jobs made this node's (limit 0: all of
- * them, no crash counted); their ids (caller frees) in *ids. */
+ * them); their ids (caller frees) in *ids. */
 static int take_unowned(struct jd_store *s, unsigned limit, int64_t **ids, size_t *n)
 {
     struct jd_pg *pg = s->pg;
@@ -259,9 +263,7 @@ static int take_unowned(struct jd_store *s, unsigned limit, int64_t **ids, size_
               " WHERE owner_node IS NULL AND state < 3"
               " AND EXISTS (SELECT 1 FROM jd_nodes WHERE id = $1 AND expires_at > now())"
               " ORDER BY priority DESC, id LIMIT $2 FOR UPDATE SKIP LOCKED)"
-              " UPDATE jobs j SET owner_node = $1,"
-              " crashes = j.crashes + CASE WHEN j.state IN (1, 2) THEN 1 ELSE 0 END"
-              " FROM c WHERE j.id = c.id RETURNING j.id",
+              " UPDATE jobs j SET owner_node = $1 FROM c WHERE j.id = c.id RETURNING j.id",
               2, v);
     else if (c)
         r = q(c,

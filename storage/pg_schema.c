@@ -7,6 +7,9 @@
  * Differences, each for a reason:
  * - every index that SQLite orders by rowid implicitly ends in id here
  *   (jobs_state(state, id), ...), so "newest first" stays an index range;
+ * - names listed in name order (schedules, queues, queue counts, remote
+ *   commands) are COLLATE "C": byte order, as SQLite (and strcmp) sort,
+ *   whatever the database's collation, so their keys serve those pages;
  * - events.id and schedule_events.id come from sequences (events: in
  *   commit order while one writer appends; phase 2 revisits this);
  * - job ids come from the sequence jd_job_ids, INCREMENT JD_PG_ID_BLOCK:
@@ -99,7 +102,7 @@ static const char *const migrations[] = {
     ");"
     "CREATE UNIQUE INDEX events_job_seq ON events(job_id, seq);"
     "CREATE TABLE queues ("
-    "  name TEXT PRIMARY KEY,"
+    "  name TEXT COLLATE \"C\" PRIMARY KEY,"
     "  paused BIGINT NOT NULL DEFAULT 0,"
     "  config TEXT,"
     "  retain_succeeded_ms BIGINT NOT NULL DEFAULT 0,"
@@ -113,13 +116,13 @@ static const char *const migrations[] = {
     "  created_ms BIGINT NOT NULL"
     ");"
     "CREATE TABLE queue_counts ("
-    "  queue TEXT NOT NULL,"
+    "  queue TEXT COLLATE \"C\" NOT NULL,"
     "  state BIGINT NOT NULL,"
     "  n BIGINT NOT NULL,"
     "  PRIMARY KEY (queue, state)"
     ");"
     "CREATE TABLE schedules ("
-    "  id TEXT PRIMARY KEY,"
+    "  id TEXT COLLATE \"C\" PRIMARY KEY,"
     "  definition TEXT NOT NULL,"
     "  paused BIGINT NOT NULL DEFAULT 0,"
     "  retired BIGINT NOT NULL DEFAULT 0,"
@@ -160,7 +163,7 @@ static const char *const migrations[] = {
     /* deleting a job's labels (SQLite re-reads them from the definition) */
     "CREATE INDEX job_labels_job ON job_labels(job_id);"
     "CREATE TABLE remote_commands ("
-    "  name TEXT PRIMARY KEY,"
+    "  name TEXT COLLATE \"C\" PRIMARY KEY,"
     "  timeout_ms BIGINT NOT NULL DEFAULT 0,"
     "  description TEXT,"
     "  created_ms BIGINT NOT NULL,"

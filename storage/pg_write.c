@@ -21,7 +21,7 @@
  * The fence: a job change or crash count is applied only
  * WHERE id = $1 AND owner_node = <this node incarnation>. Zero rows for a
  * job that exists means another incarnation owns it: the record fails with
- * JD_ESTALE (final, never retried), is logged and counted (jd_pg.fenced).
+ * JD_ESTALE (final, never retried), is logged and counted (jd_pg.st_fenced).
  *
  * queue_counts is kept as the SQLite writer keeps it, by the writer: each
  * (queue, state)'s net change is added once per transaction; here deletes
@@ -50,6 +50,7 @@
 #define OID_TEXT 25
 #define OID_INT8_ARRAY 1016
 #define OID_TEXT_ARRAY 1009
+#define OID_BOOL_ARRAY 1000
 
 /* ---- statements ---- */
 
@@ -80,6 +81,7 @@ enum {
     PS_REQUEST,
     PS_REQUEST_TAKE,
     PS_SCHED_EXISTS,
+    PS_JOB_APPENDS,
     PS_N
 };
 
@@ -231,13 +233,17 @@ static const struct {
                        "tiii"},
     /* The job inserts of a pipelined batch in one statement (arrays, one
      * element per job; $13 this node, $14 now): rows, definitions, first
-     * events and labels, as PS_JOB_INSERT_LABELS does one by one. */
+     * events and labels, as PS_JOB_INSERT_LABELS does one by one. $15 is
+     * each job's "labels" member as the writer found it in the definition
+     * (NULL: none), so PostgreSQL parses only that; or, where $16 is true,
+     * the whole definition (it did not scan). */
     [PS_JOB_INSERTS] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
          " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
-         " $9::text[], $10::text[], $11::text[], $12::text[]) AS v(id, queue,"
-         " priority, state, run_at_ms, created_ms, finished_ms, idem, schedule_id,"
-         " handler, definition, data)),"
+         " $9::text[], $10::text[], $11::text[], $12::text[], $15::text[],"
+         " $16::bool[]) AS v(id, queue, priority, state, run_at_ms, created_ms,"
+         " finished_ms, idem, schedule_id, handler, definition, data, lbl,"
+         " lwhole)),"
          " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
          " version, created_ms, updated_ms, started_ms, finished_ms,"
          " idempotency_key, schedule_id, handler, owner_node)"
@@ -250,13 +256,32 @@ static const struct {
                     " SELECT id, 1, $14, 0, 0, data FROM v),"
                     " l AS (INSERT INTO job_labels(key, value, job_id)"
                     " SELECT x.k, x.v #>> '{}', v.id FROM v,"
-                    " LATERAL (SELECT CASE WHEN strpos(v.definition, '\"labels\":') > 0"
-                    " THEN v.definition::jsonb -> 'labels' END AS ls) AS d,"
+                    " LATERAL (SELECT CASE WHEN v.lwhole THEN v.lbl::jsonb -> 'labels'"
+                    " ELSE v.lbl::jsonb END AS ls) AS d,"
                     " jsonb_each(CASE WHEN jsonb_typeof(d.ls) = 'object' THEN d.ls"
                     " ELSE '{}'::jsonb END) AS x(k, v)"
                     " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                     " SELECT count(*) FROM v",
-         "ITIIIIITTTTTii"},
+         "ITIIIIITTTTTiiTB"},
+    /* History appends (changes that set no field) of a pipelined batch in
+     * one statement: per job, the version goes up by its number of appends
+     * (fenced on $6, this node), and each event's seq is the old version
+     * plus its rank among the job's appends, in batch order ($5: now).
+     * Returns each job's old version; a job missing from the answer was
+     * missing or fenced. */
+    [PS_JOB_APPENDS] =
+        {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
+         " $4::text[]) WITH ORDINALITY AS v(job_id, kind, tag, data, ord)),"
+         " c AS (SELECT job_id, count(*) AS k FROM v GROUP BY job_id),"
+         " u AS (UPDATE jobs j SET version = j.version + c.k, updated_ms = $5"
+         " FROM c WHERE j.id = c.job_id AND j.owner_node = $6" LEASE_VALID(
+             "$6") " RETURNING j.id, j.version - c.k AS base),"
+                   " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
+                   " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
+                   " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
+                   " ON u.id = v.job_id ORDER BY v.ord)"
+                   " SELECT id, base FROM u",
+         "IIITii"},
     /* An inbox request (unfenced): one row always; state NULL: no such
      * job; id NULL: the job is terminal. */
     [PS_REQUEST] = {"WITH j AS (SELECT state FROM jobs WHERE id = $1),"
@@ -315,6 +340,7 @@ static void set_oids(const char *types, Oid *oids, int *n)
         oids[i] = types[i] == 't'   ? OID_TEXT
                   : types[i] == 'I' ? OID_INT8_ARRAY
                   : types[i] == 'T' ? OID_TEXT_ARRAY
+                  : types[i] == 'B' ? OID_BOOL_ARRAY
                                     : OID_INT8;
 }
 
@@ -329,6 +355,7 @@ enum {
     RK_DELETE,  /* a job delete's row: queue and state, counted out */
     RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see apply_pipelined) */
     RK_REQUEST, /* an inbox request: (job state, request id), NULLs say why not */
+    RK_APPENDS, /* the batch's grouped history appends (w: the first; see emit_appends) */
 };
 #define NOROW 1 /* a statement that had to touch a row touched none */
 
@@ -357,7 +384,21 @@ struct jd_pg_wscratch {
     size_t capids;
     struct pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
-    struct abuf arr[12]; /* PS_JOB_INSERTS's array parameters, reused */
+    struct abuf arr[14]; /* PS_JOB_INSERTS's array parameters, reused */
+    /* emit_appends: per job of the batch (open addressing on id), and per
+     * record whether it went in the grouped statement and its rank there */
+    struct jslot *jt;
+    size_t jcap;
+    unsigned char *grp;
+    int64_t *rank;
+    size_t capgrp;
+};
+
+struct jslot {
+    int64_t id; /* 0: empty */
+    bool busy;  /* the batch has a record for it other than an append or its insert */
+    bool found; /* the grouped statement returned its row */
+    int64_t appends, base;
 };
 
 static struct jd_pg_wscratch *scratch(struct jd_pg *pg)
@@ -426,6 +467,9 @@ void jd_pg_write_free(struct jd_pg *pg)
     free(w->pq);
     for (size_t i = 0; i < sizeof w->arr / sizeof w->arr[0]; i++)
         free(w->arr[i].p);
+    free(w->jt);
+    free(w->grp);
+    free(w->rank);
     free(w);
     pg->scratch = NULL;
 }
@@ -528,6 +572,8 @@ struct ctx {
                      (PS_JOB_INSERTS); apply_insert only takes keys */
 };
 
+static int take_appends(struct ctx *c, const PGresult *r);
+
 /* Check r against kind for w and apply what it tells (version, counts).
  * 0, NOROW, or the statement's error code. */
 static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
@@ -550,6 +596,8 @@ static int take(struct ctx *c, struct jd_write *w, int kind, const PGresult *r)
             }
         return 0;
     }
+    if (kind == RK_APPENDS)
+        return take_appends(c, r);
     if (PQntuples(r) == 0)
         return NOROW;
     if (kind == RK_REQUEST) {
@@ -699,7 +747,9 @@ static int apply_insert(struct ctx *c, struct jd_write *w)
  * are fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
  * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
  * $13 data. Returns version, queue, old state, new state; no row: missing
- * or fenced. A move to a terminal state without an explicit finish time
+ * or fenced (a change that moves a terminal job back to queued, a retry,
+ * passes the fence and takes the job for this node). A move to a terminal
+ * state without an explicit finish time
  * stamps it now, so retention never sees a terminal job with finished_ms 0.
  * The old state (o) is a plain read of the statement's snapshot: all parts
  * of one statement see the row as it was before the UPDATE (FOR UPDATE
@@ -727,13 +777,17 @@ static const char *change_stmt(struct jd_store *s, unsigned set)
         len += snprintf(sql + len, sizeof sql - (size_t)len,
                         ", finished_ms = CASE WHEN $4 >= 3 AND finished_ms = 0 THEN $2"
                         " ELSE finished_ms END");
+    /* A finished job is nobody's future: a retry (back to queued) by any
+     * node makes the job that node's. */
+    if (st)
+        len += snprintf(sql + len, sizeof sql - (size_t)len, ", owner_node = $3");
     snprintf(sql + len, sizeof sql - (size_t)len,
-             " WHERE id = $1 AND owner_node = $3" LEASE_VALID(
-                 "$3") " RETURNING version, queue,"
-                       " state),"
+             " WHERE id = $1 AND %s" LEASE_VALID(
+                 "$3") " RETURNING version, queue, state),"
                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                        " SELECT $1, version, $2, $11, $12, $13 FROM u)"
                        " SELECT u.version, u.queue, %s, u.state FROM u%s",
+             st ? "(owner_node = $3 OR (state >= 3 AND $4 = 0))" : "owner_node = $3",
              st ? "o.state" : "u.state", st ? ", o" : "");
     Oid oids[13];
     int n;
@@ -1066,8 +1120,9 @@ static void ab_int(struct abuf *a, int64_t v)
     ab_put(a, b, (size_t)n);
 }
 
-/* A text element: NULL, or double-quoted with '"' and '\' escaped. */
-static void ab_text(struct abuf *a, const char *v)
+/* A text element of n bytes: NULL, or double-quoted with '"' and '\'
+ * escaped. */
+static void ab_textn(struct abuf *a, const char *v, size_t n)
 {
     ab_sep(a);
     if (!v) {
@@ -1075,24 +1130,121 @@ static void ab_text(struct abuf *a, const char *v)
         return;
     }
     ab_put(a, "\"", 1);
-    for (const char *run = v;;) {
-        size_t k = strcspn(run, "\"\\");
-        ab_put(a, run, k);
-        if (!run[k])
+    const char *end = v + n;
+    for (const char *run = v; run < end;) {
+        const char *q = run;
+        while (q < end && *q != '"' && *q != '\\')
+            q++;
+        ab_put(a, run, (size_t)(q - run));
+        if (q == end)
             break;
         ab_put(a, "\\", 1);
-        ab_put(a, run + k, 1);
-        run += k + 1;
+        ab_put(a, q, 1);
+        run = q + 1;
     }
     ab_put(a, "\"", 1);
+}
+
+static void ab_text(struct abuf *a, const char *v)
+{
+    ab_textn(a, v, v ? strlen(v) : 0);
+}
+
+/* ---- the "labels" member of a definition, found without parsing it ---- */
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* p at a '"': past the closing one, or NULL. */
+static const char *skip_string(const char *p)
+{
+    for (p++; *p; p++) {
+        if (*p == '\\') {
+            if (!*++p)
+                return NULL;
+        } else if (*p == '"') {
+            return p + 1;
+        }
+    }
+    return NULL;
+}
+
+/* Past one JSON value at p (whether it is valid inside is PostgreSQL's to
+ * say), or NULL. */
+static const char *skip_value(const char *p)
+{
+    if (*p == '"')
+        return skip_string(p);
+    if (*p != '{' && *p != '[') {
+        const char *q = p;
+        while (*q && !strchr(",}] \t\r\n", *q))
+            q++;
+        return q > p ? q : NULL;
+    }
+    int depth = 0;
+    do {
+        if (*p == '"') {
+            if (!(p = skip_string(p)))
+                return NULL;
+            continue;
+        }
+        if (*p == '{' || *p == '[')
+            depth++;
+        else if (*p == '}' || *p == ']')
+            depth--;
+        else if (!*p)
+            return NULL;
+        p++;
+    } while (depth > 0);
+    return p;
+}
+
+/* The text of the top-level "labels" member of the JSON object def (the
+ * last one, as jsonb keeps): 1 with [*at, *at + *len), 0 when there is
+ * none, -1 when def does not scan (PostgreSQL then parses it whole). */
+static int labels_member(const char *def, const char **at, size_t *len)
+{
+    const char *p = skip_ws(def);
+    int found = 0;
+    if (*p++ != '{')
+        return -1;
+    for (p = skip_ws(p); *p != '}';) {
+        if (*p != '"')
+            return -1;
+        const char *k = p + 1, *ke = skip_string(p);
+        if (!ke || memchr(k, '\\', (size_t)(ke - k)))
+            return -1; /* an escaped key could spell "labels" */
+        bool is_labels = ke - k == 7 && memcmp(k, "labels\"", 7) == 0;
+        p = skip_ws(ke);
+        if (*p++ != ':')
+            return -1;
+        const char *vs = skip_ws(p);
+        if (!(p = skip_value(vs)))
+            return -1;
+        if (is_labels) {
+            *at = vs;
+            *len = (size_t)(p - vs);
+            found = 1;
+        }
+        p = skip_ws(p);
+        if (*p == ',')
+            p = skip_ws(p + 1);
+        else if (*p != '}')
+            return -1;
+    }
+    return found;
 }
 
 /* Queue the batch's job rows as one statement (PS_JOB_INSERTS), before
  * every other record's statements: a record about a job comes after the
  * job's insert in the batch, so it still finds the row. apply_insert then
  * only takes the inserts' keys; a key taken after a release earlier in the
- * batch fails here and sends the batch the slow way, in order. Only for
- * two or more inserts. 0, or JD_EINVAL for a record apply_insert would
+ * batch fails here and sends the batch the slow way, in order. 0, or
+ * JD_EINVAL for a record apply_insert would
  * refuse (the slow path says which). */
 static int emit_inserts(struct ctx *c)
 {
@@ -1100,7 +1252,7 @@ static int emit_inserts(struct ctx *c)
     size_t nins = 0;
     for (size_t i = 0; i < c->nb; i++)
         nins += c->b[i]->op == JD_W_JOB_INSERT;
-    if (nins < 2)
+    if (nins == 0)
         return 0;
     const size_t na = sizeof ws->arr / sizeof ws->arr[0];
     for (size_t k = 0; k < na; k++) {
@@ -1134,16 +1286,30 @@ static int emit_inserts(struct ctx *c)
         ab_text(&ws->arr[9], j->handler);
         ab_text(&ws->arr[10], j->definition);
         ab_text(&ws->arr[11], data);
+        const char *lat = NULL;
+        size_t llen = 0;
+        int lm =
+            strstr(j->definition, "\"labels\":") ? labels_member(j->definition, &lat, &llen) : 0;
+        if (lm < 0)
+            ab_text(&ws->arr[12], j->definition);
+        else
+            ab_textn(&ws->arr[12], lm ? lat : NULL, llen);
+        ab_sep(&ws->arr[13]);
+        ab_put(&ws->arr[13], lm < 0 ? "t" : "f", 1);
         if (!first)
             first = w;
     }
     struct prm p = {0};
-    for (size_t k = 0; k < na; k++) {
+    for (size_t k = 0; k < 12; k++) {
         ab_put(&ws->arr[k], "}", 1);
         p_text(&p, ws->arr[k].p);
     }
     p_int(&p, c->s->pg->node_id);
     p_int(&p, c->now);
+    for (size_t k = 12; k < na; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
     c->hoisted = true;
     return emit(c, first, stmt_name(PS_JOB_INSERTS), &p, RK_INSERTS);
 }
@@ -1193,6 +1359,120 @@ static int pipe_drain(struct ctx *c)
     return synced ? out : PIPE_FATAL;
 }
 
+static struct jslot *jslot(struct jd_pg_wscratch *ws, int64_t id)
+{
+    size_t i = (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 20) & (ws->jcap - 1);
+    while (ws->jt[i].id != 0 && ws->jt[i].id != id)
+        i = (i + 1) & (ws->jcap - 1);
+    return &ws->jt[i];
+}
+
+static bool is_append(const struct jd_write *w)
+{
+    return w->op == JD_W_JOB_CHANGE && w->set == 0 && !w->release_unique && w->request_id == 0 &&
+           change_valid(w);
+}
+
+/* Queue the history appends of jobs that have nothing but appends (and
+ * their insert) in the batch as one statement (PS_JOB_APPENDS), after the
+ * inserts: nothing else in the batch touches those jobs, so their order
+ * against other records does not matter, and among themselves the rank
+ * keeps it. ws->grp[i] marks the records it took. Only for two or more. */
+static int emit_appends(struct ctx *c)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    size_t n = c->nb;
+    if (n > ws->capgrp) {
+        ws->capgrp = 2 * n;
+        ws->grp = jd_xrealloc(ws->grp, ws->capgrp);
+        ws->rank = jd_xrealloc(ws->rank, ws->capgrp * sizeof *ws->rank);
+    }
+    memset(ws->grp, 0, n);
+    size_t want = 64;
+    while (want < 2 * n)
+        want *= 2;
+    if (want > ws->jcap) {
+        free(ws->jt);
+        ws->jt = jd_xmalloc(want * sizeof *ws->jt);
+        ws->jcap = want;
+    }
+    memset(ws->jt, 0, ws->jcap * sizeof *ws->jt);
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = c->b[i];
+        bool job_record =
+            w->op == JD_W_JOB_CHANGE || w->op == JD_W_JOB_CRASHES || w->op == JD_W_JOB_DELETE;
+        if (!job_record || w->job_id <= 0)
+            continue;
+        struct jslot *js = jslot(ws, w->job_id);
+        js->id = w->job_id;
+        if (!is_append(w))
+            js->busy = true;
+    }
+    size_t ng = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct jd_write *w = c->b[i];
+        if (!is_append(w) || jslot(ws, w->job_id)->busy)
+            continue;
+        ws->grp[i] = 1;
+        ws->rank[i] = ++jslot(ws, w->job_id)->appends;
+        ng++;
+    }
+    if (ng < 2) {
+        memset(ws->grp, 0, n);
+        return 0;
+    }
+    for (size_t k = 0; k < 4; k++) {
+        ws->arr[k].len = 0;
+        ab_put(&ws->arr[k], "{", 1);
+    }
+    struct jd_write *first = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!ws->grp[i])
+            continue;
+        struct jd_write *w = c->b[i];
+        w->version = 0;
+        w->time_ms = c->now;
+        ab_int(&ws->arr[0], w->job_id);
+        ab_int(&ws->arr[1], w->kind);
+        ab_int(&ws->arr[2], w->tag);
+        ab_text(&ws->arr[3], w->data);
+        if (!first)
+            first = w;
+    }
+    struct prm p = {0};
+    for (size_t k = 0; k < 4; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
+    p_int(&p, c->now);
+    p_int(&p, c->s->pg->node_id);
+    return emit(c, first, stmt_name(PS_JOB_APPENDS), &p, RK_APPENDS);
+}
+
+/* The grouped appends' answer: each job's old version, so each record's
+ * version is that plus its rank. NOROW if a job did not answer (missing or
+ * fenced: the slow path says which). */
+static int take_appends(struct ctx *c, const PGresult *r)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    for (int k = 0; k < PQntuples(r); k++) {
+        struct jslot *js = jslot(ws, strtoll(PQgetvalue(r, k, 0), NULL, 10));
+        if (js->id == 0)
+            return JD_EIO; /* a row for a job we did not send: cannot be */
+        js->found = true;
+        js->base = strtoll(PQgetvalue(r, k, 1), NULL, 10);
+    }
+    for (size_t i = 0; i < c->nb; i++) {
+        if (!ws->grp[i])
+            continue;
+        struct jslot *js = jslot(ws, c->b[i]->job_id);
+        if (!js->found)
+            return NOROW;
+        c->b[i]->version = js->base + ws->rank[i];
+    }
+    return 0;
+}
+
 /* The fast path: every record's statements pipelined in one transaction,
  * a few round trips for the whole batch. 0: all applied (transaction
  * open, counts written); 1: a record did not apply (rolled back, ids
@@ -1207,6 +1487,8 @@ static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t 
     }
     counts_clear(ws);
     ws->npq = 0;
+    if (ws->grp)
+        memset(ws->grp, 0, n < ws->capgrp ? n : ws->capgrp);
     for (size_t i = 0; i < n; i++) {
         ws->ids[i] = b[i]->job_id;
         rcs[i] = 0;
@@ -1229,11 +1511,13 @@ static int apply_pipelined(struct ctx *c, struct jd_write **b, int *rcs, size_t 
         c->b = b;
         c->nb = n;
         int rc = emit_inserts(c);
+        if (rc == 0)
+            rc = emit_appends(c);
         if (rc)
             out = record_fault(rc) ? PIPE_FAULT : PIPE_FATAL;
     }
     for (size_t i = 0; i < n && out == PIPE_OK; i++) {
-        if (b[i]->op == JD_W_SYNC_)
+        if (b[i]->op == JD_W_SYNC_ || (ws->grp && i < ws->capgrp && ws->grp[i]))
             continue;
         int rc = apply(c, b[i]);
         if (rc)
@@ -1342,6 +1626,16 @@ static int ensure_session(struct jd_store *s)
             return JD_EIO;
         }
         jd_log(JD_LOG_WARN, "storage: reconnected to the database", "db", pg->display, NULL);
+        /* the node lock went with the old session: take it again (if
+         * another node has it meanwhile, it adopted our jobs, and the
+         * fence refuses our writes for them) */
+        char sql[64];
+        snprintf(sql, sizeof sql, "SELECT pg_try_advisory_lock(%lld)", (long long)JD_PG_NODE_LOCK);
+        PGresult *r = PQexec(pg->wconn, sql);
+        if (jd_pg_rc(r) != 0 || PQntuples(r) != 1 || PQgetvalue(r, 0, 0)[0] != 't')
+            jd_log(JD_LOG_ERROR, "storage: another node holds the database since the reconnect",
+                   "db", pg->display, NULL);
+        PQclear(r);
     }
     if (PQtransactionStatus(pg->wconn) != PQTRANS_IDLE)
         simple(s, "ROLLBACK");
@@ -1439,8 +1733,11 @@ static bool commit(struct jd_store *s)
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
 {
     struct ctx c = {.s = s, .ws = scratch(s->pg), .now = jd_wall_ms()};
+    bool applied = false, commit_sent = false, retried = false;
+again:
     if (ensure_session(s) != 0)
         goto fail;
+    applied = true; /* apply_pipelined saves the records' job ids first */
     int fast = apply_pipelined(&c, b, rcs, n);
     if (fast < 0) {
         log_failure(s, "write");
@@ -1458,6 +1755,7 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
         log_failure(s, "notify");
         goto fail;
     }
+    commit_sent = true;
     if (!commit(s)) {
         log_failure(s, "commit");
         goto fail;
@@ -1467,6 +1765,18 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
 fail:
     counts_clear(c.ws);
     c.ws->npq = 0;
+    /* The connection went (a server restart, a failover) before COMMIT was
+     * sent: nothing of the batch is in the database, so it is redone once
+     * on a new connection. Lost during COMMIT, the outcome is unknown and
+     * the batch fails (JD_EIO) as a failed disk write does in SQLite. */
+    if (applied && !commit_sent && !retried && PQstatus(s->pg->wconn) != CONNECTION_OK) {
+        retried = true;
+        for (size_t i = 0; i < n; i++) {
+            b[i]->job_id = c.ws->ids[i];
+            b[i]->version = 0;
+        }
+        goto again;
+    }
     if (PQstatus(s->pg->wconn) == CONNECTION_OK &&
         PQpipelineStatus(s->pg->wconn) == PQ_PIPELINE_OFF &&
         PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)

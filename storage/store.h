@@ -104,7 +104,7 @@ struct jd_store_config {
     unsigned max_batch;   /* records per transaction at most; 0: 1024 */
     uint64_t max_bytes;   /* refuse to grow the database past this many bytes (commits
                              then fail with JD_EIO, as on a full disk); 0: no limit */
-    int64_t lease_ms;     /* PostgreSQL cluster: this node's lease (--lease); 0: 10 s */
+    int64_t lease_ms;     /* cluster (PostgreSQL): a node's lease, --lease; 0: 10 s */
 };
 
 /* Open (create, migrate) the database and start the writer. Clear errors
@@ -620,9 +620,10 @@ bool jd_store_healthy(struct jd_store *s);
 
 /* Claim up to limit (1..256) unowned unfinished jobs for this node, by
  * priority then id (FOR UPDATE SKIP LOCKED, only while this node's lease is
- * valid); a claimed job that was started gets its crash count raised in the
- * same statement; then each is handed to fn with its history as
- * jd_store_recover does. *n: jobs claimed. */
+ * valid); then each is handed to fn with its history as jd_store_recover
+ * does. A job that was started (running, waiting) when its node's lease
+ * lapsed had its crash count raised by the takeover that unowned it (not
+ * when a node closed cleanly and gave it back). *n: jobs claimed. */
 int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
 
 /* Inbox requests for jobs this node owns, ascending id after after_id, at

@@ -15,7 +15,8 @@ if ! pg_start nofsync; then
 fi
 export JD_TEST_PG_URL=$PG_URL
 
-for prog in test_store test_store_schedules test_store_concurrent test_store_find test_store_pg test_pg_read test_store_cluster; do
+for prog in test_store test_store_schedules test_store_concurrent test_store_find test_store_pg \
+    test_pg_read test_store_cluster; do
     bin=$BUILD/tests/$prog
     if [ ! -x "$bin" ]; then
         notok "$prog is built ($bin; make unit-build)"

@@ -112,9 +112,9 @@ static const char *const plan_args[PR_N] = {
     [PR_IDEM] = "'k'",
     [PR_ACTIVE] = "0, 128, 1",
     [PR_STARTED] = "0, 128, 1",
-    [PR_QUEUED_SAME] = "'q1', 1, 0, 900000, 100",
-    [PR_QUEUED_LOWER] = "'q1', 1, 900000, 100",
-    [PR_QUEUED_LATER] = "0, 0, 900000, 100",
+    [PR_QUEUED_SAME] = "'q1', 1, 0, 900000, 100, 1",
+    [PR_QUEUED_LOWER] = "'q1', 1, 900000, 100, 1",
+    [PR_QUEUED_LATER] = "0, 0, 900000, 100, 1",
     [PR_OLDEST_QUEUED] = "'q1'",
     [PR_SCHED_GET] = "'s1'",
     [PR_SCHED_LIST] = "'', 11",
@@ -175,6 +175,10 @@ static void check_plan(PGconn *db, const char *what, const char *label, bool sor
         const char *bad = NULL;
         if (!pkey && strstr(line, "using jobs_pkey on jobs") && !strstr(after, "(id = "))
             bad = "walks the primary key";
+        /* definitions are looked up per job, never walked (a merge join
+         * would read every older one) */
+        if (strstr(line, "using job_definitions_pkey") && !strstr(after, "(job_id = "))
+            bad = "walks job_definitions";
         if (!sorted && strstr(line, "Sort"))
             bad = "sorts";
         if (bad) {
@@ -319,12 +323,58 @@ static void test_every_read_uses_an_index(void **state)
     check_find_shapes(f->db);
 }
 
+/* More shapes than a session keeps prepared (PG_DYN_SLOTS), twice over:
+ * each answers the same after its statement was evicted and prepared
+ * again, and a session's prepared statements stay bounded. */
+static void test_find_shapes_cycle_through_the_session_cache(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    fill(f->db, 1, 400, "0,1,2,3,4,5");
+    sql(f->db, "UPDATE jobs SET queue = 'q', handler = CASE WHEN handler IS NULL THEN NULL"
+               " ELSE 'exec' END, schedule_id = CASE WHEN schedule_id IS NULL THEN NULL"
+               " ELSE 's' END");
+    enum { SHAPES = 3 * PG_DYN_SLOTS };
+    size_t first[SHAPES];
+    for (int round = 0; round < 2; round++)
+        for (unsigned m = 0; m < SHAPES; m++) {
+            struct jd_job_find q = find_shape(m * 7 % FIND_SHAPES);
+            q.limit = 1000;
+            struct jd_job *rows;
+            size_t n;
+            struct jd_job_find_cursor next;
+            assert_int_equal(jd_store_job_find(f->s, &q, true, &rows, &n, &next), 0);
+            if (round == 0)
+                first[m] = n;
+            else
+                assert_int_equal(n, first[m]);
+            jd_jobs_free(rows, n);
+        }
+    /* the pool's one session holds at most the slots (and the fixed reads) */
+    struct jd_pg_rconn *c;
+    assert_int_equal(jd_pg_rconn_get(f->s, &c), 0);
+    PGresult *r = PQexec(jd_pg_rconn_conn(c), "SELECT count(*) FROM pg_prepared_statements"
+                                              " WHERE name LIKE 'jdd%'");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    assert_true(atoi(PQgetvalue(r, 0, 0)) <= PG_DYN_SLOTS);
+    assert_true(atoi(PQgetvalue(r, 0, 0)) > 0);
+    PQclear(r);
+    jd_pg_rconn_put(f->s, c);
+    bool some = false;
+    for (unsigned m = 0; m < SHAPES; m++)
+        some |= first[m] > 0;
+    assert_true(some);
+}
+
 /* ---- recovery ---- */
 
 struct seen {
     int64_t ids[4096];
     size_t n, events;
-    int64_t stop_at; /* return -77 at this id */
+    int64_t stop_at;            /* return -77 at this id */
+    struct jd_store *write_to;  /* at the first job, commit a change of job `change` */
+    int64_t change, changed_to; /* ... and the state recovery then saw it in */
 };
 
 static int seen_fn(void *arg, const struct jd_job *job, const struct jd_job_event *ev, size_t n)
@@ -339,6 +389,14 @@ static int seen_fn(void *arg, const struct jd_job *job, const struct jd_job_even
         assert_true(i == 0 || ev[i].seq > ev[i - 1].seq);
     }
     s->events += n;
+    if (s->write_to && s->n == 1) {
+        /* the writer commits while this snapshot is open: reads never
+         * block it (this would hang otherwise) */
+        struct tres r;
+        assert_int_equal(change_state_wait(s->write_to, s->change, JD_JOB_SUCCEEDED, &r), 0);
+    }
+    if (job->id == s->change)
+        s->changed_to = job->state;
     return job->id == s->stop_at ? -77 : 0;
 }
 
@@ -367,6 +425,20 @@ static void test_recovery_pages_in_one_snapshot(void **state)
         assert_true(i == 0 || s->ids[i] > s->ids[i - 1]);
     }
     assert_true(s->n > PG_JOB_PAGE); /* more than one page */
+    /* one snapshot: a job a later page holds, finished by the writer while
+     * the walk is on, is still handed over as it was */
+    memset(s, 0, sizeof *s);
+    sql(f->db, "UPDATE jobs SET owner_node = (SELECT max(id) FROM jd_nodes)");
+    s->write_to = f->s;
+    s->change = 3 * PG_JOB_PAGE + 1; /* % 6 == 1: running, on the fourth page */
+    s->changed_to = -1;
+    assert_int_equal(jd_store_recover(f->s, seen_fn, s), 0);
+    assert_int_equal(s->n, active);
+    assert_int_equal(s->changed_to, JD_JOB_RUNNING);
+    struct jd_job j;
+    assert_int_equal(jd_store_job_get(f->s, s->change, &j), 0);
+    assert_int_equal(j.state, JD_JOB_SUCCEEDED); /* committed all the same */
+    jd_job_clear(&j);
     /* fn's negative return stops the walk and is returned */
     memset(s, 0, sizeof *s);
     s->stop_at = PG_JOB_PAGE + 2; /* 130 % 6 == 4: queued, on the second page */
@@ -432,7 +504,9 @@ static void test_names_in_byte_order(void **state)
     assert_string_equal(rows[1].id, "_");
     assert_string_equal(next, "_");
     jd_schedule_rows_free(rows, n);
-    assert_int_equal(jd_store_schedule_list(f->s, next, 2, &rows, &n, &next), 0);
+    char *after = next;
+    assert_int_equal(jd_store_schedule_list(f->s, after, 2, &rows, &n, &next), 0);
+    free(after);
     assert_int_equal(n, 1);
     assert_string_equal(rows[0].id, "a");
     assert_null(next);
@@ -486,6 +560,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pg_dialect_of_every_shape),
         cmocka_unit_test_setup_teardown(test_every_read_uses_an_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_find_shapes_cycle_through_the_session_cache, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_recovery_pages_in_one_snapshot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_state_reads_completion_from_history, setup,
                                         teardown),

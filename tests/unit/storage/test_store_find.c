@@ -383,6 +383,7 @@ static void test_event_stream_in_commit_order(void **state)
     assert_int_equal(jd_store_event_stream(f->s, &q, &ev, &n, &next), 0);
     assert_int_equal(n, 1);
     assert_int_equal(ev[0].job_id, b);
+    assert_int_equal(next, last); /* past the newer events it skipped */
     /* nothing newer: next stays */
     q.after_id = last;
     jd_stream_events_free(ev, n);

@@ -251,6 +251,66 @@ static int count_job(void *arg, const struct jd_job *job, const struct jd_job_ev
     return 0;
 }
 
+/* The writer finds a definition's top-level "labels" itself (pg_write.c)
+ * and PostgreSQL parses only that: the same labels as parsing it whole. */
+static size_t count_label(struct fx *f, const char *k, const char *v)
+{
+    struct jd_job_find lf = {.state = -1, .limit = 10, .n_labels = 1};
+    lf.label_key[0] = k;
+    lf.label_value[0] = v;
+    struct jd_job *rows;
+    size_t n;
+    struct jd_job_find_cursor next;
+    assert_int_equal(jd_store_job_find(f->s, &lf, true, &rows, &n, &next), 0);
+    jd_jobs_free(rows, n);
+    return n;
+}
+
+static void test_labels_found_where_parsing_finds_them(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    static const char *const defs[] = {
+        /* nested "labels" and one inside a string are not the job's */
+        "{\"args\":{\"labels\":{\"t\":\"nested\"}},\"note\":\"\\\"labels\\\":{}\","
+        " \"labels\" : {\"t\":\"top\", \"x\":[1,{\"y\":\"}\"}]} }",
+        /* a repeated key: the last one counts */
+        "{\"labels\":{\"t\":\"first\"},\"labels\":{\"t\":\"last\"}}",
+        /* an escaped key spelling labels: not looked at, as by SQLite's
+         * trigger (both test for the text "labels": first) */
+        "{\"lab\\u0065ls\":{\"t\":\"escaped\"}}",
+        /* a key with an escape (it holds the text "labels":): parsed whole */
+        "{\"a\\\"labels\\\":\":1,\"labels\":{\"t\":\"whole\"}}",
+        /* labels that are not an object: none */
+        "{\"labels\":[\"t\",\"array\"]}",
+    };
+    enum { N = sizeof defs / sizeof defs[0] };
+    struct jd_job jobs[N];
+    struct jd_write ws[N];
+    struct tres rs[N];
+    struct jd_write *g[N];
+    for (int i = 0; i < N; i++) {
+        jobs[i] = make_job(jd_store_next_id(f->s), "default", NULL);
+        jobs[i].definition = (char *)defs[i];
+        ws[i] = (struct jd_write){
+            .op = JD_W_JOB_INSERT, .job = &jobs[i], .done = tres_done, .arg = &rs[i]};
+        g[i] = &ws[i];
+    }
+    assert_int_equal(jd_store_submit_many(f->s, g, N), 0);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(rs[i].rc, 0);
+    assert_int_equal(count_label(f, "t", "top"), 1);
+    assert_int_equal(count_label(f, "t", "nested"), 0);
+    assert_int_equal(count_label(f, "x", "[1,{\"y\":\"}\"}]"), 0); /* not a string */
+    assert_int_equal(count_label(f, "t", "last"), 1);
+    assert_int_equal(count_label(f, "t", "first"), 0);
+    assert_int_equal(count_label(f, "t", "escaped"), 0);
+    assert_int_equal(count_label(f, "t", "array"), 0);
+    assert_int_equal(count_label(f, "t", "whole"), 1);
+}
+
 static void test_unclean_restart_adopts_jobs_and_ids_go_on(void **state)
 {
     struct fx *f = *state;
@@ -323,6 +383,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_bad_definition_fails_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batched_inserts_keep_every_byte, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_labels_found_where_parsing_finds_them, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_unclean_restart_adopts_jobs_and_ids_go_on, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
