@@ -9,7 +9,8 @@
 # ?wait= long-poll and an SSE stream are opened on ANOTHER node. During the
 # load, ROUNDS times: SIGKILL one node (restarted later on its port), and
 # SIGSTOP another for more than two leases, then SIGCONT: it must come back
-# fenced (its late writes refused, a lease-lost/fenced line in its log) and
+# fenced (its log tells of the lost lease; late writes refused, or never
+# made when the heartbeat finds out first; SQL shows none of them landed) and
 # rejoin as a new incarnation (a new jd_nodes row). The last node is never
 # disturbed. Then, printed as TAP:
 #   - every acknowledged job is found on every live node, terminal, succeeded;
@@ -232,10 +233,12 @@ for r in $(seq 1 "$ROUNDS"); do
         # only when the refusal came after the restart).
         fenced=$(curl -s "$(url "$s")/metrics" | awk '/^jackdaw_cluster_fenced_writes_total/ {n += $2} END {print n + 0}')
         echo "# node $s: $(node_log "$s" | grep -c 'write refused') refused writes in its log, fenced counter now $fenced"
-        if ! node_log "$s" | grep -q 'lost its lease' ||
-            { ! node_log "$s" | grep -q 'write refused' && [ "$fenced" = 0 ]; }; then
+        # Which comes first after SIGCONT, the heartbeat finding the lease
+        # gone or a late write being refused, is a race: either way nothing
+        # it writes lands (the SQL checks below), and its log must say so.
+        if ! node_log "$s" | grep -q 'lost its lease'; then
             fence_seen=0
-            echo "# node $s's log does not tell of its lost lease and refused writes"
+            echo "# node $s's log does not tell of its lost lease"
         fi
     fi
     pause "$(awk -v s="$LOAD_S" 'BEGIN{print s/3}')"
@@ -258,7 +261,7 @@ fi
 if [ "$NODES" -ge 3 ]; then
     check "the SIGSTOPped node came back as a new incarnation (new jd_nodes row, ready again)" \
         [ "$rejoined_ok" = 1 ]
-    check "the SIGSTOPped node was fenced: its log tells of its lost lease / refused writes" \
+    check "the SIGSTOPped node found its lease lost (its log) and dropped its jobs" \
         [ "$fence_seen" = 1 ]
 else
     ok "SIGSTOP past two leases, fenced, rejoins # SKIP fewer than 3 nodes"
