@@ -13,6 +13,8 @@
 # made when the heartbeat finds out first; SQL shows none of them landed) and
 # rejoin as a new incarnation (a new jd_nodes row). The last node is never
 # disturbed. Then, printed as TAP:
+#   - the undisturbed node kept its lease (another node's stall must not
+#     stall its heartbeat);
 #   - every acknowledged job is found on every live node, terminal, succeeded;
 #   - no completion recorded twice for a (job, tag, run) (SQL on events);
 #   - every job's history is seq 1..version; nothing left owned by a dead node;
@@ -138,6 +140,7 @@ node_ids() { sql "SELECT id FROM jd_nodes ORDER BY id" | tr '\n' ' '; }
 for i in $(seq 1 "$NODES"); do
     node_start "$i" || exit 1
 done
+STEADY_ID=$(sql "SELECT max(id) FROM jd_nodes") # the last node started: never disturbed
 ok "$NODES node(s) on one PostgreSQL (fsync on), lease ${LEASE}: $(for i in $(seq 1 "$NODES"); do printf '%s ' "${PORT[i]}"; done)"
 
 # ---- the load ----
@@ -267,6 +270,10 @@ else
     ok "SIGSTOP past two leases, fenced, rejoins # SKIP fewer than 3 nodes"
     ok "fenced writes refused # SKIP fewer than 3 nodes"
 fi
+
+steady_now=$(sql "SELECT count(*) FROM jd_nodes WHERE id = $STEADY_ID")
+check "the undisturbed node kept its lease throughout (node id $STEADY_ID still live)" \
+    [ "$steady_now" = 1 ]
 
 # ---- every acknowledged job: wait on the undisturbed node, find on all ----
 last=$NODES
