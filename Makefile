@@ -290,10 +290,12 @@ crash: deps
 	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} $(if $(filter pg,$(DB)),CRASH_PG=1) tests/crash/run.sh
 
 # The cluster's proof (issue 16): NODES (3) nodes on one throwaway PostgreSQL,
-# ROUNDS (3) rounds of a SIGKILL and a SIGSTOP past two leases under load.
+# ROUNDS (3) rounds of a SIGKILL and a SIGSTOP past two leases under load; then
+# docker/nginx.cluster.conf in front of three nodes (when nginx is installed).
 cluster-test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	JD_BUILD=$(BUILD) ROUNDS=$${ROUNDS:-3} LOAD_S=$${LOAD_S:-15} tests/cluster/cluster.sh
+	JD_BUILD=$(BUILD) tests/cluster/lb.sh
 
 fuzz: deps
 	@tools/deps.sh clang
