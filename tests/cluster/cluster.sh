@@ -211,8 +211,20 @@ for r in $(seq 1 "$ROUNDS"); do
         echo "# round $r: SIGSTOP node $s for ${stop_s}s (nodes $before_ids; $(acked_now) acknowledged)"
         echo "${PID[s]}" >>"$WORK/stopped"
         kill -STOP "${PID[s]}"
-        sleep "$stop_s"
+        # Meanwhile, how long the undisturbed node takes to acknowledge a
+        # submit (printed, not asserted: a stalled node's open transaction
+        # can hold rows every node's commits need).
+        t_end=$(($(date +%s%N) / 1000000 + ${stop_s%.*} * 1000))
+        probe_max=0
+        while [ $(($(date +%s%N) / 1000000)) -lt "$t_end" ]; do
+            t=$(curl -s -o /dev/null -m 15 -w '%{time_total}' -XPOST "$(url "$NODES")/v1/jobs" \
+                -H 'content-type: application/json' --data-binary '{"handler":"echo","args":{}}')
+            t=$(awk -v t="$t" 'BEGIN{printf "%d", t * 1000}')
+            [ "$t" -gt "$probe_max" ] && probe_max=$t
+            sleep 0.2
+        done
         kill -CONT "${PID[s]}"
+        echo "# round $r: during the stop the undisturbed node acknowledged submits in at most ${probe_max} ms"
         # It must find it lost its lease and come back as a new incarnation.
         for _ in $(seq 1 300); do
             [ "$(ready_count "$s")" -gt "$before_ready" ] &&
