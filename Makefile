@@ -7,7 +7,10 @@
 #   make sanitize        the unit suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse | bench-backlog
 #   make hostile         the hostile mix (tests/integration/test_hostile.sh) for 2 minutes
-#   make crash | fuzz | docker-smoke | format | clean
+#   make crash | fuzz | docker-smoke | format | clean   (make crash DB=pg: the node on PostgreSQL)
+#   make bench-cluster   1, 2, 3 nodes on one PostgreSQL beside SQLite; targets: 1 node >= 0.5x SQLite
+#                        (strict durability), no fall in jobs/s as nodes are added
+#   make cluster-test    3 nodes on a throwaway PostgreSQL under SIGKILL/SIGSTOP: nothing lost or run twice
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.
 
@@ -263,6 +266,13 @@ bench-e2e: deps
 	$(Q)$(MAKE) --no-print-directory all $(BUILD)/bench/loadgen
 	JD_BUILD=$(BUILD) bench/e2e/run.sh
 
+# Issue 16: jobs/s, p99, PostgreSQL writes and CPU per job for 1, 2, 3 nodes on one
+# PostgreSQL (fsync on) beside SQLite --sync full, interleaved (JOBS=, CONC=, REPS=, CONFIGS=).
+# Targets: pg1 / sqlite >= 0.5x; pg2, pg3 / pg1 >= 1.0x.
+bench-cluster: deps
+	$(Q)$(MAKE) --no-print-directory all $(BUILD)/bench/loadgen
+	JD_BUILD=$(BUILD) bench/cluster.sh
+
 # The hostile mix of issue 12 against a real server under ulimit -v, longer
 # than the 20 s `make test` gives it (JD_HOSTILE_SECONDS, JD_HOSTILE_WORKERS).
 hostile: deps
@@ -277,7 +287,15 @@ bench-backlog: deps
 
 crash: deps
 	$(Q)$(MAKE) --no-print-directory all
-	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} tests/crash/run.sh
+	JD_BUILD=$(BUILD) CRASH_ROUNDS=$${CRASH_ROUNDS:-20} $(if $(filter pg,$(DB)),CRASH_PG=1) tests/crash/run.sh
+
+# The cluster's proof (issue 16): NODES (3) nodes on one throwaway PostgreSQL,
+# ROUNDS (3) rounds of a SIGKILL and a SIGSTOP past two leases under load; then
+# docker/nginx.cluster.conf in front of three nodes (when nginx is installed).
+cluster-test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	JD_BUILD=$(BUILD) ROUNDS=$${ROUNDS:-3} LOAD_S=$${LOAD_S:-15} tests/cluster/cluster.sh
+	JD_BUILD=$(BUILD) tests/cluster/lb.sh
 
 fuzz: deps
 	@tools/deps.sh clang
@@ -294,5 +312,7 @@ clean:
 
 .PHONY: all deps ui-deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
         bench-compare bench-e2e bench-schedules bench-backlog hostile crash fuzz docker-smoke format clean
+
+.PHONY: cluster-test bench-cluster
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -20,6 +20,10 @@
  *                        arrives. The command must be registered first (PUT
  *                        /v1/commands/{name}; --handler names it).
  *
+ * --addr may be given up to MAX_ADDRS times (the nodes of a cluster): the
+ * connections are spread over the addresses round-robin, each keeping its
+ * own for the whole run.
+ *
  * Closed loop (default): at most --conns jobs are in flight at once.
  * Open loop (--rate R): a job is due every 1/R s; latency counts from the due
  * time, so a stalled server cannot hide its queueing (no coordinated omission).
@@ -56,6 +60,7 @@
 #define IN_START 8192     /* response buffer; grows for long job documents */
 #define IN_MAX (4u << 20) /* a response bigger than this is an error */
 #define WAIT_PARAM "30s"  /* long-poll length; re-polled if it expires */
+#define MAX_ADDRS 8       /* --addr given several times: a cluster's nodes */
 
 enum target { T_JACKDAW, T_BEANSTALKD, T_REMOTE };
 enum role { R_HTTP, R_PRODUCER, R_WORKER };
@@ -79,6 +84,7 @@ struct opts {
 
 struct conn {
     int fd;
+    int addr; /* index in addrs[] */
     enum role role;
     enum cstate state;
     char out[OUT_CAP];
@@ -131,6 +137,11 @@ static struct opts opt = {
     .batch = 32,
 };
 
+static struct {
+    char host[64];
+    int port;
+} addrs[MAX_ADDRS]; /* written before the threads start */
+static int naddrs;
 static int64_t start_ns;      /* written before the threads start */
 static atomic_long next_job;  /* relaxed: only hands out job numbers */
 static atomic_long done_jobs; /* relaxed: progress and the end condition */
@@ -174,14 +185,16 @@ static void record(struct thread *th, int64_t t_start, bool ok)
     atomic_fetch_add_explicit(&done_jobs, 1, memory_order_relaxed);
 }
 
-static int connect_to(void)
+static int connect_to(int a)
 {
+    const char *h = naddrs ? addrs[a].host : opt.host;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
         die("socket");
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt.port)};
-    if (inet_pton(AF_INET, opt.host, &sa.sin_addr) != 1) {
-        fprintf(stderr, "loadgen: bad IPv4 address %s\n", opt.host);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)(naddrs ? addrs[a].port : opt.port))};
+    if (inet_pton(AF_INET, h, &sa.sin_addr) != 1) {
+        fprintf(stderr, "loadgen: bad IPv4 address %s\n", h);
         exit(2);
     }
     for (int tries = 0; connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0; tries++) {
@@ -239,7 +252,7 @@ static int conn_send(struct conn *c, const char *fmt, ...)
 
 static void conn_open(struct thread *th, struct conn *c)
 {
-    c->fd = connect_to();
+    c->fd = connect_to(c->addr);
     c->in_len = 0;
     c->th = th;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
@@ -864,7 +877,7 @@ static void write_timeline(const struct thread *ths, size_t n)
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: loadgen [--target jackdaw|beanstalkd|jackdaw-remote] [--addr HOST:PORT]\n"
+            "usage: loadgen [--target jackdaw|beanstalkd|jackdaw-remote] [--addr HOST:PORT]...\n"
             "               [--jobs N] [--batch B]\n"
             "               [--conns C] [--threads T] [--workers W] [--rate JOBS_PER_S]\n"
             "               [--timeout SECS] [--label NAME] [--handler NAME]\n"
@@ -874,6 +887,7 @@ static void usage(void)
             "  worker connections (default C) doing reserve + delete\n"
             "  jackdaw-remote: C producers POST jobs of remote command --handler (register\n"
             "  it first); W workers claim up to B tasks and complete them in one request\n"
+            "  --addr again (up to 8): connections spread over the addresses round-robin\n"
             "  --timeline: per 100 ms of the run, jobs completed and their latency\n"
             "  p50/p99/max, to find stalls\n");
     exit(2);
@@ -906,12 +920,17 @@ int main(int argc, char **argv)
             break;
         case 'a': {
             const char *colon = strrchr(optarg, ':');
-            if (!colon || (size_t)(colon - optarg) >= sizeof host)
+            if (!colon || (size_t)(colon - optarg) >= sizeof host || naddrs == MAX_ADDRS)
                 usage();
-            memcpy(host, optarg, (size_t)(colon - optarg));
-            host[colon - optarg] = 0;
-            opt.host = host;
-            opt.port = atoi(colon + 1);
+            memcpy(addrs[naddrs].host, optarg, (size_t)(colon - optarg));
+            addrs[naddrs].port = atoi(colon + 1);
+            if (addrs[naddrs].port <= 0)
+                usage();
+            if (naddrs++ == 0) { /* the first names the Host header */
+                memcpy(host, addrs[0].host, sizeof host);
+                opt.host = host;
+                opt.port = addrs[0].port;
+            }
             break;
         }
         case 'n':
@@ -964,6 +983,7 @@ int main(int argc, char **argv)
     struct thread *ths = calloc((size_t)opt.threads, sizeof *ths);
     if (!ths)
         die("calloc");
+    int next_addr = 0;
     for (int t = 0; t < opt.threads; t++) {
         struct thread *th = &ths[t];
         th->index = t;
@@ -978,6 +998,7 @@ int main(int argc, char **argv)
             die("calloc");
         for (int i = 0; i < th->nconns; i++) {
             th->conns[i].role = opt.target == T_JACKDAW ? R_HTTP : i < prod ? R_PRODUCER : R_WORKER;
+            th->conns[i].addr = naddrs ? next_addr++ % naddrs : 0;
         }
         if (opt.rate > 0) {
             th->rate = opt.rate / opt.threads;

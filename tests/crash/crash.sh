@@ -19,7 +19,10 @@
 #
 # Environment: JD_BUILD (build dir, default build), CRASH_KEEP=1 keeps the
 # work directory, CRASH_MIN_MS / CRASH_MAX_MS (time between kills, default
-# 300..1500 ms).
+# 300..1500 ms), CRASH_PG=1: the node runs on a throwaway PostgreSQL
+# (tests/pg/pg.sh, fsync on) instead of SQLite, with --lease 2s where the
+# build has it (each restart is a new incarnation that takes the killed
+# one's jobs over once its lease lapses), checked the same way.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROUNDS=${1:-3}
@@ -64,6 +67,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+LEASE_FLAGS=()
+if [ "${CRASH_PG:-0}" = 1 ]; then
+    # shellcheck source=tests/pg/pg.sh
+    . tests/pg/pg.sh
+    if ! pg_start; then
+        echo "not ok 1 - a throwaway PostgreSQL starts (tests/pg/pg.sh)"
+        exit 1
+    fi
+    DB=$PG_URL
+    "$JACKDAWD" --help 2>&1 | grep -q -- '--lease' && LEASE_FLAGS=(--lease 2s)
+fi
+
 # start_server PORT: start jackdawd on the database; sets SERVER_PID and
 # writes the port it listens on to $PORTFILE. Port 0 picks a free one.
 start_server() {
@@ -74,7 +89,8 @@ start_server() {
     # tests/integration/test_quarantine.sh) is kept out of the way here,
     # while the crash counts are still written and reset on every start.
     "$JACKDAWD" --listen "127.0.0.1:$want" --db "$DB" --plugin-dir "$BUILD/plugins" \
-        --exec-allow /bin/sh --sync full --workers 2 --grace 1s --max-replays 1000 2>"$log" &
+        --exec-allow /bin/sh --sync full --workers 2 --grace 1s --max-replays 1000 \
+        "${LEASE_FLAGS[@]}" 2>"$log" &
     SERVER_PID=$!
     local addr=
     # "ready" comes once plugins are loaded and jobs resumed; "listening" before.
@@ -172,6 +188,18 @@ xargs -P 8 -I{} sh -c 'curl -sS -m 40 "http://127.0.0.1:$PORT/v1/jobs/{}?wait=30
 node tests/crash/check.mjs "$ACKED" "$WORK/jobs" "$EFFECTS" 2
 rc=$?
 n=9 # check.mjs printed 2..8
+if [ "${CRASH_PG:-0}" = 1 ]; then
+    # The database's own account: one completion per (job, tag, run).
+    dup=$(pg_psql -At -c "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'run' FROM events
+        WHERE kind = 2 GROUP BY 1, 2, 3 HAVING count(*) > 1) d")
+    if [ "$dup" = 0 ]; then
+        echo "ok $n - no completion recorded twice for a (job, tag, run) (SQL on events)"
+    else
+        rc=1
+        echo "not ok $n - no completion recorded twice for a (job, tag, run) (SQL on events: $dup)"
+    fi
+    n=$((n + 1))
+fi
 
 # A clean stop after all that: SIGTERM drains and exits 0 (under a sanitizer
 # build this is also when leaks are reported).

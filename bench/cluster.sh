@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# bench/cluster.sh (`make bench-cluster`): jobs/s and p99 of 1, 2 and 3
+# jackdawd nodes on one PostgreSQL (fsync on, a throwaway server from
+# tests/pg/pg.sh), beside one node on SQLite, in the same run, interleaved
+# REPS times (sqlite pg1 pg2 pg3 sqlite ...) so drift hits them alike.
+#
+# The load is bench/loadgen's "jackdaw" shape (submit an echo job, long-poll
+# it to the end, CONC connections in all), its connections spread over the
+# nodes round-robin (--addr per node). Strict durability everywhere: SQLite
+# --sync full, PostgreSQL fsync=on with synchronous_commit on.
+#
+# Per PostgreSQL row also: database writes per job (pg_stat_database deltas
+# of xact_commit and tup_inserted+tup_updated+tup_deleted, read after the
+# nodes stopped so every backend has flushed its counters) and the
+# PostgreSQL server's CPU per job (user+system of the postmaster, its live
+# children and its reaped children, from /proc); for every row the nodes'
+# own CPU per job. Each run gets a fresh
+# database. On this 2-core machine the nodes, the server and loadgen share
+# the cores: more nodes cannot add CPU, so the target for 2 and 3 nodes is
+# only that throughput does not fall.
+#
+# Targets (issue 16): pg1 / sqlite >= 0.5 at strict durability; pg2 / pg1
+# and pg3 / pg1 >= ~1.0 (not falling).
+#
+# Environment: JD_BUILD, JOBS (per run, 10000), CONC (64), REPS (3),
+# CONFIGS (default "sqlite pg1 pg2 pg3"), LEASE (10s), OUT (results dir).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${JD_BUILD:-build}
+JOBS=${JOBS:-10000}
+CONC=${CONC:-64}
+REPS=${REPS:-3}
+CONFIGS=${CONFIGS:-sqlite pg1 pg2 pg3}
+OUT=${OUT:-$BUILD/bench-cluster}
+LOADGEN=$BUILD/bench/loadgen
+JACKDAWD=$BUILD/jackdawd
+CLK_TCK=$(getconf CLK_TCK)
+if [ ! -x "$LOADGEN" ] || [ ! -x "$JACKDAWD" ]; then
+    echo "bench-cluster: build first: make BUILD=$BUILD all $LOADGEN" >&2
+    exit 1
+fi
+mkdir -p "$OUT"
+RESULTS=$OUT/results.jsonl
+: >"$RESULTS"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/jackdaw-bench-cluster.XXXXXX")
+PIDS=()
+stop_nodes() {
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    PIDS=()
+}
+# shellcheck disable=SC2317 # the EXIT trap
+cleanup() {
+    stop_nodes
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+# shellcheck source=tests/pg/pg.sh
+. tests/pg/pg.sh
+pg_start fsync # fsync on: strict, like --sync full
+PGBASE=${PG_URL%/*}
+
+HAVE_LEASE=0
+"$JACKDAWD" --help 2>&1 | grep -q -- '--lease' && HAVE_LEASE=1
+
+# pg_cpu_ticks: user+system of the whole PostgreSQL server so far: the
+# postmaster, its reaped children (cutime+cstime) and its live children.
+pg_cpu_ticks() {
+    local pm t
+    pm=$(head -n1 "$PG_DIR/data/postmaster.pid")
+    t=$(sed 's/.*) //' "/proc/$pm/stat" | awk '{print $12 + $13 + $14 + $15}')
+    # one pass over every process: the postmaster's children
+    t=$((t + $(cat /proc/[0-9]*/stat 2>/dev/null | sed 's/.*) //' |
+        awk -v pm="$pm" '$2 == pm {t += $12 + $13} END {print t + 0}')))
+    echo "$t"
+}
+
+# nodes_cpu_ticks: user+system of the running nodes so far.
+nodes_cpu_ticks() {
+    local p t=0
+    for p in "${PIDS[@]}"; do
+        t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+    done
+    echo "$t"
+}
+
+# pg_writes DB: "xact_commit tuples_written" so far for database DB.
+pg_writes() {
+    pg_psql -At -F ' ' -c "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted
+        FROM pg_stat_database WHERE datname = '$1'"
+}
+
+start_node() { # DB_URL_OR_PATH LOG: appends to PIDS, sets ADDR
+    local extra=()
+    [ "$HAVE_LEASE" = 1 ] && [[ "$1" == postgres://* ]] && extra=(--lease "${LEASE:-10s}")
+    "$JACKDAWD" --listen 127.0.0.1:0 --db "$1" --plugin-dir "$BUILD/plugins" --sync full \
+        --max-parked 4096 --max-connections 4096 --log-level info "${extra[@]}" >/dev/null 2>"$2" &
+    PIDS+=($!)
+    local addr=
+    for _ in $(seq 1 400); do
+        addr=$(sed -n 's/.*"msg":"ready".*"addr":"\([^"]*\)".*/\1/p' "$2" | head -n1)
+        [ -n "$addr" ] && break
+        sleep 0.05
+    done
+    if [ -z "$addr" ]; then
+        echo "bench-cluster: a node did not start; its log:" >&2
+        tail -n 10 "$2" >&2
+        exit 1
+    fi
+    ADDR=$addr
+}
+
+run=0
+run_one() { # CONFIG
+    local cfg=$1 nodes db url addrs=() line w0 w1 c0 c1 n0 n1 i
+    run=$((run + 1))
+    echo "[$cfg] run $run" >&2
+    if [ "$cfg" = sqlite ]; then
+        start_node "$WORK/run$run.db" "$WORK/run$run.log"
+        addrs+=(--addr "$ADDR")
+        n0=$(nodes_cpu_ticks)
+        line=$("$LOADGEN" --target jackdaw "${addrs[@]}" --jobs "$JOBS" --conns "$CONC" --label "$cfg") || true
+        n1=$(nodes_cpu_ticks)
+        stop_nodes
+        rm -f "$WORK/run$run".db*
+        echo "{\"config\":\"$cfg\",\"nodes\":1,\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
+        return
+    fi
+    nodes=${cfg#pg}
+    db=bench_$run
+    pg_psql -c "CREATE DATABASE $db" >/dev/null
+    url=$PGBASE/$db
+    # the first node creates the schema; then the others
+    read -r w0 < <(pg_writes "$db" | tr ' ' ':')
+    c0=$(pg_cpu_ticks)
+    for i in $(seq 1 "$nodes"); do
+        start_node "$url" "$WORK/run$run.$i.log"
+        addrs+=(--addr "$ADDR")
+    done
+    n0=$(nodes_cpu_ticks)
+    line=$("$LOADGEN" --target jackdaw "${addrs[@]}" --jobs "$JOBS" --conns "$CONC" --label "$cfg") || true
+    n1=$(nodes_cpu_ticks)
+    stop_nodes
+    sleep 1 # the backends' exit flushes their counters
+    c1=$(pg_cpu_ticks)
+    read -r w1 < <(pg_writes "$db" | tr ' ' ':')
+    local done_jobs xacts tups
+    done_jobs=$(sed -n 's/.*"completed":\([0-9]*\).*/\1/p' <<<"$line")
+    done_jobs=${done_jobs:-0}
+    xacts=$((${w1%:*} - ${w0%:*}))
+    tups=$((${w1#*:} - ${w0#*:}))
+    echo "{\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
+    pg_psql -c "DROP DATABASE $db" >/dev/null
+}
+
+echo "bench-cluster: $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ), load $(cut -d' ' -f1-3 /proc/loadavg);" \
+    "$JOBS jobs a run, $CONC connections, $REPS reps of {$CONFIGS}, interleaved" >&2
+if [ "$HAVE_LEASE" = 0 ]; then
+    echo "bench-cluster: this jackdawd has no --lease (phase 1): one node per database only" >&2
+    CONFIGS=$(tr ' ' '\n' <<<"$CONFIGS" | grep -vE '^pg[2-9]$' | tr '\n' ' ')
+fi
+for _ in $(seq 1 "$REPS"); do
+    for cfg in $CONFIGS; do
+        run_one "$cfg"
+    done
+done
+
+# The table: medians over the reps, and the ratios.
+python3 - "$RESULTS" <<'EOF' | tee "$OUT/table.md"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for r in rows:
+    by.setdefault(r["config"], []).append(r)
+med = lambda xs: statistics.median(xs) if xs else 0
+print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG CPU us/job | nodes' CPU us/job | runs |")
+print("|---|---|---|---|---|---|---|---|---|")
+jps = {}
+for cfg in ("sqlite", "pg1", "pg2", "pg3"):
+    rs = by.get(cfg)
+    if not rs:
+        continue
+    jps[cfg] = med([r.get("jobs_per_s", 0) for r in rs])
+    p99 = med([r.get("p99_ms", 0) for r in rs])
+    def per(k):
+        v = [r[k] / r["completed"] for r in rs if k in r and r.get("completed")]
+        return f"{med(v):.2f}" if v else "-"
+    bad = sum(1 for r in rs if r.get("completed", 0) != r.get("jobs"))
+    print(f"| {cfg} | {rs[0]['nodes']} | {jps[cfg]:.0f} | {p99:.1f} | {per('pg_xacts')} | "
+          f"{per('pg_tuples')} | {per('pg_cpu_us')} | {per('node_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
+print()
+def ratio(a, b, target):
+    if jps.get(a) and jps.get(b):
+        r = jps[a] / jps[b]
+        print(f"{a} / {b}: {r:.2f}x (target >= {target}x){'' if r >= target else '  BELOW TARGET'}")
+ratio("pg1", "sqlite", 0.5)
+ratio("pg2", "pg1", 1.0)
+ratio("pg3", "pg1", 1.0)
+EOF
+echo "raw results: $RESULTS" >&2
