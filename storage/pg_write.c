@@ -1660,11 +1660,12 @@ static void note_add(char *buf, size_t *len, bool *all, const char *e)
     *len += k;
 }
 
-/* The batch's one change notice, inside its transaction (delivered at
- * commit, dropped with a rollback): "id:version" per job record applied,
- * "s:<id>" per schedule, "r" for inbox requests, or "*" when it would not
- * fit. Hints only: listeners re-read. 0 or JD_EIO. */
-static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs, size_t n)
+/* The payload of the batch's one change notice (NULL: nothing to say),
+ * sent inside its transaction by commit() (delivered at commit, dropped
+ * with a rollback): "id:version" per job record applied, "s:<id>" per
+ * schedule, "r" for inbox requests, or "*" when it would not fit. Hints
+ * only: listeners re-read. *nreq: inbox requests in it. */
+static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint64_t *nreq_out)
 {
     static _Thread_local char buf[JD_PG_NOTIFY_MAX + 1];
     size_t len = 0;
@@ -1706,28 +1707,49 @@ static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs,
         snprintf(buf, sizeof buf, req ? "*,r,s" : "*,s");
         len = strlen(buf);
     }
-    if (len == 0)
-        return 0;
-    const char *v[] = {buf};
-    PGresult *r = PQexecParams(s->pg->wconn, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
-                               NULL, v, NULL, NULL, 0);
-    int rc = jd_pg_rc(r);
-    PQclear(r);
-    if (rc == 0)
-        atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed);
-    return rc ? JD_EIO : 0;
+    *nreq_out = nreq;
+    return len ? buf : NULL;
 }
 
 /* COMMIT, true only if the server committed (an aborted transaction
- * answers COMMIT with ROLLBACK). */
-static bool commit(struct jd_store *s)
+ * answers COMMIT with ROLLBACK); with note, pg_notify(note) first, in the
+ * same round trip (a pipeline of the two). */
+static bool commit(struct jd_store *s, const char *note)
 {
-    if (PQtransactionStatus(s->pg->wconn) != PQTRANS_INTRANS)
+    PGconn *c = s->pg->wconn;
+    if (PQtransactionStatus(c) != PQTRANS_INTRANS)
         return false;
-    PGresult *r = PQexec(s->pg->wconn, "COMMIT");
-    bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    if (!note) {
+        PGresult *r = PQexec(c, "COMMIT");
+        bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+        PQclear(r);
+        return ok;
+    }
+    if (!PQenterPipelineMode(c))
+        return false;
+    const char *v[] = {note};
+    bool ok = PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1, NULL, v,
+                                NULL, NULL, 0) &&
+              PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
+    /* each statement's result, then NULL; then the sync */
+    for (int k = 0; k < 2 && ok; k++) {
+        PGresult *r = PQgetResult(c);
+        if (!r)
+            return false; /* the connection is gone (ensure_session cleans up) */
+        ok = jd_pg_rc(r) == 0 && (k == 0 || strcmp(PQcmdStatus(r), "COMMIT") == 0) &&
+             PQresultStatus(r) != PGRES_PIPELINE_ABORTED;
+        PQclear(r);
+        if ((r = PQgetResult(c)) != NULL) {
+            PQclear(r);
+            return false;
+        }
+    }
+    if (!ok)
+        return false; /* the pipeline is left for ensure_session to drain */
+    PGresult *r = PQgetResult(c);
+    ok = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
     PQclear(r);
-    return ok;
+    return PQexitPipelineMode(c) && ok;
 }
 
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
@@ -1751,15 +1773,14 @@ again:
         if (apply_savepoints(&c, b, rcs, n) != 0)
             goto fail;
     }
-    if (notify_batch(s, b, rcs, n) != 0) {
-        log_failure(s, "notify");
-        goto fail;
-    }
+    uint64_t nreq = 0;
+    const char *note = notice_of(b, rcs, n, &nreq);
     commit_sent = true;
-    if (!commit(s)) {
+    if (!commit(s, note)) {
         log_failure(s, "commit");
         goto fail;
     }
+    atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed); /* a statistic */
     return 0;
 
 fail:
@@ -1826,7 +1847,7 @@ bool jd_pg_retention_step(struct jd_store *s)
     }
     PQclear(qs);
     qs = NULL;
-    if (!commit(s))
+    if (!commit(s, NULL))
         goto fail;
     atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)deleted,
                               memory_order_relaxed); /* a statistic */
