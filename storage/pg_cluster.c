@@ -97,9 +97,18 @@ int64_t jd_pg_node_id(const struct jd_store *s)
 static int64_t takeover_pass(struct jd_pg *pg, PGconn *c, bool sweep)
 {
     int64_t n = 0;
-    PGresult *r = q(c, "BEGIN", 0, NULL);
-    if (!r)
+    /* Never wait long on a row a stalled node holds: the heartbeat runs on
+     * this thread after the pass. The next pass tries again (by then
+     * PostgreSQL has ended the stalled transaction: jd_pg_idle_tx_ms). */
+    char begin[96];
+    snprintf(begin, sizeof begin, "BEGIN; SET LOCAL lock_timeout = %lld",
+             (long long)(pg->lease_ms / 10 > 50 ? pg->lease_ms / 10 : 50));
+    PGresult *r = PQexec(c, begin);
+    if (jd_pg_rc(r) != 0) {
+        PQclear(r);
+        warn(pg, "storage: a takeover pass failed", c);
         return -1;
+    }
     PQclear(r);
     r = q(c,
           "WITH d AS (DELETE FROM jd_nodes WHERE expires_at < now() RETURNING id)"
@@ -396,6 +405,10 @@ static void heartbeat(struct jd_pg *pg, PGconn **c)
             atomic_store(&pg->healthy, false);
             return;
         }
+        char set[96];
+        snprintf(set, sizeof set, "SET idle_in_transaction_session_timeout = %lld",
+                 (long long)jd_pg_idle_tx_ms(pg));
+        PQclear(PQexec(*c, set)); /* best effort: the connection's default (60 s) else */
     }
     char me[24], lease[24];
     ll(me, sizeof me, pg->node_id);

@@ -512,6 +512,17 @@ static int prepare_all(struct jd_store *s)
         log_failure(s, "preparing statements");
         return JD_EIO;
     }
+    /* A node stalled inside a batch (SIGSTOP, a VM pause) holds row locks
+     * every other node's writes and takeovers wait on (jobs, queue_counts):
+     * PostgreSQL ends its transaction after about a lease (its writes are
+     * fenced by then anyway; the batch is redone on a new connection). */
+    char set[96];
+    snprintf(set, sizeof set, "SET idle_in_transaction_session_timeout = %lld",
+             (long long)jd_pg_idle_tx_ms(pg));
+    if (simple(s, set) != 0) {
+        log_failure(s, "session settings");
+        return JD_EIO;
+    }
     for (int i = 0; i < PS_N; i++) {
         snprintf(stmt_name_buf[i], sizeof stmt_name_buf[i], "w%d", i);
         Oid oids[JD_PG_MAX_PARAMS];
