@@ -119,7 +119,13 @@ for i in $(seq 1 5); do
 done
 check "after the database restarted, jobs are accepted and run (writer and readers reconnect)" \
     eval '[ "$left" = 0 ]'
-req GET /readyz
+# (/readyz follows the heartbeat, which finds the new connection at its
+# next beat: every lease/5)
+for _ in $(seq 1 100); do
+    req GET /readyz
+    status_is 200 && break
+    sleep 0.1
+done
 check "readyz after the restart" status_is 200
 
 # ---- a second node joins; then refusals ----
