@@ -24,7 +24,8 @@
  * JD_ESTALE (final, never retried), is logged and counted (jd_pg.st_fenced).
  *
  * queue_counts is kept as the SQLite writer keeps it, by the writer: each
- * (queue, state)'s net change is added once per transaction; here deletes
+ * (queue, state)'s net change is added once per transaction, into this
+ * node's own row (slot = its node id; reads sum the slots); here deletes
  * (DELETE /v1/jobs/{id}, retention) are counted too, since this schema has
  * no triggers.
  *
@@ -211,26 +212,32 @@ static const struct {
                         " lease_expires_ms = excluded.lease_expires_ms,"
                         " updated_ms = excluded.updated_ms",
                         "tiiititii"},
-    [PS_COUNT_ADD] = {"INSERT INTO queue_counts(queue, state, n) VALUES ($1, $2, $3)"
-                      " ON CONFLICT(queue, state) DO UPDATE SET n = queue_counts.n + excluded.n",
-                      "tii"},
+    /* into this node's own row ($4: the slot), so nodes never wait on one
+     * another's count rows; reads sum the slots */
+    [PS_COUNT_ADD] =
+        {"INSERT INTO queue_counts(queue, state, slot, n) VALUES ($1, $2, $4, $3)"
+         " ON CONFLICT(queue, state, slot) DO UPDATE SET n = queue_counts.n + excluded.n",
+         "tiii"},
     /* every (queue, terminal state) that has jobs, with the queue's own
      * retention for that state (0: the global one) */
     [PS_RET_QUEUES] = {"SELECT c.queue, c.state, coalesce(CASE c.state"
                        " WHEN 3 THEN q.retain_succeeded_ms WHEN 4 THEN q.retain_failed_ms"
                        " ELSE q.retain_cancelled_ms END, 0)"
-                       " FROM queue_counts c LEFT JOIN queues q ON q.name = c.queue"
-                       " WHERE c.state >= 3 AND c.n > 0",
+                       " FROM (SELECT queue, state FROM queue_counts WHERE state >= 3"
+                       " GROUP BY queue, state HAVING sum(n) > 0) c"
+                       " LEFT JOIN queues q ON q.name = c.queue",
                        ""},
     /* up to $4 jobs of (queue $1, state $2) finished before $3, counted
      * out of queue_counts in the same statement */
-    [PS_RET_DELETE] = {"WITH j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM jobs"
-                       " WHERE queue = $1 AND state = $2 AND state >= 3 AND finished_ms < $3"
-                       " LIMIT $4) RETURNING id, idempotency_key, queue, state)" DELETE_TAIL
-                       ", c AS (UPDATE queue_counts SET n = n - (SELECT count(*) FROM j)"
-                       " WHERE queue = $1 AND state = $2)"
-                       " SELECT count(*) FROM j",
-                       "tiii"},
+    [PS_RET_DELETE] =
+        {"WITH j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM jobs"
+         " WHERE queue = $1 AND state = $2 AND state >= 3 AND finished_ms < $3"
+         " LIMIT $4) RETURNING id, idempotency_key, queue, state)" DELETE_TAIL
+         ", c AS (INSERT INTO queue_counts(queue, state, slot, n)"
+         " SELECT $1, $2, $5, -count(*) FROM j"
+         " ON CONFLICT(queue, state, slot) DO UPDATE SET n = queue_counts.n + excluded.n)"
+         " SELECT count(*) FROM j",
+         "tiiii"},
     /* The job inserts of a pipelined batch in one statement (arrays, one
      * element per job; $13 this node, $14 now): rows, definitions, first
      * events and labels, as PS_JOB_INSERT_LABELS does one by one. $15 is
@@ -1096,6 +1103,7 @@ static int counts_flush(struct ctx *c)
             p_text(&p, ws->q[i].queue);
             p_int(&p, k);
             p_int(&p, ws->q[i].d[k]);
+            p_int(&p, c->s->pg->node_id);
             int rc = xq(c->s, stmt_name(PS_COUNT_ADD), &p, NULL);
             if (rc)
                 return rc;
@@ -1850,6 +1858,7 @@ bool jd_pg_retention_step(struct jd_store *s)
         p_int(&p, strtoll(PQgetvalue(qs, i, 1), NULL, 10));
         p_int(&p, now - keep);
         p_int(&p, JD_PG_RETENTION_BATCH - deleted);
+        p_int(&p, s->pg->node_id);
         int64_t k = 0;
         bool found = false;
         if (xint(s, PS_RET_DELETE, &p, &k, &found) != 0)

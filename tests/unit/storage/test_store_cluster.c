@@ -162,10 +162,23 @@ static void test_two_nodes_share_a_database(void **state)
     assert_int_equal(jd_store_claim(f->b, 10, claim_fn, &c, &n), 0);
     assert_int_equal(n, 0);
     assert_int_equal(jd_store_claim(f->b, 0, claim_fn, &c, &n), JD_EINVAL);
-    /* a clean close gives a node's jobs back at once; another claims them */
+    /* each node counts into its own queue_counts row; reads sum them */
+    char q[160];
+    snprintf(q, sizeof q, "SELECT count(*) FROM queue_counts WHERE slot = %lld",
+             (long long)jd_store_node_id(f->a));
+    assert_true(sql_int(f->url, q) > 0);
+    /* a clean close gives a node's jobs back at once (another claims
+     * them) and folds its count rows into the shared one */
     jd_store_close(f->a);
     f->a = NULL;
     assert_int_equal(owner_of(f, ja), 0);
+    assert_int_equal(sql_int(f->url, q), 0);
+    assert_int_equal(sql_int(f->url,
+                             "SELECT count(*) FROM (SELECT queue, state, count(*) AS n"
+                             " FROM jobs GROUP BY 1, 2) a FULL JOIN (SELECT queue, state,"
+                             " sum(n) AS n FROM queue_counts GROUP BY 1, 2) c"
+                             " USING (queue, state) WHERE coalesce(a.n, 0) <> coalesce(c.n, 0)"),
+                     0);
     claim_until(f->b, &c, 1);
     assert_int_equal(c.n, 1);
     assert_int_equal(c.ids[0], ja);
