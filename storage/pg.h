@@ -214,6 +214,12 @@ void jd_pg_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out);
 /* Take every unowned unfinished job for this node (while its lease is
  * valid), before a recovery read: 0 or a JD_E* code. */
 int jd_pg_adopt_unowned(struct jd_store *s);
+/* How long a session may sit idle inside a transaction before PostgreSQL
+ * ends it (writer and heartbeat sessions): the lease, at least 2 s. */
+static inline int64_t jd_pg_idle_tx_ms(const struct jd_pg *pg)
+{
+    return pg->lease_ms > 2000 ? pg->lease_ms : 2000;
+}
 /* Tests: stop (true) or resume heartbeating, so the lease lapses. */
 void jd_pg_test_pause_heartbeat(struct jd_store *s, bool pause);
 /* pg_read.c: hand jobs ids[0..n) (those that exist) with their histories

@@ -91,15 +91,32 @@ int64_t jd_pg_node_id(const struct jd_store *s)
 
 /* ---- takeover ---- */
 
+/* Fold the queue_counts slots that `which` selects ($1 its parameter)
+ * into the shared slot 0, in the caller's transaction. */
+#define FOLD_COUNTS(which)                                                                         \
+    "WITH m AS (DELETE FROM queue_counts WHERE " which " RETURNING queue, state, n)"               \
+    " INSERT INTO queue_counts(queue, state, slot, n)"                                             \
+    " SELECT queue, state, 0, sum(n) FROM m GROUP BY queue, state"                                 \
+    " ON CONFLICT(queue, state, slot) DO UPDATE SET n = queue_counts.n + excluded.n"
+
 /* One takeover pass on c: expired node rows deleted and their unfinished
  * jobs unowned, in one transaction; orphans too when sweep says. The
  * number of jobs unowned, or -1 on failure. */
 static int64_t takeover_pass(struct jd_pg *pg, PGconn *c, bool sweep)
 {
     int64_t n = 0;
-    PGresult *r = q(c, "BEGIN", 0, NULL);
-    if (!r)
+    /* Never wait long on a row a stalled node holds: the heartbeat runs on
+     * this thread after the pass. The next pass tries again (by then
+     * PostgreSQL has ended the stalled transaction: jd_pg_idle_tx_ms). */
+    char begin[96];
+    snprintf(begin, sizeof begin, "BEGIN; SET LOCAL lock_timeout = %lld",
+             (long long)(pg->lease_ms / 10 > 50 ? pg->lease_ms / 10 : 50));
+    PGresult *r = PQexec(c, begin);
+    if (jd_pg_rc(r) != 0) {
+        PQclear(r);
+        warn(pg, "storage: a takeover pass failed", c);
         return -1;
+    }
     PQclear(r);
     r = q(c,
           "WITH d AS (DELETE FROM jd_nodes WHERE expires_at < now() RETURNING id)"
@@ -120,6 +137,9 @@ static int64_t takeover_pass(struct jd_pg *pg, PGconn *c, bool sweep)
         if (!r)
             goto fail;
         n += strtoll(PQcmdTuples(r), NULL, 10);
+        PQclear(r);
+        if (!(r = q(c, FOLD_COUNTS("slot = ANY($1::bigint[])"), 1, v)))
+            goto fail;
         PQclear(r);
         jd_log(JD_LOG_WARN, "storage: took over the jobs of nodes whose lease lapsed", "nodes", ids,
                NULL);
@@ -143,6 +163,13 @@ static int64_t takeover_pass(struct jd_pg *pg, PGconn *c, bool sweep)
             if (!r)
                 goto fail;
             n += strtoll(PQcmdTuples(r), NULL, 10);
+            PQclear(r);
+            r = q(c,
+                  FOLD_COUNTS("slot <> 0 AND NOT EXISTS"
+                              " (SELECT 1 FROM jd_nodes n WHERE n.id = queue_counts.slot)"),
+                  0, NULL);
+            if (!r)
+                goto fail;
             PQclear(r);
         }
     }
@@ -214,6 +241,9 @@ void jd_pg_node_unregister(struct jd_store *s)
                      " n AS (DELETE FROM jd_nodes WHERE id = $1)"
                      " SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', 'c') FROM j LIMIT 1",
                      1, v)) != NULL)
+        PQclear(r);
+    ok = ok && r != NULL;
+    if (ok && (r = q(pg->wconn, FOLD_COUNTS("slot = $1"), 1, v)) != NULL)
         PQclear(r);
     ok = ok && r != NULL;
     if (ok && (r = q(pg->wconn, "COMMIT", 0, NULL)) != NULL)
@@ -396,6 +426,10 @@ static void heartbeat(struct jd_pg *pg, PGconn **c)
             atomic_store(&pg->healthy, false);
             return;
         }
+        char set[96];
+        snprintf(set, sizeof set, "SET idle_in_transaction_session_timeout = %lld",
+                 (long long)jd_pg_idle_tx_ms(pg));
+        PQclear(PQexec(*c, set)); /* best effort: the connection's default (60 s) else */
     }
     char me[24], lease[24];
     ll(me, sizeof me, pg->node_id);

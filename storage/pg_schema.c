@@ -206,6 +206,14 @@ static const char *const migrations[] = {
      * takeover and a clean close unown them */
     "CREATE INDEX jobs_owned ON jobs(owner_node, id) WHERE state < 3;"
     "CREATE INDEX jd_nodes_expires ON jd_nodes(expires_at);",
+    /* 3: queue counts per node (issue 16 phase 2): each node adds its
+     * changes to its own row (slot = its node id), so one node stalled
+     * inside a transaction never holds the others' commits; reads sum the
+     * slots; a node's rows fold into slot 0 when it closes or is taken
+     * over (pg_cluster.c). */
+    "ALTER TABLE queue_counts ADD COLUMN slot BIGINT NOT NULL DEFAULT 0;"
+    "ALTER TABLE queue_counts DROP CONSTRAINT queue_counts_pkey;"
+    "ALTER TABLE queue_counts ADD PRIMARY KEY (queue, state, slot);",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -24,7 +24,8 @@
  * JD_ESTALE (final, never retried), is logged and counted (jd_pg.st_fenced).
  *
  * queue_counts is kept as the SQLite writer keeps it, by the writer: each
- * (queue, state)'s net change is added once per transaction; here deletes
+ * (queue, state)'s net change is added once per transaction, into this
+ * node's own row (slot = its node id; reads sum the slots); here deletes
  * (DELETE /v1/jobs/{id}, retention) are counted too, since this schema has
  * no triggers.
  *
@@ -211,26 +212,32 @@ static const struct {
                         " lease_expires_ms = excluded.lease_expires_ms,"
                         " updated_ms = excluded.updated_ms",
                         "tiiititii"},
-    [PS_COUNT_ADD] = {"INSERT INTO queue_counts(queue, state, n) VALUES ($1, $2, $3)"
-                      " ON CONFLICT(queue, state) DO UPDATE SET n = queue_counts.n + excluded.n",
-                      "tii"},
+    /* into this node's own row ($4: the slot), so nodes never wait on one
+     * another's count rows; reads sum the slots */
+    [PS_COUNT_ADD] =
+        {"INSERT INTO queue_counts(queue, state, slot, n) VALUES ($1, $2, $4, $3)"
+         " ON CONFLICT(queue, state, slot) DO UPDATE SET n = queue_counts.n + excluded.n",
+         "tiii"},
     /* every (queue, terminal state) that has jobs, with the queue's own
      * retention for that state (0: the global one) */
     [PS_RET_QUEUES] = {"SELECT c.queue, c.state, coalesce(CASE c.state"
                        " WHEN 3 THEN q.retain_succeeded_ms WHEN 4 THEN q.retain_failed_ms"
                        " ELSE q.retain_cancelled_ms END, 0)"
-                       " FROM queue_counts c LEFT JOIN queues q ON q.name = c.queue"
-                       " WHERE c.state >= 3 AND c.n > 0",
+                       " FROM (SELECT queue, state FROM queue_counts WHERE state >= 3"
+                       " GROUP BY queue, state HAVING sum(n) > 0) c"
+                       " LEFT JOIN queues q ON q.name = c.queue",
                        ""},
     /* up to $4 jobs of (queue $1, state $2) finished before $3, counted
      * out of queue_counts in the same statement */
-    [PS_RET_DELETE] = {"WITH j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM jobs"
-                       " WHERE queue = $1 AND state = $2 AND state >= 3 AND finished_ms < $3"
-                       " LIMIT $4) RETURNING id, idempotency_key, queue, state)" DELETE_TAIL
-                       ", c AS (UPDATE queue_counts SET n = n - (SELECT count(*) FROM j)"
-                       " WHERE queue = $1 AND state = $2)"
-                       " SELECT count(*) FROM j",
-                       "tiii"},
+    [PS_RET_DELETE] =
+        {"WITH j AS (DELETE FROM jobs WHERE id IN (SELECT id FROM jobs"
+         " WHERE queue = $1 AND state = $2 AND state >= 3 AND finished_ms < $3"
+         " LIMIT $4) RETURNING id, idempotency_key, queue, state)" DELETE_TAIL
+         ", c AS (INSERT INTO queue_counts(queue, state, slot, n)"
+         " SELECT $1, $2, $5, -count(*) FROM j"
+         " ON CONFLICT(queue, state, slot) DO UPDATE SET n = queue_counts.n + excluded.n)"
+         " SELECT count(*) FROM j",
+         "tiiii"},
     /* The job inserts of a pipelined batch in one statement (arrays, one
      * element per job; $13 this node, $14 now): rows, definitions, first
      * events and labels, as PS_JOB_INSERT_LABELS does one by one. $15 is
@@ -510,6 +517,17 @@ static int prepare_all(struct jd_store *s)
     struct jd_pg *pg = s->pg;
     if (simple(s, "DEALLOCATE ALL") != 0) { /* a half-prepared session from a failed try */
         log_failure(s, "preparing statements");
+        return JD_EIO;
+    }
+    /* A node stalled inside a batch (SIGSTOP, a VM pause) holds row locks
+     * every other node's writes and takeovers wait on (jobs, queue_counts):
+     * PostgreSQL ends its transaction after about a lease (its writes are
+     * fenced by then anyway; the batch is redone on a new connection). */
+    char set[96];
+    snprintf(set, sizeof set, "SET idle_in_transaction_session_timeout = %lld",
+             (long long)jd_pg_idle_tx_ms(pg));
+    if (simple(s, set) != 0) {
+        log_failure(s, "session settings");
         return JD_EIO;
     }
     for (int i = 0; i < PS_N; i++) {
@@ -1085,6 +1103,7 @@ static int counts_flush(struct ctx *c)
             p_text(&p, ws->q[i].queue);
             p_int(&p, k);
             p_int(&p, ws->q[i].d[k]);
+            p_int(&p, c->s->pg->node_id);
             int rc = xq(c->s, stmt_name(PS_COUNT_ADD), &p, NULL);
             if (rc)
                 return rc;
@@ -1660,11 +1679,12 @@ static void note_add(char *buf, size_t *len, bool *all, const char *e)
     *len += k;
 }
 
-/* The batch's one change notice, inside its transaction (delivered at
- * commit, dropped with a rollback): "id:version" per job record applied,
- * "s:<id>" per schedule, "r" for inbox requests, or "*" when it would not
- * fit. Hints only: listeners re-read. 0 or JD_EIO. */
-static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs, size_t n)
+/* The payload of the batch's one change notice (NULL: nothing to say),
+ * sent inside its transaction by commit() (delivered at commit, dropped
+ * with a rollback): "id:version" per job record applied, "s:<id>" per
+ * schedule, "r" for inbox requests, or "*" when it would not fit. Hints
+ * only: listeners re-read. *nreq: inbox requests in it. */
+static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint64_t *nreq_out)
 {
     static _Thread_local char buf[JD_PG_NOTIFY_MAX + 1];
     size_t len = 0;
@@ -1706,28 +1726,49 @@ static int notify_batch(struct jd_store *s, struct jd_write **b, const int *rcs,
         snprintf(buf, sizeof buf, req ? "*,r,s" : "*,s");
         len = strlen(buf);
     }
-    if (len == 0)
-        return 0;
-    const char *v[] = {buf};
-    PGresult *r = PQexecParams(s->pg->wconn, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
-                               NULL, v, NULL, NULL, 0);
-    int rc = jd_pg_rc(r);
-    PQclear(r);
-    if (rc == 0)
-        atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed);
-    return rc ? JD_EIO : 0;
+    *nreq_out = nreq;
+    return len ? buf : NULL;
 }
 
 /* COMMIT, true only if the server committed (an aborted transaction
- * answers COMMIT with ROLLBACK). */
-static bool commit(struct jd_store *s)
+ * answers COMMIT with ROLLBACK); with note, pg_notify(note) first, in the
+ * same round trip (a pipeline of the two). */
+static bool commit(struct jd_store *s, const char *note)
 {
-    if (PQtransactionStatus(s->pg->wconn) != PQTRANS_INTRANS)
+    PGconn *c = s->pg->wconn;
+    if (PQtransactionStatus(c) != PQTRANS_INTRANS)
         return false;
-    PGresult *r = PQexec(s->pg->wconn, "COMMIT");
-    bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    if (!note) {
+        PGresult *r = PQexec(c, "COMMIT");
+        bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+        PQclear(r);
+        return ok;
+    }
+    if (!PQenterPipelineMode(c))
+        return false;
+    const char *v[] = {note};
+    bool ok = PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1, NULL, v,
+                                NULL, NULL, 0) &&
+              PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
+    /* each statement's result, then NULL; then the sync */
+    for (int k = 0; k < 2 && ok; k++) {
+        PGresult *r = PQgetResult(c);
+        if (!r)
+            return false; /* the connection is gone (ensure_session cleans up) */
+        ok = jd_pg_rc(r) == 0 && (k == 0 || strcmp(PQcmdStatus(r), "COMMIT") == 0) &&
+             PQresultStatus(r) != PGRES_PIPELINE_ABORTED;
+        PQclear(r);
+        if ((r = PQgetResult(c)) != NULL) {
+            PQclear(r);
+            return false;
+        }
+    }
+    if (!ok)
+        return false; /* the pipeline is left for ensure_session to drain */
+    PGresult *r = PQgetResult(c);
+    ok = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
     PQclear(r);
-    return ok;
+    return PQexitPipelineMode(c) && ok;
 }
 
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
@@ -1751,15 +1792,14 @@ again:
         if (apply_savepoints(&c, b, rcs, n) != 0)
             goto fail;
     }
-    if (notify_batch(s, b, rcs, n) != 0) {
-        log_failure(s, "notify");
-        goto fail;
-    }
+    uint64_t nreq = 0;
+    const char *note = notice_of(b, rcs, n, &nreq);
     commit_sent = true;
-    if (!commit(s)) {
+    if (!commit(s, note)) {
         log_failure(s, "commit");
         goto fail;
     }
+    atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed); /* a statistic */
     return 0;
 
 fail:
@@ -1818,6 +1858,7 @@ bool jd_pg_retention_step(struct jd_store *s)
         p_int(&p, strtoll(PQgetvalue(qs, i, 1), NULL, 10));
         p_int(&p, now - keep);
         p_int(&p, JD_PG_RETENTION_BATCH - deleted);
+        p_int(&p, s->pg->node_id);
         int64_t k = 0;
         bool found = false;
         if (xint(s, PS_RET_DELETE, &p, &k, &found) != 0)
@@ -1826,7 +1867,7 @@ bool jd_pg_retention_step(struct jd_store *s)
     }
     PQclear(qs);
     qs = NULL;
-    if (!commit(s))
+    if (!commit(s, NULL))
         goto fail;
     atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)deleted,
                               memory_order_relaxed); /* a statistic */

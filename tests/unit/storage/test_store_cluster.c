@@ -162,10 +162,23 @@ static void test_two_nodes_share_a_database(void **state)
     assert_int_equal(jd_store_claim(f->b, 10, claim_fn, &c, &n), 0);
     assert_int_equal(n, 0);
     assert_int_equal(jd_store_claim(f->b, 0, claim_fn, &c, &n), JD_EINVAL);
-    /* a clean close gives a node's jobs back at once; another claims them */
+    /* each node counts into its own queue_counts row; reads sum them */
+    char q[160];
+    snprintf(q, sizeof q, "SELECT count(*) FROM queue_counts WHERE slot = %lld",
+             (long long)jd_store_node_id(f->a));
+    assert_true(sql_int(f->url, q) > 0);
+    /* a clean close gives a node's jobs back at once (another claims
+     * them) and folds its count rows into the shared one */
     jd_store_close(f->a);
     f->a = NULL;
     assert_int_equal(owner_of(f, ja), 0);
+    assert_int_equal(sql_int(f->url, q), 0);
+    assert_int_equal(sql_int(f->url,
+                             "SELECT count(*) FROM (SELECT queue, state, count(*) AS n"
+                             " FROM jobs GROUP BY 1, 2) a FULL JOIN (SELECT queue, state,"
+                             " sum(n) AS n FROM queue_counts GROUP BY 1, 2) c"
+                             " USING (queue, state) WHERE coalesce(a.n, 0) <> coalesce(c.n, 0)"),
+                     0);
     claim_until(f->b, &c, 1);
     assert_int_equal(c.n, 1);
     assert_int_equal(c.ids[0], ja);
@@ -296,6 +309,39 @@ static void test_a_stale_write_racing_a_takeover_is_refused(void **state)
     assert_int_equal(got.state, JD_JOB_QUEUED);
     assert_int_equal(got.version, 1);
     jd_job_clear(&got);
+}
+
+/* A stalled transaction holding a lapsed node's job row (as a node
+ * stopped inside a batch does) makes takeover passes give up and retry;
+ * it never holds up the other node's heartbeat. */
+static void test_a_held_row_never_stalls_the_heartbeat(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    int64_t id = insert_on(f->a);
+    PGconn *t = PQconnectdb(f->url);
+    char q[160];
+    snprintf(q, sizeof q, "BEGIN; UPDATE jobs SET updated_ms = updated_ms WHERE id = %lld",
+             (long long)id);
+    PGresult *r = PQexec(t, q);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+    jd_pg_test_pause_heartbeat(f->a, true);
+    /* several leases: b's passes keep failing on the row, b stays alive */
+    for (int w = 0; w < 3 * LEASE_MS; w += 50) {
+        assert_true(jd_store_lease_ok(f->b));
+        sleep_ms(50);
+    }
+    assert_int_equal(owner_of(f, id), jd_store_node_id(f->a));
+    r = PQexec(t, "COMMIT");
+    PQclear(r);
+    PQfinish(t);
+    struct claimed c = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    claim_until(f->b, &c, 1);
+    assert_int_equal(c.n, 1);
+    assert_int_equal(c.ids[0], id);
+    assert_true(jd_store_lease_ok(f->b));
 }
 
 struct claimer {
@@ -639,6 +685,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_lapsed_node_is_fenced_then_taken_over, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_stale_write_racing_a_takeover_is_refused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_held_row_never_stalls_the_heartbeat, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_claimers_never_share_a_job, setup,
                                         teardown),
