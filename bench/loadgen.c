@@ -153,6 +153,29 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The bare-timer control: a thread that asks for a 1 ms sleep over and
+ * over and keeps, per 100 ms slice of the run, the longest it overslept.
+ * A latency stall that the control shows too is the machine (another
+ * process had the CPUs), not the server. */
+#define CTL_SLICES 36000 /* one hour of 100 ms slices */
+static uint32_t ctl_max_us[CTL_SLICES];
+static atomic_bool ctl_stop;
+
+static void *control_main(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&ctl_stop)) {
+        int64_t t = now_ns();
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        int64_t now = now_ns();
+        int64_t late = (now - t - 1000000) / 1000, slice = (now - start_ns) / 100000000;
+        if (slice >= 0 && slice < CTL_SLICES && late > (int64_t)ctl_max_us[slice])
+            ctl_max_us[slice] = (uint32_t)late;
+    }
+    return NULL;
+}
+
 static void die(const char *what)
 {
     fprintf(stderr, "loadgen: %s: %s\n", what, strerror(errno));
@@ -860,13 +883,15 @@ static void write_timeline(const struct thread *ths, size_t n)
     uint32_t *lat = malloc((n ? n : 1) * sizeof *lat);
     if (!lat)
         die("malloc");
-    fprintf(f, "# t_s jobs p50_ms p99_ms max_ms\n");
+    fprintf(f, "# t_s jobs p50_ms p99_ms max_ms control_max_ms\n");
     for (size_t i = 0; i < n;) {
         size_t j = i, m = 0;
         while (j < n && v[j] >> 32 == v[i] >> 32)
             lat[m++] = (uint32_t)v[j++];
-        fprintf(f, "%.1f %zu %.2f %.2f %.2f\n", (double)(v[i] >> 32) / 10, m, pct(lat, m, 0.50),
-                pct(lat, m, 0.99), pct(lat, m, 1.0));
+        uint64_t sl = v[i] >> 32;
+        fprintf(f, "%.1f %zu %.2f %.2f %.2f %.2f\n", (double)sl / 10, m, pct(lat, m, 0.50),
+                pct(lat, m, 0.99), pct(lat, m, 1.0),
+                sl < CTL_SLICES ? ctl_max_us[sl] / 1000.0 : 0.0);
         i = j;
     }
     free(lat);
@@ -889,7 +914,8 @@ static void usage(void)
             "  it first); W workers claim up to B tasks and complete them in one request\n"
             "  --addr again (up to 8): connections spread over the addresses round-robin\n"
             "  --timeline: per 100 ms of the run, jobs completed and their latency\n"
-            "  p50/p99/max, to find stalls\n");
+            "  p50/p99/max, to find stalls, beside the longest oversleep of a 1 ms\n"
+            "  timer in that slice (a control: a stall it shares is the machine's)\n");
     exit(2);
 }
 
@@ -1010,12 +1036,20 @@ int main(int argc, char **argv)
     }
     int64_t t0 = now_ns();
     start_ns = t0;
+    pthread_t ctl;
+    if (pthread_create(&ctl, NULL, control_main, NULL) != 0)
+        die("pthread_create");
     for (int t = 0; t < opt.threads; t++)
         if (pthread_create(&ths[t].tid, NULL, thread_main, &ths[t]) != 0)
             die("pthread_create");
     for (int t = 0; t < opt.threads; t++)
         pthread_join(ths[t].tid, NULL);
     double secs = (double)(now_ns() - t0) / 1e9;
+    atomic_store(&ctl_stop, true);
+    pthread_join(ctl, NULL);
+    uint32_t ctl_max = 0;
+    for (size_t i = 0; i < CTL_SLICES; i++)
+        ctl_max = ctl_max_us[i] > ctl_max ? ctl_max_us[i] : ctl_max;
 
     size_t n = 0;
     long completed = 0, failed = 0, errors = 0;
@@ -1047,9 +1081,10 @@ int main(int argc, char **argv)
     double jps = secs > 0 ? (double)completed / secs : 0;
     printf("{\"label\":\"%s\",\"jobs\":%ld,\"completed\":%ld,\"failed\":%ld,\"errors\":%ld,"
            "\"conns\":%d,\"rate\":%.0f,\"secs\":%.3f,\"jobs_per_s\":%.0f,\"p50_ms\":%.3f,"
-           "\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f}\n",
+           "\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"control_max_ms\":%.3f}\n",
            label, opt.jobs, completed, failed, errors, opt.conns, opt.rate, secs, jps,
-           pct(all, n, 0.50), pct(all, n, 0.90), pct(all, n, 0.99), pct(all, n, 1.0));
+           pct(all, n, 0.50), pct(all, n, 0.90), pct(all, n, 0.99), pct(all, n, 1.0),
+           ctl_max / 1000.0);
     fprintf(stderr, "%s: %ld/%ld jobs in %.2f s = %.0f jobs/s; p50 %.2f ms p99 %.2f ms\n", label,
             completed, opt.jobs, secs, jps, pct(all, n, 0.50), pct(all, n, 0.99));
     free(all);

@@ -282,6 +282,12 @@ static const char *const migrations[] = {
      * calls in flight, given at registration (0: none; --command-limit for
      * the same name takes precedence). */
     "ALTER TABLE remote_commands ADD COLUMN max_in_flight INTEGER NOT NULL DEFAULT 0;",
+
+    /* 13 (performance round 2, issue 17): recovery without the window
+     * reads the queued, running and waiting ranges of jobs_state and
+     * merges them by id, so the index of non-terminal jobs is not needed;
+     * it cost every job an index insert at submit and a delete at its end. */
+    "DROP INDEX jobs_active;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

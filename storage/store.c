@@ -562,7 +562,7 @@ enum {
     RS_COUNTS,
     RS_QUEUES,
     RS_IDEM,
-    RS_ACTIVE,
+    RS_QUEUED_ALL,
     RS_RECOVER_EVENTS,
     RS_PAUSED,
     RS_LIST_SCHEDULE,
@@ -609,9 +609,11 @@ static const char *const read_sql[RS_N] = {
     [RS_COUNTS] = "SELECT queue, state, n FROM queue_counts WHERE n > 0 ORDER BY queue, state",
     [RS_QUEUES] = "SELECT name, paused FROM queues ORDER BY name",
     [RS_IDEM] = "SELECT job_id, fingerprint FROM idempotency WHERE key = ?1",
-    [RS_ACTIVE] =
-        "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_active"
-        " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state < 3 ORDER BY j.id",
+    /* Queued jobs, all queues, in id order (recovery without the window,
+     * merged with RS_RUNNING and RS_WAITING by id). */
+    [RS_QUEUED_ALL] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_state"
+                      " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state = 0"
+                      " ORDER BY j.id",
     [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
                           " ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
@@ -1021,7 +1023,7 @@ int jd_store_oldest_queued(struct jd_store *s, const char *queue, int64_t *job_i
     return read_two_ints(s, RS_OLDEST_QUEUED, queue, job_id, created_ms);
 }
 
-/* Steps the nst (1 or 2) statements js, bound by the caller and each
+/* Steps the nst (1 to 3) statements js, bound by the caller and each
  * ascending by job id, merged by id, and calls fn for each row with its
  * events of kind > 0 (RS_RECOVER_EVENTS), as jd_store_recover documents.
  * *rows counts the rows handed to fn. Returns the SQLite rc of the read
@@ -1033,7 +1035,7 @@ static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *const *js, in
     sqlite3_stmt *es = c->st[RS_RECOVER_EVENTS];
     size_t cap = 16;
     struct jd_job_event *ev = jd_xcalloc(cap, sizeof *ev);
-    int src[2] = {SQLITE_DONE, SQLITE_DONE}, out = SQLITE_DONE;
+    int src[3] = {SQLITE_DONE, SQLITE_DONE, SQLITE_DONE}, out = SQLITE_DONE;
     for (int i = 0; i < nst; i++)
         src[i] = sqlite3_step(js[i]);
     for (;;) {
@@ -1121,7 +1123,7 @@ static int recover_read(struct jd_store *s, const int *which, int nst, jd_store_
         return rc;
     size_t rows = 0;
     int stop_rc = 0;
-    sqlite3_stmt *js[2];
+    sqlite3_stmt *js[3];
     for (int i = 0; i < nst; i++)
         js[i] = c->st[which[i]];
     int src = read_jobs_with_events(c, js, nst, fn, arg, &rows, &stop_rc);
@@ -1132,8 +1134,8 @@ int jd_store_recover(struct jd_store *s, jd_store_job_fn fn, void *arg)
 {
     if (s->pg)
         return jd_pg_recover(s, fn, arg);
-    static const int which[] = {RS_ACTIVE};
-    return recover_read(s, which, 1, fn, arg);
+    static const int which[] = {RS_QUEUED_ALL, RS_RUNNING, RS_WAITING};
+    return recover_read(s, which, 3, fn, arg);
 }
 
 int jd_store_recover_started(struct jd_store *s, jd_store_job_fn fn, void *arg)

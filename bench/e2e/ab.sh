@@ -40,13 +40,17 @@ free_port() {
 
 ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 
-# per_thread PID: "name=us_per_job ..." from schedstat (first field: ns on a CPU)
+# per_thread PID: "name=us_per_job ..." from schedstat (first field: ns on a
+# CPU), then "rq-wait=us_per_job": the second field summed over threads, the
+# time they were runnable but waiting for a CPU. On this shared machine that
+# wait, not the server's work, is most of a loaded run's latency.
 per_thread() {
     local t
     for t in /proc/"$1"/task/*; do
-        printf '%s %s\n' "$(tr ' ' _ <"$t/comm")" "$(cut -d' ' -f1 "$t/schedstat")"
-    done 2>/dev/null | awk -v n="$JOBS" '{a[$1] += $2} END {
-        for (k in a) if (a[k] / n >= 100) printf "%s=%.1f ", k, a[k] / n / 1000 }'
+        printf '%s %s\n' "$(tr ' ' _ <"$t/comm")" "$(cut -d' ' -f1,2 "$t/schedstat")"
+    done 2>/dev/null | awk -v n="$JOBS" '{a[$1] += $2; w += $3} END {
+        for (k in a) if (a[k] / n >= 100) printf "%s=%.1f ", k, a[k] / n / 1000
+        printf "rq-wait=%.1f", w / n / 1000 }'
 }
 
 one() {

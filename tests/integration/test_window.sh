@@ -200,5 +200,25 @@ check "each job ended once (one succeeded event, attempts 1)" python3 -c '
 import json, sys
 js = json.loads(sys.argv[1])["jobs"]
 sys.exit(0 if len(js) == 200 and all(j["attempts"] == 1 for j in js) else 1)' "$BODY"
+
+# ---- the same with every queued job in memory (--queue-window 0): recovery
+# reads the queued, running and waiting jobs together, merged by id ----
+put_queue nw '{"max_running":4}'
+pause nw
+batch_prio nw 50 $(for i in $(seq 0 39); do echo $((i % 4)); done)
+batch_prio nw 50 $(for i in $(seq 0 39); do echo $((i % 4)); done)
+stop_server KILL
+start_server --queue-window 0 || exit 1
+check "no window: after a SIGKILL, 80 still queued" eval '[ "$(counts nw | cut -d" " -f1)" = 80 ]'
+resume nw
+sleep 0.3
+stop_server KILL
+start_server --queue-window 0 || exit 1
+read -r queued running succeeded failed cancelled <<<"$(counts nw)"
+check "no window, killed while draining: none lost ($queued queued, $running running, $succeeded done)" test $((queued + running + succeeded)) = 80
+check "some were still queued at the kill" test "$queued" -gt 0
+check "nw drains after the restart" drain_queue nw 60
+read -r queued running succeeded failed cancelled <<<"$(counts nw)"
+check "all 80 succeeded, none failed" eval '[ "$succeeded" = 80 ] && [ "$failed" = 0 ]'
 stop_server
 finish

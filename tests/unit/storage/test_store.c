@@ -1265,7 +1265,7 @@ static void test_ids_survive_reopen_and_are_never_reused(void **state)
     f->s = NULL;
     assert_int_equal(fx_open(f, false, 0), 0);
     assert_true(jd_store_next_id(f->s) > last);
-    assert_int_equal(jd_store_schema_version(), 12);
+    assert_int_equal(jd_store_schema_version(), 13);
 }
 
 static void test_stats_count_commits_records_and_latency(void **state)

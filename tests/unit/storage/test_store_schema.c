@@ -237,16 +237,10 @@ static void check_plan(sqlite3 *db, const char *sql)
     if (sqlite3_prepare_v2(db, q, -1, &st, NULL) != SQLITE_OK)
         fail_msg("prepare %s: %s", sql, sqlite3_errmsg(db));
     /* Scans allowed: the tiny queues and queue_counts tables (one row per
-     * queue, or per queue and state), and the partial index of
-     * non-terminal jobs, which recovery reads whole by design, as it does
-     * unique_keys (whose rows are the keys live jobs hold), and the remote
-     * commands (at most JD_TASK_MAX_COMMANDS), read whole at start. */
+     * queue, or per queue and state), and unique_keys (whose rows are the keys live jobs hold), and
+     * the remote commands (at most JD_TASK_MAX_COMMANDS), read whole at start. */
     static const char *const allowed[] = {
-        "SCAN queue_counts",
-        "SCAN queues",
-        "SCAN j USING INDEX jobs_active",
-        "SCAN unique_keys",
-        "SCAN remote_commands",
+        "SCAN queue_counts", "SCAN queues", "SCAN unique_keys", "SCAN remote_commands",
         "SCAN remote_commands USING INDEX sqlite_autoindex_remote_commands_1"};
     while (sqlite3_step(st) == SQLITE_ROW) {
         const char *detail = (const char *)sqlite3_column_text(st, 3);
