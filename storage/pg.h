@@ -68,6 +68,7 @@ struct jd_pg {
     atomic_bool leader;               /* the lowest live node id, as of the last heartbeat */
     atomic_int_least64_t deadline_ms; /* the last confirmed lease deadline, real monotonic ms */
     atomic_bool hb_paused;            /* tests (jd_pg_test_pause_heartbeat): skip heartbeats */
+    atomic_bool test_drop_commit;     /* tests (jd_pg_test_drop_at_commit): cut the next COMMIT */
     struct jd_store_cluster_hooks hooks;
     pthread_mutex_t cl_mu; /* guards cl_stop and the threads' sleeps */
     pthread_cond_t cl_cv;
@@ -226,6 +227,15 @@ void jd_pg_test_pause_heartbeat(struct jd_store *s, bool pause);
  * to fn, in id order, in one snapshot, as jd_pg_recover does. */
 int jd_pg_jobs_hand(struct jd_store *s, const int64_t *ids, size_t nids, jd_store_job_fn fn,
                     void *arg, size_t *n);
+
+/* pg_cluster.c, any thread: give this incarnation up as if its lease had
+ * lapsed (every later job write is refused with JD_ESTALE, hooks.lease_lost
+ * fires once, the server starts over): the answer when the writer cannot
+ * know whether a COMMIT it sent was applied. */
+/* Tests: the writer's next COMMIT is sent and its connection then shut
+ * down before the answer is read (a connection lost during COMMIT). */
+void jd_pg_test_drop_at_commit(struct jd_store *s);
+void jd_pg_give_up_lease(struct jd_pg *pg, const char *why);
 
 /* Map a libpq result to a JD_E* code (0 for PGRES_COMMAND_OK/TUPLES_OK). */
 int jd_pg_rc(const PGresult *r);

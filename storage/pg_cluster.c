@@ -401,7 +401,7 @@ void jd_pg_test_pause_heartbeat(struct jd_store *s, bool pause)
     atomic_store(&s->pg->hb_paused, pause);
 }
 
-static void lose_lease(struct jd_pg *pg)
+static void lose_lease_because(struct jd_pg *pg, const char *why)
 {
     if (atomic_exchange(&pg->lease_lost, true))
         return;
@@ -410,9 +410,19 @@ static void lose_lease(struct jd_pg *pg)
     char me[24];
     ll(me, sizeof me, pg->node_id);
     jd_log(JD_LOG_ERROR, "storage: this node lost its lease; its job writes are refused", "node",
-           me, NULL);
+           me, "why", why, NULL);
     if (atomic_load(&pg->hooks_ready) && pg->hooks.lease_lost)
         pg->hooks.lease_lost(pg->hooks.arg);
+}
+
+static void lose_lease(struct jd_pg *pg)
+{
+    lose_lease_because(pg, "its row lapsed or was taken over");
+}
+
+void jd_pg_give_up_lease(struct jd_pg *pg, const char *why)
+{
+    lose_lease_because(pg, why);
 }
 
 static void heartbeat(struct jd_pg *pg, PGconn **c)

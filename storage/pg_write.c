@@ -43,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define JD_PG_RETENTION_BATCH 128 /* jobs per retention transaction, as for SQLite */
 #define JD_PG_SCHED_TRIM_EVERY 64 /* trim a schedule's history once per this many events */
@@ -1733,11 +1734,26 @@ static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint
 /* COMMIT, true only if the server committed (an aborted transaction
  * answers COMMIT with ROLLBACK); with note, pg_notify(note) first, in the
  * same round trip (a pipeline of the two). */
+void jd_pg_test_drop_at_commit(struct jd_store *s)
+{
+    atomic_store(&s->pg->test_drop_commit, true);
+}
+
 static bool commit(struct jd_store *s, const char *note)
 {
     PGconn *c = s->pg->wconn;
     if (PQtransactionStatus(c) != PQTRANS_INTRANS)
         return false;
+    if (atomic_exchange(&s->pg->test_drop_commit, false)) {
+        /* the test hook: COMMIT goes out, the answer never comes back */
+        if (PQsendQuery(c, "COMMIT"))
+            PQflush(c);
+        shutdown(PQsocket(c), SHUT_RDWR);
+        PGresult *r;
+        while ((r = PQgetResult(c)) != NULL)
+            PQclear(r);
+        return false;
+    }
     if (!note) {
         PGresult *r = PQexec(c, "COMMIT");
         bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
@@ -1807,8 +1823,7 @@ fail:
     c.ws->npq = 0;
     /* The connection went (a server restart, a failover) before COMMIT was
      * sent: nothing of the batch is in the database, so it is redone once
-     * on a new connection. Lost during COMMIT, the outcome is unknown and
-     * the batch fails (JD_EIO) as a failed disk write does in SQLite. */
+     * on a new connection. Lost during COMMIT, see below. */
     if (applied && !commit_sent && !retried && PQstatus(s->pg->wconn) != CONNECTION_OK) {
         retried = true;
         for (size_t i = 0; i < n; i++) {
@@ -1817,6 +1832,13 @@ fail:
         }
         goto again;
     }
+    /* Lost during COMMIT: the batch may be in the database or not. Failing
+     * it would have the job layer record it again (a completion twice), and
+     * reporting it done might report what is not durable. The node gives up
+     * its incarnation instead: the records fail, every later job write is
+     * refused, and the next owner replays what the database holds. */
+    if (commit_sent && PQstatus(s->pg->wconn) != CONNECTION_OK)
+        jd_pg_give_up_lease(s->pg, "the connection was lost during COMMIT: the outcome is unknown");
     if (PQstatus(s->pg->wconn) == CONNECTION_OK &&
         PQpipelineStatus(s->pg->wconn) == PQ_PIPELINE_OFF &&
         PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)

@@ -637,6 +637,46 @@ static void test_a_conditional_fire_commits_once(void **state)
 }
 
 /* SQLite is a cluster of one: the cluster calls answer as much. */
+/* The writer's connection goes while its COMMIT is in flight: whether the
+ * batch is in the database is unknown, so recording it again could record
+ * a completion twice. The node gives its incarnation up instead: the batch
+ * fails, every later job write is refused, and the other node takes the
+ * job over with exactly the history the database holds. */
+static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    int64_t id = insert_on(f->a);
+    struct tres r;
+    assert_int_equal(change_state_wait(f->a, id, JD_JOB_RUNNING, &r), 0);
+    jd_pg_test_drop_at_commit(f->a);
+    int rc = event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{\"p\":1}", &r);
+    assert_int_equal(rc, JD_EIO);
+    assert_false(jd_store_lease_ok(f->a));
+    struct jd_cluster_stats st;
+    jd_store_cluster_stats(f->a, &st);
+    assert_int_equal(st.lease_lost, 1);
+    /* what the job layer would do next (record it again) is refused */
+    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{\"p\":1}", &r), JD_ESTALE);
+    assert_int_equal(change_state_wait(f->a, id, JD_JOB_SUCCEEDED, &r), JD_ESTALE);
+    /* b takes it over once a's lease lapses; its history is seq 1..version
+     * with the progress event at most once */
+    struct claimed c = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    claim_until(f->b, &c, 1);
+    assert_int_equal(c.n, 1);
+    assert_int_equal(c.ids[0], id);
+    char q[160];
+    snprintf(q, sizeof q, "SELECT count(*) FROM events WHERE job_id = %lld AND kind = %d",
+             (long long)id, (int)JD_EVK_PROGRESS);
+    assert_in_range(sql_int(f->url, q), 0, 1);
+    snprintf(q, sizeof q,
+             "SELECT (SELECT version FROM jobs WHERE id = %lld) - count(*) FROM events "
+             "WHERE job_id = %lld",
+             (long long)id, (long long)id);
+    assert_int_equal(sql_int(f->url, q), 0);
+}
+
 static void test_sqlite_answers_as_one_node(void **state)
 {
     (void)state;
@@ -694,6 +734,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_commit_notice_reaches_the_other_node, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_conditional_fire_commits_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_commit_lost_in_flight_gives_the_node_up, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
