@@ -19,6 +19,10 @@
  *                        complete when that answer (sent after the commit)
  *                        arrives. The command must be registered first (PUT
  *                        /v1/commands/{name}; --handler names it).
+ *                        Besides submit->complete, each task's
+ *                        claim-to-complete as its worker saw it (the claim's
+ *                        answer to the complete's answer) is reported as
+ *                        claim_p50_ms / claim_p99_ms.
  *
  * --addr may be given up to MAX_ADDRS times (the nodes of a cluster): the
  * connections are spread over the addresses round-robin, each keeping its
@@ -98,6 +102,7 @@ struct conn {
     char (*tids)[TASK_ID_MAX];
     int64_t *tts;
     int ntasks;
+    int64_t t_claimed; /* when the claim's answer arrived, ns */
 };
 
 struct thread {
@@ -118,6 +123,8 @@ struct thread {
     uint32_t *lat_us;
     uint32_t *done_ms; /* --timeline: each latency's completion time, ms from start */
     size_t nlat, cap_lat;
+    uint32_t *claim_us; /* jackdaw-remote: each task's claim-to-complete, us */
+    size_t nclaim, cap_claim;
     long completed, failed, errors, submitted;
     bool out_of_jobs;
 };
@@ -206,6 +213,21 @@ static void record(struct thread *th, int64_t t_start, bool ok)
     else
         th->failed++;
     atomic_fetch_add_explicit(&done_jobs, 1, memory_order_relaxed);
+}
+
+/* jackdaw-remote: one task's claim-to-complete as its worker saw it, from
+ * the claim's answer arriving to the complete's answer arriving (the
+ * complete is answered after its commit). */
+static void record_claim(struct thread *th, int64_t t_claimed, int64_t now)
+{
+    if (th->nclaim == th->cap_claim) {
+        th->cap_claim = th->cap_claim ? th->cap_claim * 2 : 4096;
+        th->claim_us = realloc(th->claim_us, th->cap_claim * sizeof *th->claim_us);
+        if (!th->claim_us)
+            die("realloc");
+    }
+    int64_t d = (now - t_claimed) / 1000;
+    th->claim_us[th->nclaim++] = d < 0 ? 0 : (d > UINT32_MAX ? UINT32_MAX : (uint32_t)d);
 }
 
 static int connect_to(int a)
@@ -415,6 +437,7 @@ static int remote_on_response(struct conn *c, int status, char *body, size_t ble
             return -1;
         }
         remote_parse_tasks(c, body, blen);
+        c->t_claimed = now_ns();
         return c->ntasks ? remote_complete(c) : remote_claim(c);
     }
     if (c->state == C_COMPLETE) {
@@ -423,7 +446,9 @@ static int remote_on_response(struct conn *c, int status, char *body, size_t ble
                     (int)(blen > 300 ? 300 : blen), body);
             return -1;
         }
+        int64_t now = now_ns();
         for (int i = 0; i < c->ntasks; i++) {
+            record_claim(th, c->t_claimed, now);
             record(th, c->tts[i], true);
             th->inflight--;
         }
@@ -1064,16 +1089,25 @@ int main(int argc, char **argv)
         die("malloc");
     if (opt.timeline)
         write_timeline(ths, n);
-    size_t k = 0;
+    size_t k = 0, kc = 0, nclaim = 0;
+    for (int t = 0; t < opt.threads; t++)
+        nclaim += ths[t].nclaim;
+    uint32_t *claims = malloc((nclaim ? nclaim : 1) * sizeof *claims);
+    if (!claims)
+        die("malloc");
     for (int t = 0; t < opt.threads; t++) {
         memcpy(all + k, ths[t].lat_us, ths[t].nlat * sizeof *all);
         k += ths[t].nlat;
+        memcpy(claims + kc, ths[t].claim_us, ths[t].nclaim * sizeof *claims);
+        kc += ths[t].nclaim;
+        free(ths[t].claim_us);
         free(ths[t].lat_us);
         free(ths[t].done_ms);
         free(ths[t].conns);
         free(ths[t].pending_t);
     }
     qsort(all, n, sizeof *all, cmp_u32);
+    qsort(claims, nclaim, sizeof *claims, cmp_u32);
     const char *label = opt.label                 ? opt.label
                         : opt.target == T_JACKDAW ? "jackdaw"
                         : opt.target == T_REMOTE  ? "jackdaw-remote"
@@ -1081,12 +1115,20 @@ int main(int argc, char **argv)
     double jps = secs > 0 ? (double)completed / secs : 0;
     printf("{\"label\":\"%s\",\"jobs\":%ld,\"completed\":%ld,\"failed\":%ld,\"errors\":%ld,"
            "\"conns\":%d,\"rate\":%.0f,\"secs\":%.3f,\"jobs_per_s\":%.0f,\"p50_ms\":%.3f,"
-           "\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"control_max_ms\":%.3f}\n",
+           "\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"control_max_ms\":%.3f",
            label, opt.jobs, completed, failed, errors, opt.conns, opt.rate, secs, jps,
            pct(all, n, 0.50), pct(all, n, 0.90), pct(all, n, 0.99), pct(all, n, 1.0),
            ctl_max / 1000.0);
+    if (opt.target == T_REMOTE) /* the worker's view: claim's answer to complete's answer */
+        printf(",\"claim_p50_ms\":%.3f,\"claim_p99_ms\":%.3f,\"claim_max_ms\":%.3f",
+               pct(claims, nclaim, 0.50), pct(claims, nclaim, 0.99), pct(claims, nclaim, 1.0));
+    printf("}\n");
     fprintf(stderr, "%s: %ld/%ld jobs in %.2f s = %.0f jobs/s; p50 %.2f ms p99 %.2f ms\n", label,
             completed, opt.jobs, secs, jps, pct(all, n, 0.50), pct(all, n, 0.99));
+    if (opt.target == T_REMOTE)
+        fprintf(stderr, "%s: claim-to-complete p50 %.2f ms p99 %.2f ms (%zu tasks)\n", label,
+                pct(claims, nclaim, 0.50), pct(claims, nclaim, 0.99), nclaim);
+    free(claims);
     free(all);
     free(ths);
     return completed == opt.jobs ? 0 : 1;

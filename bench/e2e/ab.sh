@@ -12,6 +12,7 @@
 # ms, the server's CPU per job (user+system from /proc/PID/stat, clock
 # ticks), and per thread name the CPU per job in microseconds from
 # /proc/PID/task/*/schedstat (nanoseconds: no tick quantisation).
+# REMOTE=1 rows end with the workers' claim-to-complete p99 (ms).
 #
 # Rounds are interleaved (A B A B ...) so the machine's drift hits both. On a
 # busy 2-vCPU VM the whole server's CPU per job moves 20-30 % between runs
@@ -102,7 +103,8 @@ except ValueError:
     l = {"jobs_per_s": 0, "completed": 0}
 cpu = (int(c1) - int(c0)) * 1e6 / int(hz) / max(l.get("completed", 0), 1)
 print(f"{sync:6} {build[-24:]:24} {l['jobs_per_s']:7.0f} j/s p50 {l.get('p50_ms', 0):6.2f} "
-      f"p99 {l.get('p99_ms', 0):7.2f} cpu/job {cpu:6.1f} us | {thr}")
+      f"p99 {l.get('p99_ms', 0):7.2f} cpu/job {cpu:6.1f} us | {thr}"
+      + (f" | claim-to-complete p99 {l['claim_p99_ms']:.2f}" if "claim_p99_ms" in l else ""))
 PY
 }
 

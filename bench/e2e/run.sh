@@ -15,8 +15,13 @@
 # Closed loop at each concurrency in CONCS (jobs in flight = connections for
 # Jackdaw, producers for beanstalkd, worker concurrency for BullMQ), REPS
 # times; then an open-loop run of each system at half its own peak for the
-# latency target. Prints one table of medians and the ratios, with the
-# server's CPU (user+system from /proc) per completed job for every row.
+# latency target (for jackdaw-remote also claim-to-complete: the worker's
+# p50/p99 from the claim's answer to the complete's, and the bucket of the
+# server's jackdaw_task_claim_to_end_seconds that holds the run's p99).
+# Prints one table of medians and the ratios (peak against peak, and
+# remote against beanstalkd run by run within each round, median over
+# rounds), with the server's CPU (user+system from /proc) per completed job
+# for every row.
 #
 # Environment: JD_BUILD (build dir), JOBS (per run, default 30000),
 # CONCS (default "16 64 256"), REPS (default 3), DURABILITY (default
@@ -145,9 +150,40 @@ start_bullmq() {
     wait_port "$PORT"
 }
 
+# claim_hist: the server's claim-to-end histogram of command "bench" from
+# /metrics, as "le count" lines (cumulative counts), then "sum SECONDS".
+claim_hist() {
+    curl -s "http://127.0.0.1:$PORT/metrics" | awk '
+        /^jackdaw_task_claim_to_end_seconds_bucket\{command="bench"/ {
+            match($0, /le="[^"]*"/); print substr($0, RSTART + 4, RLENGTH - 5), $NF }
+        /^jackdaw_task_claim_to_end_seconds_sum\{command="bench"/ { print "sum", $NF }'
+}
+
+# claim_hist_json BEFORE AFTER: the run's share of the histogram (after minus
+# before) as JSON fields: tasks ended, mean ms, and the bucket bounds (ms)
+# that hold the p50 and p99 (the server counts whole milliseconds in buckets
+# of 10, 50, 100, 500 ms, ...: a bound, not a value).
+claim_hist_json() {
+    paste -d' ' <(echo "$1") <(echo "$2") | awk '
+        $1 == "sum" { sum = $4 - $2; next }
+        { le[n] = $1; c[n++] = $4 - $2 }
+        END {
+            tot = n ? c[n - 1] : 0
+            for (i = 0; i < n; i++) {
+                if (p50 == "" && c[i] >= 0.50 * tot) p50 = le[i]
+                if (p99 == "" && c[i] >= 0.99 * tot) p99 = le[i]
+            }
+            b50 = p50 == "+Inf" ? -1 : p50 * 1000; b99 = p99 == "+Inf" ? -1 : p99 * 1000
+            printf "\"server_claim_tasks\":%d,\"server_claim_mean_ms\":%.2f,", tot, tot ? sum * 1000 / tot : 0
+            printf "\"server_claim_p50_le_ms\":%g,\"server_claim_p99_le_ms\":%g,", b50, b99
+        }'
+}
+
 # run_one SYSTEM DURABILITY CONC RATE: one measured run; appends a JSON line.
+# ROUND (the closed-loop repetition, 1..REPS) goes into the line, so the
+# table can take ratios of runs from the same round.
 run_one() {
-    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss cpu0 cpu1 threads
+    local sys=$1 dur=$2 conc=$3 rate=$4 dir line rss cpu0 cpu1 threads hist0= hist=
     echo "[$dur c=$conc rate=$rate] $sys" >&2
     dir=$(mktemp -d "$WORK/$sys.XXXX")
     "start_$sys" "$dur" "$dir" || {
@@ -156,6 +192,7 @@ run_one() {
         exit 1
     }
     local common=(--jobs "$JOBS" --conns "$conc" --rate "$rate" --label "$sys")
+    [ "$sys" = jackdaw-remote ] && hist0=$(claim_hist)
     cpu0=$(cpu_ticks "$SERVER_PID")
     case $sys in
     jackdaw) line=$("$LOADGEN" --target jackdaw --addr "127.0.0.1:$PORT" "${common[@]}" --threads 1) || true ;;
@@ -169,6 +206,7 @@ run_one() {
     bullmq) line=$(node bench/e2e/bullmq.mjs --port "$PORT" "${common[@]}") || true ;;
     esac
     cpu1=$(cpu_ticks "$SERVER_PID")
+    [ "$sys" = jackdaw-remote ] && hist=$(claim_hist_json "$hist0" "$(claim_hist)")
     rss=$(peak_rss_kb "$SERVER_PID")
     threads=$(thread_cpu_json "$SERVER_PID")
     stop_server
@@ -179,7 +217,7 @@ run_one() {
     fi
     # Server CPU for the whole run (the server process only: for BullMQ that
     # is redis-server, its node workers are the client's).
-    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"server_rss_kb\":$rss,\"server_cpu_us\":$(((cpu1 - cpu0) * 1000000 / CLK_TCK)),\"server_threads_cpu_us\":$threads,${line#\{}"
+    line="{\"system\":\"$sys\",\"durability\":\"$dur\",\"round\":${ROUND:-0},$hist\"server_rss_kb\":$rss,\"server_cpu_us\":$(((cpu1 - cpu0) * 1000000 / CLK_TCK)),\"server_threads_cpu_us\":$threads,${line#\{}"
     echo "$line" >>"$RESULTS"
     echo "  $line" >&2
     rm -rf "$dir"
@@ -189,7 +227,7 @@ echo "bench-e2e: $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ); $JOBS
     "concurrency {$CONCS}, $REPS reps, interleaved" >&2
 for dur in $DURABILITY; do
     for conc in $CONCS; do
-        for _ in $(seq 1 "$REPS"); do
+        for ROUND in $(seq 1 "$REPS"); do
             for sys in $SYSTEMS; do
                 run_one "$sys" "$dur" "$conc" 0
             done
@@ -203,6 +241,7 @@ for dur in $DURABILITY; do
         read -r peak conc < <(node bench/e2e/table.mjs --peak "$sys" "$dur" <"$RESULTS")
         [ "${peak:-0}" -gt 0 ] || continue
         rate=$((peak / 2))
+        ROUND=0
         # At least 5 s of load; twice the peak's concurrency leaves room for queueing.
         JOBS=$((rate * 5 > JOBS ? rate * 5 : JOBS)) run_one "$sys" "$dur" $((conc * 2)) "$rate"
     done
