@@ -54,6 +54,9 @@ uint16_t jd_http_port(const struct jd_http *h);
 /* Hand over the job layer (borrowed; it must outlive jd_http_stop) and
  * become ready. */
 void jd_http_attach(struct jd_http *h, struct jd_jobs *jobs);
+/* For jd_jobs_set_claim_alive: whether the client of a parked claim (the
+ * request handed to jd_jobs_task_claim) is still connected. Never blocks. */
+bool jd_http_claim_alive(void *req);
 /* Hand over the schedules (borrowed, outliving jd_http_stop), before
  * jd_http_attach; /v1/schedules answers 503 without them. */
 void jd_http_attach_schedules(struct jd_http *h, struct jd_schedules *s);

@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "server/tasks.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,23 @@ enum MHD_Result route_command_delete(struct jd_req *r)
     http_req_ref(r);
     int rc = jd_jobs_command_delete(http_jobs_of(r->h), r->m.param, http_on_action_done, r, &err);
     return http_async_started(r, rc, &err, answer_deleted);
+}
+
+/* A suspended connection is not polled by MHD: look at the socket itself.
+ * The peer's FIN (or a reset) reads as POLLRDHUP / POLLHUP / POLLERR at
+ * once; a client that only half-closed after its request is taken as gone,
+ * as for long-polls (README). */
+bool jd_http_claim_alive(void *req)
+{
+    struct jd_req *r = req;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL)
+        return true;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) != 1)
+        return true;
+    return !(p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 /* POST /v1/tasks/claim */

@@ -178,14 +178,22 @@ static void claimer_free(struct claimer *cl)
 void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
 {
     struct jd_tasks *t = j->tasks;
-    /* The list is newest first; serve the oldest: the last match. */
+    /* The list is newest first; serve the oldest live one: the last match
+     * whose client is still there. One that left is marked and skipped from
+     * then on; its deadline timer answers it (to nobody). */
     struct claimer **match = NULL;
-    for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
-        for (size_t i = 0; i < (*pp)->ncmds; i++)
-            if ((*pp)->cmds[i] == c)
-                match = pp;
-    if (!match)
-        return;
+    for (;;) {
+        match = NULL;
+        for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
+            for (size_t i = 0; i < (*pp)->ncmds && !(*pp)->gone; i++)
+                if ((*pp)->cmds[i] == c)
+                    match = pp;
+        if (!match)
+            return;
+        if (!t->claim_alive || t->claim_alive((*match)->arg))
+            break;
+        (*match)->gone = true;
+    }
     struct claimer *cl = *match;
     *match = cl->next;
     if (cl->timer_armed && jd_sched_timer_cancel(j->sched, cl->timer_id) == 0)
@@ -244,6 +252,13 @@ static void claim_deadline(void *arg)
         cl->done(cl->arg, 0, "{\"tasks\":[]}");
         claimer_free(cl);
     }
+}
+
+void jd_jobs_set_claim_alive(struct jd_jobs *j, bool (*alive)(void *arg))
+{
+    pthread_mutex_lock(&j->tasks->mu);
+    j->tasks->claim_alive = alive;
+    pthread_mutex_unlock(&j->tasks->mu);
 }
 
 int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,

@@ -104,6 +104,7 @@ struct claimer {
     int64_t lease_ms;
     jd_action_done_fn done;
     void *arg;
+    bool gone; /* its client left (claim_alive): skipped, answered at its deadline */
     bool timer_armed;
     uint64_t timer_id;
     struct ctimer *timer_arg;
@@ -144,7 +145,8 @@ struct prog {
 };
 
 struct jd_tasks {
-    pthread_mutex_t mu; /* tmu */
+    pthread_mutex_t mu;             /* tmu */
+    bool (*claim_alive)(void *arg); /* jd_jobs_set_claim_alive; NULL: all alive */
     struct tomb tombs[TOMBSTONES];
     unsigned tomb_next;
     struct wkr *workers;

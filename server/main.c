@@ -27,6 +27,7 @@
 #include "server/config.h"
 #include "server/jobs.h"
 #include "server/schedules.h"
+#include "server/tasks.h"
 #include "storage/store.h"
 
 #include <dirent.h>
@@ -287,6 +288,7 @@ int main(int argc, char **argv)
     }
     jd_http_attach_schedules(http, schedules);
     jd_http_attach(http, jobs);
+    jd_jobs_set_claim_alive(jobs, jd_http_claim_alive);
     if (jd_store_clustered(store)) {
         cctx.jobs = jobs;
         cctx.schedules = schedules;

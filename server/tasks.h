@@ -66,6 +66,12 @@ int jd_jobs_commands_json(struct jd_jobs *j, char **json);
  * arrives or wait_ms ends (then empty), or when the layer drains. */
 int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
                        void *arg, struct jd_error *err);
+/* How the layer asks whether a parked claim's client is still there
+ * (alive(arg), arg as given to jd_jobs_task_claim; must not block): a
+ * claim whose client left is never handed tasks, which would otherwise
+ * sit claimed by nobody until their lease ran out. Set once, before
+ * claims arrive; NULL (the default): every claim is taken as alive. */
+void jd_jobs_set_claim_alive(struct jd_jobs *j, bool (*alive)(void *arg));
 /* POST /v1/tasks/{id}/complete {"result": any}; done's json {"ok":true}. */
 int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, size_t len,
                           jd_action_done_fn done, void *arg, const char **reason,

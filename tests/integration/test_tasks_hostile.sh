@@ -154,6 +154,17 @@ req POST "/v1/tasks/$TID/complete" -H "$J" --data-binary '{"result":{"fine":true
 check "the real worker still completes it" status_is 200
 req GET "/v1/jobs/$JOB?wait=10s"
 check "and the job has its result" py "assert j['state']=='succeeded' and j['output']=={'fine':True}"
+# A worker that gives up on its claim (a timeout, a crash) while it is
+# parked: the next task must not be handed to the closed connection, where
+# it would sit claimed by nobody until its lease ran out.
+req PUT /v1/commands/gone -H "$J" --data-binary '{}'
+curl -s -m 1 -o /dev/null -X POST "$BASE/v1/tasks/claim" -H "$J" \
+    --data-binary '{"commands":["gone"],"worker":"quitter","wait_ms":30000,"lease_ms":60000}'
+req POST /v1/jobs -H "$J" --data-binary '{"handler":"gone","args":{"n":1}}'
+GJOB=$(location_id)
+claim '{"commands":["gone"],"worker":"stayer","wait_ms":5000,"lease_ms":60000}'
+check "a task is not handed to a claim whose client left: the next claim gets it" \
+    py "assert [t['job_id'] for t in j['tasks']]==['$GJOB'] and j['tasks'][0]['attempt']==1"
 req GET /livez
 check "the server is still up" status_is 200
 
