@@ -1847,8 +1847,10 @@ static bool commit(struct jd_store *s, const char *note, bool clear)
     if (PQtransactionStatus(c) != PQTRANS_INTRANS)
         return false;
     if (atomic_exchange(&s->pg->test_drop_commit, false)) {
-        /* the test hook: COMMIT goes out, the answer never comes back */
-        if (PQsendQuery(c, "COMMIT"))
+        /* the test hook: COMMIT goes out, the answer never comes back
+         * (the server waits first, so the answer cannot beat the
+         * shutdown into the socket's buffer) */
+        if (PQsendQuery(c, "SELECT pg_sleep(0.3); COMMIT"))
             PQflush(c);
         shutdown(PQsocket(c), SHUT_RDWR);
         PGresult *r;

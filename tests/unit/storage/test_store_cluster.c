@@ -657,6 +657,10 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
     int rc = event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{\"p\":1}", &r);
     assert_int_equal(rc, JD_EIO);
     assert_false(jd_store_lease_ok(f->a));
+    /* that COMMIT may still land: a's event horizon stays (until the
+     * takeover deletes its row, below) */
+    assert_int_equal(
+        sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 1);
     struct jd_cluster_stats st;
     jd_store_cluster_stats(f->a, &st);
     assert_int_equal(st.lease_lost, 1);
@@ -669,6 +673,8 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
     claim_until(f->b, &c, 1);
     assert_int_equal(c.n, 1);
     assert_int_equal(c.ids[0], id);
+    assert_int_equal(
+        sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 0);
     char q[160];
     snprintf(q, sizeof q, "SELECT count(*) FROM events WHERE job_id = %lld AND kind = %d",
              (long long)id, (int)JD_EVK_PROGRESS);
