@@ -144,10 +144,13 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
  * once visible), jd_nodes.pending_event_id = nextval of the events
  * sequence (CACHE 1): every id its transaction then takes is greater. The
  * same transaction clears it in the pipeline of its COMMIT, so the clear
- * and the events become visible together; a failed batch clears it on
- * hzconn. Readers of the stream return only ids below JD_PG_HORIZON_SQL,
- * read in the same statement (one snapshot). One round trip per batch
- * (hzconn). A node whose row is gone (its lease lost) publishes nothing. */
+ * and the events become visible together, or, when more records are
+ * queued, sets the next batch's bound there (no round trip for a busy
+ * writer; an idle one holds none); a failed batch clears it on hzconn
+ * (not after a COMMIT lost in flight: the takeover deletes the row).
+ * Readers of the stream return only ids below JD_PG_HORIZON_SQL, read in
+ * the same statement (one snapshot). A node whose row is gone (its lease
+ * lost) publishes nothing. */
 #define JD_PG_HORIZON_SQL                                                                          \
     "(SELECT coalesce(min(pending_event_id), 9223372036854775807) FROM jd_nodes)"
 /* Tests: hold (true) the writer after its batch is applied, before its

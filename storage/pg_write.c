@@ -1737,6 +1737,7 @@ static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint
 /* ---- the event horizon (storage/pg.h) ---- */
 
 #define HZ_CLEAR_SQL "UPDATE jd_nodes SET pending_event_id = NULL WHERE id = $1"
+#define HZ_NEXT_SQL "UPDATE jd_nodes SET pending_event_id = nextval('events_id_seq') WHERE id = $1"
 
 /* sql with this node's id as $1 on hzconn, (re)connected once if the
  * connection is gone. The result, or NULL. */
@@ -1790,8 +1791,7 @@ static bool needs_horizon(struct jd_write **b, size_t n)
  * greater than what this publishes. 0 or JD_EIO (nothing is applied). */
 static int hz_publish(struct jd_store *s)
 {
-    PGresult *r = hz_exec(s, "UPDATE jd_nodes SET pending_event_id = nextval('events_id_seq')"
-                             " WHERE id = $1");
+    PGresult *r = hz_exec(s, HZ_NEXT_SQL);
     if (!r)
         return JD_EIO;
     /* no row: this incarnation's lease is lost (it starts over) */
@@ -1841,7 +1841,9 @@ void jd_pg_test_drop_at_commit(struct jd_store *s)
     atomic_store(&s->pg->test_drop_commit, true);
 }
 
-static bool commit(struct jd_store *s, const char *note, bool clear)
+enum { HZ_KEEP, HZ_CLEAR, HZ_NEXT }; /* what a COMMIT does to the horizon */
+
+static bool commit(struct jd_store *s, const char *note, int hz)
 {
     PGconn *c = s->pg->wconn;
     if (PQtransactionStatus(c) != PQTRANS_INTRANS)
@@ -1858,7 +1860,7 @@ static bool commit(struct jd_store *s, const char *note, bool clear)
             PQclear(r);
         return false;
     }
-    if (!note && !clear) {
+    if (!note && hz == HZ_KEEP) {
         PGresult *r = PQexec(c, "COMMIT");
         bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
         PQclear(r);
@@ -1868,9 +1870,11 @@ static bool commit(struct jd_store *s, const char *note, bool clear)
         return false;
     char me[24];
     snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
+    bool next_set = false;
     const char *nv[] = {note}, *cv[] = {me};
-    int k = 0, nst = (note != NULL) + (clear ? 1 : 0) + 1;
-    bool ok = (!clear || PQsendQueryParams(c, HZ_CLEAR_SQL, 1, NULL, cv, NULL, NULL, 0)) &&
+    int k = 0, nst = (note != NULL) + (hz != HZ_KEEP) + 1;
+    bool ok = (hz == HZ_KEEP || PQsendQueryParams(c, hz == HZ_NEXT ? HZ_NEXT_SQL : HZ_CLEAR_SQL, 1,
+                                                  NULL, cv, NULL, NULL, 0)) &&
               (!note || PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
                                           NULL, nv, NULL, NULL, 0)) &&
               PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
@@ -1881,6 +1885,8 @@ static bool commit(struct jd_store *s, const char *note, bool clear)
             return false; /* the connection is gone (ensure_session cleans up) */
         ok = jd_pg_rc(r) == 0 && (k < nst - 1 || strcmp(PQcmdStatus(r), "COMMIT") == 0) &&
              PQresultStatus(r) != PGRES_PIPELINE_ABORTED;
+        if (ok && k == 0 && hz == HZ_NEXT)
+            next_set = strcmp(PQcmdTuples(r), "1") == 0;
         PQclear(r);
         if ((r = PQgetResult(c)) != NULL) {
             PQclear(r);
@@ -1892,7 +1898,10 @@ static bool commit(struct jd_store *s, const char *note, bool clear)
     PGresult *r = PQgetResult(c);
     ok = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
     PQclear(r);
-    return PQexitPipelineMode(c) && ok;
+    ok = PQexitPipelineMode(c) && ok;
+    if (ok && hz != HZ_KEEP)
+        s->pg->hz_pending = next_set;
+    return ok;
 }
 
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
@@ -1902,7 +1911,7 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
 again:
     if (ensure_session(s) != 0)
         goto fail;
-    if (needs_horizon(b, n) && hz_publish(s) != 0) {
+    if (!s->pg->hz_pending && needs_horizon(b, n) && hz_publish(s) != 0) {
         jd_log(JD_LOG_ERROR, "storage commit failed", "db", s->pg->display, "error",
                "cannot publish the event horizon", NULL);
         goto fail;
@@ -1925,12 +1934,15 @@ again:
     const char *note = notice_of(b, rcs, n, &nreq);
     test_hold(s->pg);
     commit_sent = true;
-    bool clear = s->pg->hz_pending;
-    if (!commit(s, note, clear)) {
+    /* More records wait: this COMMIT publishes the next batch's bound
+     * (visible with it, before that batch takes an id), saving its round
+     * trip; else it clears the bound (an idle writer holds none). */
+    bool more = atomic_load_explicit(&s->head, memory_order_relaxed) != NULL;
+    int hz = more ? HZ_NEXT : s->pg->hz_pending ? HZ_CLEAR : HZ_KEEP;
+    if (!commit(s, note, hz)) {
         log_failure(s, "commit");
         goto fail;
     }
-    s->pg->hz_pending = s->pg->hz_pending && !clear;
     atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed); /* a statistic */
     return 0;
 
@@ -2010,7 +2022,7 @@ bool jd_pg_retention_step(struct jd_store *s)
     }
     PQclear(qs);
     qs = NULL;
-    if (!commit(s, NULL, false))
+    if (!commit(s, NULL, HZ_KEEP))
         goto fail;
     atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)deleted,
                               memory_order_relaxed); /* a statistic */

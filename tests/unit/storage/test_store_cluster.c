@@ -713,6 +713,11 @@ static void test_the_event_stream_waits_for_an_open_writer(void **state)
     for (int w = 0; w < WAIT_MS && !jd_pg_test_commit_held(f->a); w += 5)
         sleep_ms(5);
     assert_true(jd_pg_test_commit_held(f->a));
+    /* a second record queued behind it: a's COMMIT publishes its bound */
+    struct jd_job ja2 = make_job(jd_store_next_id(f->a), "default", NULL);
+    struct tres ra2 = {.rc = 12345};
+    struct jd_write wa2 = {.op = JD_W_JOB_INSERT, .job = &ja2, .done = tres_done, .arg = &ra2};
+    assert_int_equal(jd_store_submit(f->a, &wa2), 0);
     /* b commits a later event: not visible while a's id may come before it */
     int64_t later = insert_on(f->b);
     char q[160];
@@ -732,16 +737,19 @@ static void test_the_event_stream_waits_for_an_open_writer(void **state)
     jd_pg_test_hold_commit(f->a, false);
     assert_int_equal(jd_store_sync(f->a), 0);
     assert_int_equal(ra.rc, 0);
+    assert_int_equal(ra2.rc, 0);
     int64_t next = 0;
     size_t n = stream_page(f->b, page1, 100, &ev, &next);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 3);
     assert_int_equal(ev[0].job_id, ja.id);
     assert_int_equal(ev[1].job_id, later);
-    assert_true(page1 < ev[0].id && ev[0].id < ev[1].id);
+    assert_int_equal(ev[2].job_id, ja2.id);
+    assert_true(page1 < ev[0].id && ev[0].id < ev[1].id && ev[1].id < ev[2].id);
     assert_int_equal(ev[1].id, later_ev);
+    int64_t newest = ev[2].id;
     jd_stream_events_free(ev, n);
     assert_int_equal(jd_store_event_last_id(f->a, &last), 0);
-    assert_int_equal(last, later_ev);
+    assert_int_equal(last, newest);
     assert_int_equal(
         sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 0);
 }
