@@ -442,8 +442,10 @@ static int event_sql_build(const struct jd_event_find *f, struct jd_find_sql *ou
     }
     put(&q, pg ? ") AS m, " : "), ");
     put(&q, state);
-    put(&q, " FROM events e LEFT JOIN jobs j ON j.id = e.job_id"
-            " WHERE e.id > ? ORDER BY e.id LIMIT ?");
+    put(&q, " FROM events e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.id > ?");
+    /* PostgreSQL, a cluster: only ids below the horizon (storage/pg.h) */
+    put(&q,
+        pg ? " AND e.id < " JD_PG_HORIZON_SQL " ORDER BY e.id LIMIT ?" : " ORDER BY e.id LIMIT ?");
     bind_int(out, f->after_id);
     bind_int(out, JD_FIND_SCAN);
     out->sql = jd_xstrdup(q.s);

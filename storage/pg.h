@@ -53,6 +53,8 @@ struct jd_pg {
     bool wprepared;                 /* the writer's named statements exist on wconn */
     bool upd_prepared[128];         /* the job-change statement per JD_SET_* mask, lazily */
     struct jd_pg_wscratch *scratch; /* the writer's per-batch scratch (pg_write.c) */
+    PGconn *hzconn;                 /* the event horizon's own (autocommit) connection */
+    bool hz_pending;                /* jd_nodes.pending_event_id may be set (not cleared) */
 
     /* ---- job ids (jd_store_next_id, any thread) ---- */
     pthread_mutex_t id_mu;
@@ -69,6 +71,8 @@ struct jd_pg {
     atomic_int_least64_t deadline_ms; /* the last confirmed lease deadline, real monotonic ms */
     atomic_bool hb_paused;            /* tests (jd_pg_test_pause_heartbeat): skip heartbeats */
     atomic_bool test_drop_commit;     /* tests (jd_pg_test_drop_at_commit): cut the next COMMIT */
+    atomic_bool test_hold_commit;     /* tests (jd_pg_test_hold_commit): wait before COMMIT */
+    atomic_bool test_held;            /* the writer waits there now */
     struct jd_store_cluster_hooks hooks;
     pthread_mutex_t cl_mu; /* guards cl_stop and the threads' sleeps */
     pthread_cond_t cl_cv;
@@ -134,6 +138,25 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
  * final, never retried, logged and counted in st_fenced. Nothing of the
  * record is written. Each commit that changed jobs, schedules or inboxes
  * sends one NOTIFY on JD_PG_NOTIFY_CHANNEL in its transaction. */
+/* The event horizon (GET /v1/events in a cluster): events.id comes from a
+ * sequence at INSERT time, so ids are not in commit order across nodes.
+ * Before each batch the writer publishes, on hzconn (autocommit, so at
+ * once visible), jd_nodes.pending_event_id = nextval of the events
+ * sequence (CACHE 1): every id its transaction then takes is greater. The
+ * same transaction clears it in the pipeline of its COMMIT, so the clear
+ * and the events become visible together, or, when more records are
+ * queued, sets the next batch's bound there (no round trip for a busy
+ * writer; an idle one holds none); a failed batch clears it on hzconn
+ * (not after a COMMIT lost in flight: the takeover deletes the row).
+ * Readers of the stream return only ids below JD_PG_HORIZON_SQL, read in
+ * the same statement (one snapshot). A node whose row is gone (its lease
+ * lost) publishes nothing. */
+#define JD_PG_HORIZON_SQL                                                                          \
+    "(SELECT coalesce(min(pending_event_id), 9223372036854775807) FROM jd_nodes)"
+/* Tests: hold (true) the writer after its batch is applied, before its
+ * COMMIT, until released (false); jd_pg_test_commit_held says it waits. */
+void jd_pg_test_hold_commit(struct jd_store *s, bool hold);
+bool jd_pg_test_commit_held(struct jd_store *s);
 /* pg_write.c: free what the writer kept in pg (jd_pg_close). */
 void jd_pg_write_free(struct jd_pg *pg);
 /* pg_write.c, on the writer thread when idle: one bounded retention step;

@@ -187,7 +187,7 @@ static const char *const pg_sql[PR_N] = {
                       " THEN 2 ELSE t.state END, t.job_id FROM tasks t WHERE t.id = $1",
     [PR_TASK_CLAIMED] = "SELECT 1 FROM tasks WHERE job_id = $1 AND tag = $2 AND attempt = $3"
                         " LIMIT 1",
-    [PR_EVENT_LAST_ID] = "SELECT max(id) FROM events",
+    [PR_EVENT_LAST_ID] = "SELECT max(id) FROM events WHERE id < " JD_PG_HORIZON_SQL,
     /* The traceparent of each job in $1 that has one (find.c's instr test:
      * jobs without one cost no JSON parse). */
     [PR_TRACEPARENTS] = "SELECT job_id, definition::jsonb ->> 'traceparent' FROM job_definitions"

@@ -10,8 +10,9 @@
  * - names listed in name order (schedules, queues, queue counts, remote
  *   commands) are COLLATE "C": byte order, as SQLite (and strcmp) sort,
  *   whatever the database's collation, so their keys serve those pages;
- * - events.id and schedule_events.id come from sequences (events: in
- *   commit order while one writer appends; phase 2 revisits this);
+ * - events.id and schedule_events.id come from sequences (events: not
+ *   in commit order across nodes; the stream reads below the horizon of
+ *   jd_nodes.pending_event_id, migration 4 and pg.h);
  * - job ids come from the sequence jd_job_ids, INCREMENT JD_PG_ID_BLOCK:
  *   each nextval reserves a block (pg.c), unique across nodes and restarts,
  *   so meta 'max_deleted_id' is not needed;
@@ -214,6 +215,10 @@ static const char *const migrations[] = {
     "ALTER TABLE queue_counts ADD COLUMN slot BIGINT NOT NULL DEFAULT 0;"
     "ALTER TABLE queue_counts DROP CONSTRAINT queue_counts_pkey;"
     "ALTER TABLE queue_counts ADD PRIMARY KEY (queue, state, slot);",
+    /* 4: the event horizon (issue 16, GET /v1/events in a cluster; pg.h):
+     * a lower bound of the event ids a node's open transaction may take;
+     * the stream returns only ids below the smallest. */
+    "ALTER TABLE jd_nodes ADD COLUMN pending_event_id BIGINT;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

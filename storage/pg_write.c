@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #define JD_PG_RETENTION_BATCH 128 /* jobs per retention transaction, as for SQLite */
 #define JD_PG_SCHED_TRIM_EVERY 64 /* trim a schedule's history once per this many events */
@@ -465,6 +466,8 @@ static void counts_restore(struct jd_pg_wscratch *w)
 
 void jd_pg_write_free(struct jd_pg *pg)
 {
+    PQfinish(pg->hzconn);
+    pg->hzconn = NULL;
     struct jd_pg_wscratch *w = pg->scratch;
     if (!w)
         return;
@@ -1731,22 +1734,125 @@ static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint
     return len ? buf : NULL;
 }
 
+/* ---- the event horizon (storage/pg.h) ---- */
+
+#define HZ_CLEAR_SQL "UPDATE jd_nodes SET pending_event_id = NULL WHERE id = $1"
+#define HZ_NEXT_SQL "UPDATE jd_nodes SET pending_event_id = nextval('events_id_seq') WHERE id = $1"
+
+/* sql with this node's id as $1 on hzconn, (re)connected once if the
+ * connection is gone. The result, or NULL. */
+static PGresult *hz_exec(struct jd_store *s, const char *sql)
+{
+    struct jd_pg *pg = s->pg;
+    char me[24];
+    snprintf(me, sizeof me, "%lld", (long long)pg->node_id);
+    const char *v[] = {me};
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!pg->hzconn || PQstatus(pg->hzconn) != CONNECTION_OK) {
+            PQfinish(pg->hzconn);
+            /* synchronous_commit=off: visible at once, the batch's own
+             * COMMIT (later in the WAL) makes it durable */
+            pg->hzconn = jd_pg_connect(pg->url, pg->display, false, NULL);
+            if (!pg->hzconn)
+                return NULL;
+        }
+        PGresult *r = PQexecParams(pg->hzconn, sql, 1, NULL, v, NULL, NULL, 0);
+        if (jd_pg_rc(r) == 0)
+            return r;
+        PQclear(r);
+        if (PQstatus(pg->hzconn) == CONNECTION_OK)
+            return NULL; /* the statement failed, not the connection */
+    }
+    return NULL;
+}
+
+/* Records that never insert into events need no horizon. */
+static bool needs_horizon(struct jd_write **b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        switch ((int)b[i]->op) {
+        case JD_W_SYNC_:
+        case JD_W_QUEUE:
+        case JD_W_QUEUE_CONFIG:
+        case JD_W_JOB_CRASHES:
+        case JD_W_JOB_DELETE:
+        case JD_W_COMMAND_PUT:
+        case JD_W_COMMAND_DELETE:
+        case JD_W_TASK_PUT:
+        case JD_W_JOB_REQUEST:
+            break;
+        default:
+            return true;
+        }
+    return false;
+}
+
+/* Before the batch's BEGIN: every event id the transaction takes is
+ * greater than what this publishes. 0 or JD_EIO (nothing is applied). */
+static int hz_publish(struct jd_store *s)
+{
+    PGresult *r = hz_exec(s, HZ_NEXT_SQL);
+    if (!r)
+        return JD_EIO;
+    /* no row: this incarnation's lease is lost (it starts over) */
+    s->pg->hz_pending = strcmp(PQcmdTuples(r), "1") == 0;
+    PQclear(r);
+    return 0;
+}
+
+/* After a batch that did not commit: an idle writer holds no horizon. */
+static void hz_clear(struct jd_store *s)
+{
+    if (!s->pg->hz_pending)
+        return;
+    PGresult *r = hz_exec(s, HZ_CLEAR_SQL);
+    if (r)
+        s->pg->hz_pending = false;
+    PQclear(r);
+}
+
+void jd_pg_test_hold_commit(struct jd_store *s, bool hold)
+{
+    atomic_store(&s->pg->test_hold_commit, hold);
+}
+
+bool jd_pg_test_commit_held(struct jd_store *s)
+{
+    return atomic_load(&s->pg->test_held);
+}
+
+static void test_hold(struct jd_pg *pg)
+{
+    if (!atomic_load(&pg->test_hold_commit))
+        return;
+    atomic_store(&pg->test_held, true);
+    while (atomic_load(&pg->test_hold_commit)) {
+        struct timespec ts = {0, 2000000L};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&pg->test_held, false);
+}
+
 /* COMMIT, true only if the server committed (an aborted transaction
- * answers COMMIT with ROLLBACK); with note, pg_notify(note) first, in the
- * same round trip (a pipeline of the two). */
+ * answers COMMIT with ROLLBACK); with note, pg_notify(note) first, and
+ * with clear, the horizon's clear, in the same round trip (a pipeline). */
 void jd_pg_test_drop_at_commit(struct jd_store *s)
 {
     atomic_store(&s->pg->test_drop_commit, true);
 }
 
-static bool commit(struct jd_store *s, const char *note)
+enum { HZ_KEEP, HZ_CLEAR, HZ_NEXT }; /* what a COMMIT does to the horizon */
+
+static bool commit(struct jd_store *s, const char *note, int hz)
 {
     PGconn *c = s->pg->wconn;
     if (PQtransactionStatus(c) != PQTRANS_INTRANS)
         return false;
     if (atomic_exchange(&s->pg->test_drop_commit, false)) {
-        /* the test hook: COMMIT goes out, the answer never comes back */
-        if (PQsendQuery(c, "COMMIT"))
+        /* the test hook: COMMIT goes out, the answer never comes back
+         * (the server waits first, so the answer cannot beat the
+         * shutdown into the socket's buffer) */
+        if (PQsendQuery(c, "SELECT pg_sleep(0.3); COMMIT"))
             PQflush(c);
         shutdown(PQsocket(c), SHUT_RDWR);
         PGresult *r;
@@ -1754,7 +1860,7 @@ static bool commit(struct jd_store *s, const char *note)
             PQclear(r);
         return false;
     }
-    if (!note) {
+    if (!note && hz == HZ_KEEP) {
         PGresult *r = PQexec(c, "COMMIT");
         bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
         PQclear(r);
@@ -1762,17 +1868,25 @@ static bool commit(struct jd_store *s, const char *note)
     }
     if (!PQenterPipelineMode(c))
         return false;
-    const char *v[] = {note};
-    bool ok = PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1, NULL, v,
-                                NULL, NULL, 0) &&
+    char me[24];
+    snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
+    bool next_set = false;
+    const char *nv[] = {note}, *cv[] = {me};
+    int k = 0, nst = (note != NULL) + (hz != HZ_KEEP) + 1;
+    bool ok = (hz == HZ_KEEP || PQsendQueryParams(c, hz == HZ_NEXT ? HZ_NEXT_SQL : HZ_CLEAR_SQL, 1,
+                                                  NULL, cv, NULL, NULL, 0)) &&
+              (!note || PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
+                                          NULL, nv, NULL, NULL, 0)) &&
               PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
     /* each statement's result, then NULL; then the sync */
-    for (int k = 0; k < 2 && ok; k++) {
+    for (; k < nst && ok; k++) {
         PGresult *r = PQgetResult(c);
         if (!r)
             return false; /* the connection is gone (ensure_session cleans up) */
-        ok = jd_pg_rc(r) == 0 && (k == 0 || strcmp(PQcmdStatus(r), "COMMIT") == 0) &&
+        ok = jd_pg_rc(r) == 0 && (k < nst - 1 || strcmp(PQcmdStatus(r), "COMMIT") == 0) &&
              PQresultStatus(r) != PGRES_PIPELINE_ABORTED;
+        if (ok && k == 0 && hz == HZ_NEXT)
+            next_set = strcmp(PQcmdTuples(r), "1") == 0;
         PQclear(r);
         if ((r = PQgetResult(c)) != NULL) {
             PQclear(r);
@@ -1784,7 +1898,10 @@ static bool commit(struct jd_store *s, const char *note)
     PGresult *r = PQgetResult(c);
     ok = r && PQresultStatus(r) == PGRES_PIPELINE_SYNC;
     PQclear(r);
-    return PQexitPipelineMode(c) && ok;
+    ok = PQexitPipelineMode(c) && ok;
+    if (ok && hz != HZ_KEEP)
+        s->pg->hz_pending = next_set;
+    return ok;
 }
 
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n)
@@ -1794,6 +1911,11 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
 again:
     if (ensure_session(s) != 0)
         goto fail;
+    if (!s->pg->hz_pending && needs_horizon(b, n) && hz_publish(s) != 0) {
+        jd_log(JD_LOG_ERROR, "storage commit failed", "db", s->pg->display, "error",
+               "cannot publish the event horizon", NULL);
+        goto fail;
+    }
     applied = true; /* apply_pipelined saves the records' job ids first */
     int fast = apply_pipelined(&c, b, rcs, n);
     if (fast < 0) {
@@ -1810,8 +1932,14 @@ again:
     }
     uint64_t nreq = 0;
     const char *note = notice_of(b, rcs, n, &nreq);
+    test_hold(s->pg);
     commit_sent = true;
-    if (!commit(s, note)) {
+    /* More records wait: this COMMIT publishes the next batch's bound
+     * (visible with it, before that batch takes an id), saving its round
+     * trip; else it clears the bound (an idle writer holds none). */
+    bool more = atomic_load_explicit(&s->head, memory_order_relaxed) != NULL;
+    int hz = more ? HZ_NEXT : s->pg->hz_pending ? HZ_CLEAR : HZ_KEEP;
+    if (!commit(s, note, hz)) {
         log_failure(s, "commit");
         goto fail;
     }
@@ -1843,6 +1971,11 @@ fail:
         PQpipelineStatus(s->pg->wconn) == PQ_PIPELINE_OFF &&
         PQtransactionStatus(s->pg->wconn) != PQTRANS_IDLE)
         simple(s, "ROLLBACK");
+    /* not committed, so the horizon goes; but a COMMIT lost in flight
+     * may still commit: its horizon stays until the takeover deletes the
+     * row (the incarnation was given up above) */
+    if (!commit_sent || PQstatus(s->pg->wconn) == CONNECTION_OK)
+        hz_clear(s);
     for (size_t i = 0; i < n; i++) {
         rcs[i] = JD_EIO;
         b[i]->version = 0;
@@ -1889,7 +2022,7 @@ bool jd_pg_retention_step(struct jd_store *s)
     }
     PQclear(qs);
     qs = NULL;
-    if (!commit(s, NULL))
+    if (!commit(s, NULL, HZ_KEEP))
         goto fail;
     atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)deleted,
                               memory_order_relaxed); /* a statistic */

@@ -188,6 +188,9 @@ int jd_find_sql_build(const struct jd_job_find *f, struct jd_find_sql *out);
 int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out);
 /* The same reads in PostgreSQL's dialect ($n parameters; pg_find.c). */
 int jd_find_sql_build_pg(const struct jd_job_find *f, struct jd_find_sql *out);
+/* Events whose id is below it may be read (storage/pg.h, the event horizon). */
+#define JD_PG_HORIZON_SQL                                                                          \
+    "(SELECT coalesce(min(pending_event_id), 9223372036854775807) FROM jd_nodes)"
 int jd_event_sql_build_pg(const struct jd_event_find *f, struct jd_find_sql *out);
 
 /* writer.c, shared by both backends: account for a finished batch (stats)

@@ -6,7 +6,9 @@
  * a claim hands them out once, with their history and a crash count;
  * a stale write racing a takeover is refused; two concurrent claimers
  * never share a job; an inbox request is recorded once; a commit's notice
- * reaches the other node's hooks; a conditional fire commits once. These
+ * reaches the other node's hooks; a conditional fire commits once; the
+ * event stream never shows an event before one an open writer of another
+ * node may still commit with a smaller id. These
  * need JD_TEST_PG_URL (tests/integration/test_store_pg.sh sets it) and
  * skip without it; SQLite's answers (a cluster of one) are checked always.
  */
@@ -63,6 +65,7 @@ static int teardown(void **state)
     struct fx *f = *state;
     if (!f)
         return 0;
+    jd_pg_test_hold_commit(f->a, false); /* a failed test may have left it held */
     jd_store_close(f->a);
     jd_store_close(f->b);
     free(f->url);
@@ -654,6 +657,10 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
     int rc = event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{\"p\":1}", &r);
     assert_int_equal(rc, JD_EIO);
     assert_false(jd_store_lease_ok(f->a));
+    /* that COMMIT may still land: a's event horizon stays (until the
+     * takeover deletes its row, below) */
+    assert_int_equal(
+        sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 1);
     struct jd_cluster_stats st;
     jd_store_cluster_stats(f->a, &st);
     assert_int_equal(st.lease_lost, 1);
@@ -666,6 +673,8 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
     claim_until(f->b, &c, 1);
     assert_int_equal(c.n, 1);
     assert_int_equal(c.ids[0], id);
+    assert_int_equal(
+        sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 0);
     char q[160];
     snprintf(q, sizeof q, "SELECT count(*) FROM events WHERE job_id = %lld AND kind = %d",
              (long long)id, (int)JD_EVK_PROGRESS);
@@ -675,6 +684,74 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
              "WHERE job_id = %lld",
              (long long)id, (long long)id);
     assert_int_equal(sql_int(f->url, q), 0);
+}
+
+/* Stream events after `after` (one page of at most limit) from s. */
+static size_t stream_page(struct jd_store *s, int64_t after, unsigned limit,
+                          struct jd_stream_event **rows, int64_t *next)
+{
+    struct jd_event_find q = {.after_id = after, .limit = limit};
+    size_t n = 0;
+    assert_int_equal(jd_store_event_stream(s, &q, rows, &n, next), 0);
+    return n;
+}
+
+static void test_the_event_stream_waits_for_an_open_writer(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    int64_t first = insert_on(f->b);
+    struct jd_stream_event *ev = NULL;
+    int64_t page1 = 0, last = 0;
+    /* a's batch has taken its event id and waits before its COMMIT */
+    jd_pg_test_hold_commit(f->a, true);
+    struct jd_job ja = make_job(jd_store_next_id(f->a), "default", NULL);
+    struct tres ra = {.rc = 12345};
+    struct jd_write wa = {.op = JD_W_JOB_INSERT, .job = &ja, .done = tres_done, .arg = &ra};
+    assert_int_equal(jd_store_submit(f->a, &wa), 0);
+    for (int w = 0; w < WAIT_MS && !jd_pg_test_commit_held(f->a); w += 5)
+        sleep_ms(5);
+    assert_true(jd_pg_test_commit_held(f->a));
+    /* a second record queued behind it: a's COMMIT publishes its bound */
+    struct jd_job ja2 = make_job(jd_store_next_id(f->a), "default", NULL);
+    struct tres ra2 = {.rc = 12345};
+    struct jd_write wa2 = {.op = JD_W_JOB_INSERT, .job = &ja2, .done = tres_done, .arg = &ra2};
+    assert_int_equal(jd_store_submit(f->a, &wa2), 0);
+    /* b commits a later event: not visible while a's id may come before it */
+    int64_t later = insert_on(f->b);
+    char q[160];
+    snprintf(q, sizeof q, "SELECT id FROM events WHERE job_id = %lld", (long long)later);
+    int64_t later_ev = sql_int(f->url, q);
+    for (int node = 0; node < 2; node++) {
+        struct jd_store *s = node ? f->b : f->a;
+        size_t n = stream_page(s, 0, 100, &ev, &page1);
+        assert_int_equal(n, 1);
+        assert_int_equal(ev[0].job_id, first);
+        jd_stream_events_free(ev, n);
+        assert_int_equal(jd_store_event_last_id(s, &last), 0);
+        assert_true(last < later_ev);
+    }
+    /* a commits: both appear, in id order, to a reader resuming after
+     * the first page; and no node holds a horizon once idle */
+    jd_pg_test_hold_commit(f->a, false);
+    assert_int_equal(jd_store_sync(f->a), 0);
+    assert_int_equal(ra.rc, 0);
+    assert_int_equal(ra2.rc, 0);
+    int64_t next = 0;
+    size_t n = stream_page(f->b, page1, 100, &ev, &next);
+    assert_int_equal(n, 3);
+    assert_int_equal(ev[0].job_id, ja.id);
+    assert_int_equal(ev[1].job_id, later);
+    assert_int_equal(ev[2].job_id, ja2.id);
+    assert_true(page1 < ev[0].id && ev[0].id < ev[1].id && ev[1].id < ev[2].id);
+    assert_int_equal(ev[1].id, later_ev);
+    int64_t newest = ev[2].id;
+    jd_stream_events_free(ev, n);
+    assert_int_equal(jd_store_event_last_id(f->a, &last), 0);
+    assert_int_equal(last, newest);
+    assert_int_equal(
+        sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 0);
 }
 
 static void test_sqlite_answers_as_one_node(void **state)
@@ -734,6 +811,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_commit_notice_reaches_the_other_node, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_conditional_fire_commits_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_the_event_stream_waits_for_an_open_writer, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_a_commit_lost_in_flight_gives_the_node_up, setup,
                                         teardown),
     };
