@@ -109,6 +109,11 @@ static const struct opt opts[] = {
     {"--lease", "JACKDAW_LEASE", OPT_DURATION, F(lease_ms), "DURATION",
      "cluster (PostgreSQL): a node that misses its heartbeats this long loses its jobs to the "
      "other nodes (default 10s, at least 1s)"},
+    {"--db-readers", "JACKDAW_DB_READERS", OPT_UINT, F(db_readers), "N",
+     "PostgreSQL: read connections this node opens at most (default 16, at least 2); a read "
+     "that finds them all busy for 5s gets 503"},
+    {"--db-reader-idle", "JACKDAW_DB_READER_IDLE", OPT_DURATION, F(db_reader_idle_ms), "DURATION",
+     "PostgreSQL: close a read connection idle this long, keeping 2 (default 60s)"},
     {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
      "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
@@ -314,6 +319,8 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
     c->lease_ms = 10000;                 /* a dead node's jobs move within ~1.5 leases */
+    c->db_readers = 16;           /* x nodes: within PostgreSQL's default max_connections (100) */
+    c->db_reader_idle_ms = 60000; /* a burst's connections go within a minute */
 
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);
@@ -352,6 +359,9 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     if (c->lease_ms < 1000 || c->lease_ms > 3600000)
         return jd_error_set(err, JD_EINVAL, NULL,
                             "--lease must be from 1s to 1h (heartbeats go every lease/5)");
+    if (c->db_readers < 2 || c->db_readers > 1000 || c->db_reader_idle_ms < 1000)
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--db-readers must be from 2 to 1000 and --db-reader-idle at least 1s");
     if (c->token != NULL && c->token[0] == '\0') {
         free(c->token); /* an empty token means "no auth", as an unset variable */
         c->token = NULL;

@@ -48,6 +48,8 @@ struct jd_config {
     unsigned max_replays;          /* --max-replays; poison-job quarantine, default 3, 0: off */
     unsigned queue_window;         /* --queue-window; queued jobs in memory per queue, 0: all */
     int64_t lease_ms;              /* --lease; a cluster node's lease (PostgreSQL), default 10 s */
+    unsigned db_readers;           /* --db-readers; PostgreSQL read connections at most, 16 */
+    int64_t db_reader_idle_ms;     /* --db-reader-idle; close an idle one after, default 60 s */
     bool ui;                       /* --ui on|off; serve the dashboard, default on */
     bool help;                     /* --help was given: print usage, exit 0 */
 };

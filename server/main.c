@@ -225,6 +225,8 @@ int main(int argc, char **argv)
         .sync_full = cfg.sync_full,
         .retention_ms = cfg.retention_ms,
         .lease_ms = cfg.lease_ms,
+        .read_max = cfg.db_readers,
+        .read_idle_ms = cfg.db_reader_idle_ms,
     };
     if ((rc = jd_store_open(&scfg, &store, &err)) != 0) {
         jd_log(JD_LOG_ERROR, "cannot open the database", "db", db_shown, "error",

@@ -213,7 +213,7 @@ int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_
     bool queue_retention = PQntuples(r) > 0;
     PQclear(r);
     s->queue_retention = queue_retention; /* before the writer starts: then it is the writer's */
-    if ((rc = jd_pg_readers_open(s, err)) != 0)
+    if ((rc = jd_pg_readers_open(s, cfg, err)) != 0)
         return rc;
     pg->readers_opened = true;
     if (jd_pg_heartbeat_start(s) != 0)

@@ -89,8 +89,14 @@ struct jd_pg {
 
     /* ---- readers (pg_read.c) ---- */
     pthread_mutex_t pool_mu;
-    struct jd_pg_rconn *pool; /* idle read connections */
-    bool readers_opened;      /* jd_pg_readers_open succeeded (pg.c) */
+    pthread_cond_t pool_cv;   /* a connection came back or a slot freed */
+    struct jd_pg_rconn *pool; /* under pool_mu: idle read connections, most recent first */
+    unsigned pool_open;       /* under pool_mu: read connections open (idle + in use) */
+    unsigned pool_max;        /* read connections at most (set at open) */
+    int64_t pool_idle_ms;     /* close an idle one past this (keeping JD_PG_READ_MIN_IDLE) */
+    int64_t pool_wait_ms;     /* a reader waits this long for one, then fails (JD_EBUSY) */
+    atomic_uint_least64_t st_read_waits, st_read_timeouts;
+    bool readers_opened; /* jd_pg_readers_open succeeded (pg.c) */
 };
 
 /* "postgres://" or "postgresql://" (case-insensitive scheme). */
@@ -163,12 +169,23 @@ void jd_pg_write_free(struct jd_pg *pg);
  * true if there may be more to delete. */
 bool jd_pg_retention_step(struct jd_store *s);
 
-/* pg_read.c: the read pool. */
-int jd_pg_readers_open(struct jd_store *s, struct jd_error *err);
+/* pg_read.c: the read pool. At most cfg->read_max connections (0:
+ * JD_PG_READ_MAX) are open; a reader that finds them all in use waits up to
+ * cfg->read_wait_ms (0: JD_PG_READ_WAIT_MS) for one and then fails with
+ * JD_EBUSY (503). One idle longer than cfg->read_idle_ms (0:
+ * JD_PG_READ_IDLE_MS) is closed by the next get or put, keeping the
+ * JD_PG_READ_MIN_IDLE most recently used. */
+#define JD_PG_READ_MAX 16
+#define JD_PG_READ_WAIT_MS 5000
+#define JD_PG_READ_IDLE_MS 60000
+#define JD_PG_READ_MIN_IDLE 2
+int jd_pg_readers_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_error *err);
 void jd_pg_readers_close(struct jd_store *s);
 int jd_pg_rconn_get(struct jd_store *s, struct jd_pg_rconn **out);
 void jd_pg_rconn_put(struct jd_store *s, struct jd_pg_rconn *c);
 PGconn *jd_pg_rconn_conn(struct jd_pg_rconn *c);
+/* Tests and metrics: read connections open now, of them idle. */
+void jd_pg_read_pool_count(struct jd_store *s, unsigned *open, unsigned *idle);
 
 /* pg_read.c: the reads, as their jd_store_* counterparts in store.h. */
 int jd_pg_job_get(struct jd_store *s, int64_t id, struct jd_job *out);

@@ -5,7 +5,18 @@
  * JD_ENOENT cases, and strings freed by the same free functions).
  *
  * Pool: idle connections to s->pg->url on a list under pool_mu, opened
- * lazily and reused, as the SQLite read pool. A connection is used by one
+ * lazily and reused, as the SQLite read pool, but bounded: at most
+ * pool_max (--db-readers, 16) exist, idle or in use, since each is a
+ * server process on a database every node shares. A reader that finds
+ * them all in use waits on pool_cv for one (readers hold one only for a
+ * statement or a snapshot, never while a long-poll or stream waits) and
+ * fails with JD_EBUSY (503) after pool_wait_ms. The idle list is most
+ * recently returned first; every get and put closes the ones at its tail
+ * idle longer than pool_idle_ms (--db-reader-idle, 60 s), keeping
+ * JD_PG_READ_MIN_IDLE, so a burst's connections do not stay for good (the
+ * server reads every few seconds, so this runs on an idle node too).
+ * Connecting and closing happen outside pool_mu, the slot counted in
+ * pool_open first. A connection is used by one
  * thread at a time (libpq: one PGconn per thread). One found broken
  * (PQstatus not CONNECTION_OK) is dropped and reopened; a statement that
  * fails because its connection broke (a server restart, a dropped socket)
@@ -35,6 +46,7 @@
 #include "storage/store_impl.h"
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -42,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Jobs read in one round trip while recovering (each page then reads its
  * events in one more): small enough that a page of long histories stays
@@ -211,7 +224,8 @@ struct jd_pg_rconn {
         char *sql; /* prepared as "jdd<slot>", or NULL */
         uint64_t used;
     } dyn[PG_DYN_SLOTS];
-    uint64_t clock; /* the last dyn[].used handed out */
+    uint64_t clock;        /* the last dyn[].used handed out */
+    int64_t idle_since_ms; /* put back at (real monotonic ms) */
     struct jd_pg_rconn *next;
 };
 
@@ -255,11 +269,26 @@ static void rconn_free(struct jd_pg_rconn *c)
     free(c);
 }
 
-int jd_pg_readers_open(struct jd_store *s, struct jd_error *err)
+static int64_t mono_ms(void)
+{
+    return (int64_t)(jd_clock_real_mono_ns() / 1000000u);
+}
+
+int jd_pg_readers_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_error *err)
 {
     (void)err; /* connections open lazily; a failing one fails its read */
-    pthread_mutex_init(&s->pg->pool_mu, NULL);
-    s->pg->pool = NULL;
+    struct jd_pg *pg = s->pg;
+    pthread_mutex_init(&pg->pool_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pg->pool_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pg->pool = NULL;
+    pg->pool_open = 0;
+    pg->pool_max = cfg && cfg->read_max ? cfg->read_max : JD_PG_READ_MAX;
+    pg->pool_wait_ms = cfg && cfg->read_wait_ms > 0 ? cfg->read_wait_ms : JD_PG_READ_WAIT_MS;
+    pg->pool_idle_ms = cfg && cfg->read_idle_ms > 0 ? cfg->read_idle_ms : JD_PG_READ_IDLE_MS;
     return 0;
 }
 
@@ -270,16 +299,93 @@ void jd_pg_readers_close(struct jd_store *s)
         s->pg->pool = c->next;
         rconn_free(c);
     }
+    pthread_cond_destroy(&s->pg->pool_cv);
     pthread_mutex_destroy(&s->pg->pool_mu);
 }
 
+/* Under pool_mu: unlink the idle connections past the JD_PG_READ_MIN_IDLE
+ * most recent that have been idle longer than pool_idle_ms (the list is
+ * most recently returned first, so they are its tail); the caller closes
+ * them outside the lock. */
+static struct jd_pg_rconn *pool_trim_locked(struct jd_pg *pg, int64_t now)
+{
+    struct jd_pg_rconn **link = &pg->pool;
+    for (unsigned kept = 0; *link && kept < JD_PG_READ_MIN_IDLE; kept++)
+        link = &(*link)->next;
+    while (*link && now - (*link)->idle_since_ms <= pg->pool_idle_ms)
+        link = &(*link)->next;
+    struct jd_pg_rconn *stale = *link;
+    *link = NULL;
+    for (struct jd_pg_rconn *c = stale; c; c = c->next)
+        pg->pool_open--;
+    if (stale)
+        pthread_cond_broadcast(&pg->pool_cv); /* slots freed */
+    return stale;
+}
+
+/* A connection that was counted is gone (closed, or never opened): its
+ * slot is free for a waiting reader. */
+static void pool_release(struct jd_pg *pg)
+{
+    pthread_mutex_lock(&pg->pool_mu);
+    pg->pool_open--;
+    pthread_cond_signal(&pg->pool_cv);
+    pthread_mutex_unlock(&pg->pool_mu);
+}
+
+static void free_list(struct jd_pg_rconn *c)
+{
+    while (c) {
+        struct jd_pg_rconn *next = c->next;
+        rconn_free(c);
+        c = next;
+    }
+}
+
+/* A connection is taken from the idle list, or a new one is opened while
+ * fewer than pool_max exist; otherwise the reader waits for one to come
+ * back or be closed, up to pool_wait_ms. Connecting happens outside the
+ * lock, its slot already counted. */
 int jd_pg_rconn_get(struct jd_store *s, struct jd_pg_rconn **out)
 {
-    pthread_mutex_lock(&s->pg->pool_mu);
-    struct jd_pg_rconn *c = s->pg->pool;
-    if (c)
-        s->pg->pool = c->next;
-    pthread_mutex_unlock(&s->pg->pool_mu);
+    struct jd_pg *pg = s->pg;
+    struct jd_pg_rconn *c = NULL, *stale;
+    bool timed_out = false, waited = false;
+    pthread_mutex_lock(&pg->pool_mu);
+    int64_t now = mono_ms(), deadline = now + pg->pool_wait_ms;
+    stale = pool_trim_locked(pg, now);
+    for (;;) {
+        if ((c = pg->pool) != NULL) {
+            pg->pool = c->next;
+            break;
+        }
+        if (pg->pool_open < pg->pool_max) {
+            pg->pool_open++;
+            break;
+        }
+        if (now >= deadline) {
+            timed_out = true;
+            break;
+        }
+        waited = true;
+        struct timespec ts = {.tv_sec = (time_t)(deadline / 1000),
+                              .tv_nsec = (long)(deadline % 1000) * 1000000L};
+        pthread_cond_timedwait(&pg->pool_cv, &pg->pool_mu, &ts);
+        now = mono_ms();
+    }
+    pthread_mutex_unlock(&pg->pool_mu);
+    free_list(stale);
+    if (waited)
+        atomic_fetch_add_explicit(&pg->st_read_waits, 1, memory_order_relaxed);
+    if (timed_out) {
+        atomic_fetch_add_explicit(&pg->st_read_timeouts, 1, memory_order_relaxed);
+        char max[16];
+        snprintf(max, sizeof max, "%u", pg->pool_max);
+        jd_log(JD_LOG_WARN,
+               "storage: every PostgreSQL read connection stayed busy; the read fails (503)", "db",
+               pg->display, "read_max", max, NULL);
+        return JD_EBUSY;
+    }
     if (!c)
         c = jd_xcalloc(1, sizeof *c);
     c->next = NULL;
@@ -287,6 +393,7 @@ int jd_pg_rconn_get(struct jd_store *s, struct jd_pg_rconn **out)
         int rc = rconn_connect(s, c);
         if (rc) {
             rconn_free(c);
+            pool_release(pg);
             return rc;
         }
     }
@@ -298,6 +405,7 @@ void jd_pg_rconn_put(struct jd_store *s, struct jd_pg_rconn *c)
 {
     if (!c)
         return;
+    struct jd_pg *pg = s->pg;
     /* Back to the pool only idle and healthy; a session left inside a
      * transaction (a caller's error path) is rolled back first. */
     PGTransactionStatusType ts = PQtransactionStatus(c->conn);
@@ -308,11 +416,28 @@ void jd_pg_rconn_put(struct jd_store *s, struct jd_pg_rconn *c)
     c->in_tx = false;
     if (PQstatus(c->conn) != CONNECTION_OK || ts != PQTRANS_IDLE) {
         rconn_free(c);
+        pool_release(pg);
         return;
     }
+    pthread_mutex_lock(&pg->pool_mu);
+    int64_t now = mono_ms();
+    c->idle_since_ms = now;
+    c->next = pg->pool;
+    pg->pool = c;
+    struct jd_pg_rconn *stale = pool_trim_locked(pg, now);
+    pthread_cond_signal(&pg->pool_cv);
+    pthread_mutex_unlock(&pg->pool_mu);
+    free_list(stale);
+}
+
+void jd_pg_read_pool_count(struct jd_store *s, unsigned *open, unsigned *idle)
+{
     pthread_mutex_lock(&s->pg->pool_mu);
-    c->next = s->pg->pool;
-    s->pg->pool = c;
+    unsigned k = 0;
+    for (struct jd_pg_rconn *c = s->pg->pool; c; c = c->next)
+        k++;
+    *open = s->pg->pool_open;
+    *idle = k;
     pthread_mutex_unlock(&s->pg->pool_mu);
 }
 

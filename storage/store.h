@@ -105,6 +105,12 @@ struct jd_store_config {
     uint64_t max_bytes;   /* refuse to grow the database past this many bytes (commits
                              then fail with JD_EIO, as on a full disk); 0: no limit */
     int64_t lease_ms;     /* cluster (PostgreSQL): a node's lease, --lease; 0: 10 s */
+    /* PostgreSQL's read pool (storage/pg.h): connections at most (0: 16), how long
+     * a reader waits for one before failing with JD_EBUSY (0: 5 s), and how long
+     * one may sit idle before it is closed (0: 60 s). */
+    unsigned read_max;
+    int64_t read_wait_ms;
+    int64_t read_idle_ms;
 };
 
 /* Open (create, migrate) the database and start the writer. Clear errors

@@ -6,7 +6,10 @@
  * recovery pages across several id pages in one snapshot; the task-state
  * rule; names in byte order; a read survives its connection being killed.
  * Rows are written with SQL directly, so the reads are tested apart from
- * the writer. Skipped without JD_TEST_PG_URL (tests/integration/
+ * the writer. The read pool: capped (a reader past the cap waits, then
+ * gets JD_EBUSY; a failed connect frees its slot), idle connections closed
+ * down to the minimum, many threads sharing a few connections (TSan).
+ * Skipped without JD_TEST_PG_URL (tests/integration/
  * test_store_pg.sh sets it).
  */
 #include <setjmp.h>
@@ -19,6 +22,9 @@
 
 #include "find_shapes.h"
 #include "store_test_util.h"
+
+#include <pthread.h>
+#include <unistd.h>
 
 struct fx {
     char *url;
@@ -34,14 +40,14 @@ static void sql(PGconn *db, const char *q)
     PQclear(r);
 }
 
-static int setup(void **state)
+static int setup_with(void **state, struct jd_store_config cfg)
 {
     if (!test_pg_url())
         return 0;
     struct fx *f = jd_xcalloc(1, sizeof *f);
     test_pg_reset(test_pg_url());
     f->url = jd_xstrdup(test_pg_url());
-    struct jd_store_config cfg = {.path = f->url};
+    cfg.path = f->url;
     struct jd_error err;
     assert_int_equal(jd_store_open(&cfg, &f->s, &err), 0);
     f->db = PQconnectdb(f->url);
@@ -49,6 +55,19 @@ static int setup(void **state)
     sql(f->db, "SET client_min_messages = warning");
     *state = f;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(state, (struct jd_store_config){0});
+}
+
+/* A small pool: 3 connections, 1 s of waiting, idle after 200 ms. */
+#define POOL_MAX 3
+static int setup_pool(void **state)
+{
+    return setup_with(state, (struct jd_store_config){
+                                 .read_max = POOL_MAX, .read_wait_ms = 1000, .read_idle_ms = 200});
 }
 
 static int teardown(void **state)
@@ -553,6 +572,169 @@ static void test_a_read_survives_a_killed_connection(void **state)
     assert_true(last > 0);
 }
 
+/* ---- the pool ---- */
+
+/* Read sessions the server has for this database (pg_stat_activity). */
+static int read_sessions(PGconn *db)
+{
+    PGresult *r = PQexec(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                             " 'jackdawd-read' AND datname = current_database()");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    int n = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return n;
+}
+
+struct getter {
+    struct jd_store *s;
+    struct jd_pg_rconn *c;
+    int rc;
+};
+
+static void *get_main(void *arg)
+{
+    struct getter *g = arg;
+    g->rc = jd_pg_rconn_get(g->s, &g->c);
+    return NULL;
+}
+
+static void test_the_read_pool_is_capped(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    struct jd_pg_rconn *c[POOL_MAX], *extra = NULL;
+    for (int i = 0; i < POOL_MAX; i++)
+        assert_int_equal(jd_pg_rconn_get(f->s, &c[i]), 0);
+    assert_int_equal(read_sessions(f->db), POOL_MAX);
+    /* all busy: the next reader waits its second, then fails with EBUSY */
+    uint64_t t0 = jd_clock_real_mono_ns();
+    assert_int_equal(jd_pg_rconn_get(f->s, &extra), JD_EBUSY);
+    assert_true(jd_clock_real_mono_ns() - t0 >= 900000000u);
+    assert_int_equal(read_sessions(f->db), POOL_MAX);
+    /* a waiting reader gets the connection another puts back */
+    struct getter g = {.s = f->s};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, get_main, &g), 0);
+    usleep(50 * 1000);
+    jd_pg_rconn_put(f->s, c[0]);
+    pthread_join(t, NULL);
+    assert_int_equal(g.rc, 0);
+    assert_ptr_equal(g.c, c[0]);
+    c[0] = g.c;
+    assert_int_equal(read_sessions(f->db), POOL_MAX);
+    /* a connection that broke is closed on put: its slot opens a new one */
+    PQfinish(c[1]->conn);
+    c[1]->conn = PQconnectdb("postgresql://127.0.0.1:1/nothing?connect_timeout=1");
+    assert_int_not_equal(PQstatus(c[1]->conn), CONNECTION_OK);
+    jd_pg_rconn_put(f->s, c[1]);
+    assert_int_equal(jd_pg_rconn_get(f->s, &c[1]), 0);
+    /* a connect that fails frees its slot: the pool does not shrink for good */
+    jd_pg_rconn_put(f->s, c[2]);
+    jd_pg_rconn_put(f->s, c[1]);
+    jd_pg_rconn_put(f->s, c[0]);
+    unsigned open, idle;
+    jd_pg_read_pool_count(f->s, &open, &idle);
+    assert_int_equal(open, POOL_MAX);
+    assert_int_equal(idle, POOL_MAX);
+    char *url = f->s->pg->url, bad[] = "postgresql://127.0.0.1:1/nothing?connect_timeout=1";
+    f->s->pg->url = bad;
+    for (int i = 0; i < POOL_MAX; i++)
+        assert_int_equal(jd_pg_rconn_get(f->s, &c[i]), 0); /* the idle ones */
+    PQfinish(c[0]->conn);                                  /* broken: the put closes it */
+    c[0]->conn = PQconnectdb(bad);
+    jd_pg_rconn_put(f->s, c[0]);
+    for (int i = 0; i < 2 * POOL_MAX; i++) {
+        assert_int_equal(jd_pg_rconn_get(f->s, &c[0]), JD_EIO); /* a free slot, a failed connect */
+        jd_pg_read_pool_count(f->s, &open, &idle);
+        assert_int_equal(open, POOL_MAX - 1);
+    }
+    f->s->pg->url = url;
+    assert_int_equal(jd_pg_rconn_get(f->s, &c[0]), 0);
+    for (int i = 0; i < POOL_MAX; i++)
+        jd_pg_rconn_put(f->s, c[i]);
+}
+
+static void test_idle_read_connections_are_closed(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    struct jd_pg_rconn *c[POOL_MAX];
+    for (int i = 0; i < POOL_MAX; i++)
+        assert_int_equal(jd_pg_rconn_get(f->s, &c[i]), 0);
+    for (int i = 0; i < POOL_MAX; i++)
+        jd_pg_rconn_put(f->s, c[i]);
+    assert_int_equal(read_sessions(f->db), POOL_MAX);
+    usleep(400 * 1000); /* past the idle time */
+    struct jd_job j;
+    assert_int_equal(jd_store_job_get(f->s, 1, &j), JD_ENOENT); /* a get and a put */
+    unsigned open, idle;
+    jd_pg_read_pool_count(f->s, &open, &idle);
+    assert_int_equal(open, JD_PG_READ_MIN_IDLE);
+    assert_int_equal(idle, JD_PG_READ_MIN_IDLE);
+    /* the server side ends with the sessions (its backends exit at once) */
+    int n = -1;
+    for (int i = 0; i < 100 && (n = read_sessions(f->db)) != JD_PG_READ_MIN_IDLE; i++)
+        usleep(50 * 1000);
+    assert_int_equal(n, JD_PG_READ_MIN_IDLE);
+    /* the minimum stays however long it idles */
+    usleep(400 * 1000);
+    assert_int_equal(jd_store_job_get(f->s, 1, &j), JD_ENOENT);
+    jd_pg_read_pool_count(f->s, &open, &idle);
+    assert_int_equal(open, JD_PG_READ_MIN_IDLE);
+}
+
+#define READERS 8
+#define READS 150
+
+struct reader {
+    struct jd_store *s;
+    int failed;
+};
+
+static void *reader_main(void *arg)
+{
+    struct reader *r = arg;
+    for (int i = 0; i < READS; i++) {
+        struct jd_job j;
+        if (jd_store_job_get(r->s, 1 + i % 20, &j) != 0)
+            r->failed++;
+        else
+            jd_job_clear(&j);
+    }
+    return NULL;
+}
+
+static void test_many_readers_share_the_capped_pool(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    fill(f->db, 1, 20, "0,3");
+    struct reader r[READERS];
+    pthread_t t[READERS];
+    for (int i = 0; i < READERS; i++) {
+        r[i] = (struct reader){.s = f->s};
+        assert_int_equal(pthread_create(&t[i], NULL, reader_main, &r[i]), 0);
+    }
+    int most = 0;
+    for (int k = 0; k < 20; k++) {
+        int n = read_sessions(f->db);
+        most = n > most ? n : most;
+        usleep(10 * 1000);
+    }
+    for (int i = 0; i < READERS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(r[i].failed, 0); /* each waited its turn, none timed out */
+    }
+    assert_true(most <= POOL_MAX);
+    unsigned open, idle;
+    jd_pg_read_pool_count(f->s, &open, &idle);
+    assert_true(open <= POOL_MAX);
+    assert_int_equal(idle, open);
+}
+
 int main(void)
 {
     if (!test_pg_url())
@@ -567,6 +749,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_names_in_byte_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_read_survives_a_killed_connection, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_the_read_pool_is_capped, setup_pool, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_read_connections_are_closed, setup_pool,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_many_readers_share_the_capped_pool, setup_pool,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The PostgreSQL read pool's cap and idle close (storage/pg_read.c) seen
+# from outside: a node with --db-readers 3 under many concurrent reads
+# (long-polls, SSE streams, lists, finds, gets on 8 HTTP threads) never
+# has more than 3 read sessions in pg_stat_activity, and every request
+# still completes; once the node goes quiet its read sessions fall to the
+# 2 it keeps (--db-reader-idle 1s). Flags out of range are refused. TAP.
+# shellcheck disable=SC2016
+# shellcheck source=tests/integration/lib.sh
+. "$(dirname "$0")/lib.sh"
+# shellcheck source=tests/pg/pg.sh
+. tests/pg/pg.sh
+
+if ! pg_start nofsync; then
+    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
+    finish
+    exit 1
+fi
+DB=$PG_URL
+reads() {
+    pg_psql -At -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jackdawd-read'"
+}
+
+out=$("$JACKDAWD" --db "$DB" --db-readers 1 2>&1)
+check "--db-readers 1 is refused" grep -q -- '--db-readers must be from 2' <<<"$out"
+
+start_server --db-readers 3 --db-reader-idle 1s --http-threads 8 --workers 4 || {
+    finish
+    exit 1
+}
+
+# Jobs that finish in a second or two, each waited on by a long-poll and
+# followed by an SSE stream, while lists, finds and gets hammer the reads.
+ids=()
+for i in $(seq 1 24); do
+    json_post /v1/jobs "{\"handler\":\"sleep\",\"args\":{\"ms\":$((800 + i * 40))},\"labels\":{\"pool\":\"t\"}}"
+    ids+=("$(location_id)")
+done
+check "24 jobs submitted" test "${#ids[@]}" = 24
+
+most=0
+(
+    while :; do
+        reads
+        sleep 0.05
+    done
+) >"$WORK/samples" 2>/dev/null &
+sampler=$!
+pids=()
+for id in "${ids[@]}"; do
+    curl -s -o "$WORK/wait.$id" -w '%{http_code}\n' --max-time 30 "$BASE/v1/jobs/$id?wait=20s" \
+        >"$WORK/wait.$id.code" &
+    pids+=($!)
+    curl -s -N -o "$WORK/sse.$id" --max-time 4 "$BASE/v1/jobs/$id/events?stream=1" \
+        -H 'Accept: text/event-stream' >/dev/null 2>&1 &
+done
+for k in $(seq 1 6); do
+    (
+        for _ in $(seq 1 25); do
+            curl -s -o /dev/null -w '%{http_code}\n' "$BASE/v1/jobs?limit=50"
+            curl -s -o /dev/null -w '%{http_code}\n' "$BASE/v1/jobs?label=pool:t&limit=10"
+            curl -s -o /dev/null -w '%{http_code}\n' "$BASE/v1/jobs/${ids[$((k * 3))]}/events"
+        done >"$WORK/reads.$k"
+    ) &
+    pids+=($!)
+done
+wait "${pids[@]}"
+kill "$sampler" 2>/dev/null
+wait "$sampler" 2>/dev/null
+most=$(sort -n "$WORK/samples" | tail -n 1)
+check "read sessions never exceed --db-readers 3 (most seen: $most)" test "${most:-99}" -le 3
+check "the pool was used to its cap (most seen: $most)" test "${most:-0}" -ge 2
+bad=$(cat "$WORK"/reads.* | grep -cv '^200$')
+check "450 list, find and history reads all answered 200 ($bad not)" test "$bad" = 0
+succeeded=0
+for id in "${ids[@]}"; do
+    [ "$(cat "$WORK/wait.$id.code")" = 200 ] && grep -q '"state":"succeeded"' "$WORK/wait.$id" &&
+        succeeded=$((succeeded + 1))
+done
+check "24 long-polls returned their job succeeded ($succeeded did)" test "$succeeded" = 24
+
+# Quiet now: the reads the node makes by itself close the idle sessions
+# past the two it keeps.
+n=99
+for _ in $(seq 1 100); do
+    n=$(reads)
+    [ "$n" -le 2 ] && break
+    sleep 0.1
+done
+check "idle read sessions fall back to 2 ($n)" test "$n" -le 2
+req GET "/v1/jobs/${ids[0]}"
+check "reads go on after the close" body_has '"state":"succeeded"'
+
+stop_server
+check "the node stops cleanly" test "$SERVER_RC" = 0
+finish
