@@ -304,6 +304,11 @@ fuzz: deps
 docker-smoke:
 	docker/smoke.sh
 
+# docker/compose.postgres.yaml in a real engine (docker compose, or
+# podman-compose + runc): three nodes behind nginx, one stopped, one crashed.
+docker-cluster-smoke:
+	docker/cluster_smoke.sh
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
@@ -311,7 +316,8 @@ clean:
 	rm -rf build
 
 .PHONY: all deps ui-deps run test tsan tsan-build sanitize unit-build bench-sched bench-parse bench-store \
-        bench-compare bench-e2e bench-schedules bench-backlog hostile crash fuzz docker-smoke format clean
+        bench-compare bench-e2e bench-schedules bench-backlog hostile crash fuzz docker-smoke docker-cluster-smoke format \
+        clean
 
 .PHONY: cluster-test bench-cluster
 

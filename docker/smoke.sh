@@ -5,59 +5,25 @@
 # SIGTERM (it must exit 0), starts a new container on the same volume and
 # finds the job and its history there. Prints TAP lines.
 #
-# Engine: docker when a daemon answers, otherwise podman with the runc
-# runtime (installed with apt when missing). When the Debian base image
-# cannot be pulled (no registry access here), a local base is made offline
-# from Debian's packages: `debootstrap --variant=minbase bookworm` into a
-# cache folder, imported as localhost/jackdaw-base:bookworm.
+# Engine and base image: docker/engine.sh (docker, else podman with runc on
+# a local debootstrap base when no registry answers).
 #
-# Environment: JD_SMOKE_PORT (host port, default: a free one),
-# JD_ROOTFS_CACHE (debootstrap cache, default /var/tmp/jackdaw-rootfs),
-# JD_DEBIAN_MIRROR (default http://deb.debian.org/debian), JD_KEEP=1 keeps
-# the image and volume afterwards.
+# Environment: JD_SMOKE_PORT (host port, default: a free one), JD_KEEP=1
+# keeps the image and volume afterwards; engine.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# shellcheck source=docker/engine.sh
+. docker/engine.sh
+
 IMAGE=localhost/jackdaw:smoke
-LOCAL_BASE=localhost/jackdaw-base:bookworm
 NAME="jackdaw-smoke-$$"
 VOLUME="jackdaw-smoke-vol-$$"
-CACHE=${JD_ROOTFS_CACHE:-/var/tmp/jackdaw-rootfs}
-MIRROR=${JD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ENGINE_LOG=${TMPDIR:-/tmp}/jackdaw-smoke-engine.log
 : >"$ENGINE_LOG"
-n=0
-failures=0
 
-ok() {
-    n=$((n + 1))
-    echo "ok $n - $1"
-}
-not_ok() {
-    n=$((n + 1))
-    failures=$((failures + 1))
-    echo "not ok $n - $1"
-}
-log() { echo "# $*"; }
-die() {
-    not_ok "$1"
-    exit 1
-}
-
-# ---- pick an engine ----
-ENGINE=()
-RUN_OPTS=()
-BUILD_OPTS=()
-if command -v docker >/dev/null 2>&1 && timeout 10 docker info >/dev/null 2>&1; then
-    ENGINE=(docker)
-else
-    tools/deps.sh podman runc debootstrap uidmap iptables
-    ENGINE=(podman --runtime runc)
-    BUILD_OPTS=(--format docker)
-    RUN_OPTS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
-fi
-log "engine: ${ENGINE[*]}"
-E() { "${ENGINE[@]}" "$@"; }
+# shellcheck disable=SC2119
+pick_engine
 
 cleanup() {
     E rm -f "$NAME" >/dev/null 2>&1 || true
@@ -68,35 +34,11 @@ cleanup() {
 trap cleanup EXIT
 
 # ---- the base image ----
-BASE=debian:bookworm-slim
-if ! E image inspect "$BASE" >/dev/null 2>&1 && ! timeout 60 "${ENGINE[@]}" pull -q "$BASE" >/dev/null 2>&1; then
-    BASE=$LOCAL_BASE
-    if ! E image inspect "$BASE" >/dev/null 2>&1; then
-        rootfs="$CACHE/bookworm"
-        if [ ! -x "$rootfs/usr/bin/apt-get" ]; then
-            log "making a minbase bookworm root with debootstrap in $rootfs (a few minutes)"
-            rm -rf "$rootfs"
-            mkdir -p "$CACHE"
-            debootstrap --variant=minbase bookworm "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||
-                die "debootstrap bookworm (log: $CACHE/debootstrap.log)"
-        fi
-        # apt inside the image must fetch from the same mirror.
-        echo "deb $MIRROR bookworm main" >"$rootfs/etc/apt/sources.list"
-        rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-        tar -C "$rootfs" -c . | E import - "$BASE" >/dev/null || die "import the local base image"
-    fi
-fi
+base_image
 ok "base image $BASE"
 
 # ---- build ----
-start=$(date +%s)
-if E build "${BUILD_OPTS[@]}" --network host --build-arg "BASE=$BASE" \
-    -f docker/Dockerfile -t "$IMAGE" . >"${TMPDIR:-/tmp}/jackdaw-smoke-build.log" 2>&1; then
-    ok "image builds ($(($(date +%s) - start)) s)"
-else
-    tail -n 30 "${TMPDIR:-/tmp}/jackdaw-smoke-build.log" | sed 's/^/#   /'
-    die "image builds (log: ${TMPDIR:-/tmp}/jackdaw-smoke-build.log)"
-fi
+build_image "$IMAGE" docker/Dockerfile .
 
 user=$(E image inspect --format '{{.Config.User}}' "$IMAGE")
 health=$(E image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE")
@@ -110,7 +52,7 @@ size=$(E image inspect --format '{{.Size}}' "$IMAGE")
 log "image size: $((size / 1024 / 1024)) MiB"
 
 # ---- run ----
-PORT=${JD_SMOKE_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 18080)}
+PORT=${JD_SMOKE_PORT:-$(free_port)}
 BASE_URL="http://127.0.0.1:$PORT"
 E volume create "$VOLUME" >/dev/null
 

@@ -48,9 +48,12 @@ for i in 1 2 3; do
 done
 LBPORT=$(pg_free_port)
 mkdir -p "$WORK/ngx/logs"
-sed -e "s/node1:8080/127.0.0.1:${PORT[1]}/" -e "s/node2:8080/127.0.0.1:${PORT[2]}/" \
-    -e "s/node3:8080/127.0.0.1:${PORT[3]}/" -e "s/listen 8080;/listen 127.0.0.1:$LBPORT;/" \
-    docker/nginx.cluster.conf >"$WORK/ngx/nginx.conf"
+# the servers docker/nginx-nodes.sh would write, as loopback ports
+for i in 1 2 3; do
+    echo "server 127.0.0.1:${PORT[i]} max_fails=2 fail_timeout=5s; # node$i"
+done >"$WORK/ngx/jackdaw-nodes.conf"
+sed -e "s|/etc/nginx/jackdaw-nodes.conf|$WORK/ngx/jackdaw-nodes.conf|" \
+    -e "s/listen 8080;/listen 127.0.0.1:$LBPORT;/" docker/nginx.cluster.conf >"$WORK/ngx/nginx.conf"
 check "docker/nginx.cluster.conf passes nginx -t" "$NGINX" -q -t -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" \
     -g "pid $WORK/ngx/nginx.pid; error_log $WORK/ngx/logs/error.log;"
 "$NGINX" -p "$WORK/ngx" -c "$WORK/ngx/nginx.conf" \
