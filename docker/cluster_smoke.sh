@@ -26,7 +26,9 @@
 # below the compose file's 65536.
 #
 # Environment: JD_SMOKE_PORT (host port, default: a free one), JD_KEEP=1
-# keeps the images and the database volume afterwards; engine.sh's.
+# keeps the jackdaw image and the database volume afterwards (the local
+# PostgreSQL and nginx images are kept as a cache, like the base image);
+# engine.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,10 +71,14 @@ phase() {
     phase_t=$now
 }
 
+ANON=() # the anonymous volumes of the images' VOLUMEs (compose down keeps them)
 cleanup() {
     C down -t 30 >>"$TMP/compose.log" 2>&1 || true
+    # podman-compose 1.0.3's down leaves the project's network
+    E network rm -f "${PROJECT}_default" >/dev/null 2>&1 || true
     if [ "${JD_KEEP:-0}" != 1 ]; then
-        E volume rm -f "${PROJECT}_pg-data" >/dev/null 2>&1 || true
+        E volume rm -f "${PROJECT}_pg-data" "${ANON[@]}" >/dev/null 2>&1 || true
+        E rmi -f jackdaw:latest >/dev/null 2>&1 || true
         rm -rf "$TMP"
     else
         log "kept $TMP and the volume ${PROJECT}_pg-data"
@@ -312,6 +318,11 @@ if [ "$(echo "$codes" | grep -o '=[0-9]*' | sort -u)" = "=0" ]; then
 else
     not_ok "compose stop exit codes:$codes"
 fi
+for s in lb node1 node2 node3 postgres; do
+    # shellcheck disable=SC2207 # volume names have no spaces
+    ANON+=($(E inspect --format '{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}' \
+        "$(ctr "$s")" | tr ' ' '\n' | grep -v "^${PROJECT}_pg-data$" || true))
+done
 C down -t 30 >>"$TMP/compose.log" 2>&1
 left=$(E ps -a -q --filter "label=com.docker.compose.project=$PROJECT" | wc -l)
 if [ "$left" = 0 ]; then ok "compose down leaves no container"; else not_ok "$left containers left"; fi

@@ -47,6 +47,8 @@ static void test_defaults(void **state)
     assert_int_equal(c.exec_timeout_ms, 600000); /* every exec and http call has a deadline */
     assert_int_equal(c.http_timeout_ms, 60000);
     assert_int_equal(c.lease_ms, 10000); /* a cluster node's lease */
+    assert_int_equal(c.db_readers, 16);  /* PostgreSQL read connections per node */
+    assert_int_equal(c.db_reader_idle_ms, 60000);
     assert_false(c.help);
     jd_config_free(&c);
 }
