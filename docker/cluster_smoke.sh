@@ -210,6 +210,9 @@ if grep -q 'event: end' "$TMP/sse" && grep -q '"succeeded"' "$TMP/sse"; then
 else
     not_ok "SSE through the port (got: $(tail -c 300 "$TMP/sse"))"
 fi
+log "PostgreSQL sessions of the three nodes: $(sql "SELECT string_agg(a || '=' || n, ' ') FROM
+    (SELECT application_name a, count(*) n FROM pg_stat_activity WHERE datname = 'jackdaw'
+     AND application_name LIKE 'jackdawd%' GROUP BY 1 ORDER BY 1) s")"
 phase work
 
 # ---- stop one node ----
