@@ -45,7 +45,8 @@ static int live_job(struct jd_jobs *j, int64_t id, struct job **out, bool *remot
         *remote = true;
         return 0;
     }
-    return rc == 0 ? JD_ECONFLICT : JD_ENOENT;
+    /* a read that failed (a busy PostgreSQL read pool: 503) is not a 404 */
+    return rc == 0 ? JD_ECONFLICT : rc == JD_EBUSY || rc == JD_EIO ? rc : JD_ENOENT;
 }
 
 /* Under mu: put a cancel or message (data) for job id, which another node
@@ -248,7 +249,7 @@ int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *a
     int rc = jd_store_job_get(j->store, id, &row);
     if (rc) {
         pthread_mutex_unlock(&j->mu);
-        return JD_ENOENT;
+        return rc == JD_EBUSY || rc == JD_EIO ? rc : JD_ENOENT;
     }
     if (row.state != JD_JOB_FAILED && row.state != JD_JOB_CANCELLED) {
         pthread_mutex_unlock(&j->mu);

@@ -70,8 +70,9 @@ static int events_page(struct jd_jobs *j, int64_t id, int64_t after_seq, unsigne
                        struct jd_job_event **ev, size_t *n)
 {
     struct jd_job row = {0};
-    if (jd_store_job_get(j->store, id, &row) != 0)
-        return JD_ENOENT;
+    int rc = jd_store_job_get(j->store, id, &row); /* JD_ENOENT, or a read that failed */
+    if (rc)
+        return rc;
     jd_job_clear(&row);
     if (limit == 0 || limit > 10000)
         limit = limit ? 10000 : 1000;

@@ -4,8 +4,10 @@
 # (long-polls, SSE streams, lists, finds, gets on 8 HTTP threads) never
 # has more than 3 read sessions in pg_stat_activity, and every request
 # still completes; once the node goes quiet its read sessions fall to the
-# 2 it keeps (--db-reader-idle 1s). Flags out of range are refused. TAP.
-# shellcheck disable=SC2016
+# 2 it keeps (--db-reader-idle 1s). When every read connection stays
+# busy (reads blocked behind a table lock), a read waits 5 s and gets 503
+# "busy", not a 404 or a 17th connection. Flags out of range are refused. TAP.
+# shellcheck disable=SC2016,SC2119
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 # shellcheck source=tests/pg/pg.sh
@@ -24,7 +26,7 @@ reads() {
 out=$("$JACKDAWD" --db "$DB" --db-readers 1 2>&1)
 check "--db-readers 1 is refused" grep -q -- '--db-readers must be from 2' <<<"$out"
 
-start_server --db-readers 3 --db-reader-idle 1s --http-threads 8 --workers 4 || {
+start_server --db-readers 3 --db-reader-idle 1s --http-threads 8 --workers 4 --lease 30s || {
     finish
     exit 1
 }
@@ -90,6 +92,34 @@ done
 check "idle read sessions fall back to 2 ($n)" test "$n" -le 2
 req GET "/v1/jobs/${ids[0]}"
 check "reads go on after the close" body_has '"state":"succeeded"'
+
+# All read connections busy: a session holds jobs locked for 9 s, so the
+# reads that have a connection wait behind it and the next one finds none.
+pg_psql -c "BEGIN; LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(9); COMMIT;" \
+    >/dev/null 2>&1 &
+locker=$!
+for _ in $(seq 1 100); do
+    [ "$(pg_psql -At -c "SELECT count(*) FROM pg_locks WHERE relation = 'jobs'::regclass
+        AND mode = 'AccessExclusiveLock' AND granted")" = 1 ] && break
+    sleep 0.05
+done
+blocked=()
+for i in 1 2 3 4; do
+    curl -s -o /dev/null -w '%{http_code}\n' --max-time 30 "$BASE/v1/jobs/${ids[$i]}/events" \
+        >"$WORK/blocked.$i" &
+    blocked+=($!)
+done
+sleep 1
+REQ_TIMEOUT=30 req GET "/v1/jobs/${ids[0]}/events"
+check "a read that finds every connection busy gets 503, not 404 ($STATUS)" is_problem 503
+check "... with a problem saying busy" body_has '"busy"'
+wait "${blocked[@]}" "$locker"
+codes=$(sort "$WORK"/blocked.* | uniq -c | tr -s ' ' | tr '\n' ';')
+check "the reads held behind the lock answer 200 or 503, nothing else ($codes)" \
+    test -z "$(cat "$WORK"/blocked.* | grep -v '^200$' | grep -v '^503$')"
+check "the node logged the busy pool" grep -q 'read connection stayed busy' "$LOG"
+req GET "/v1/jobs/${ids[0]}/events"
+check "reads go on once the lock is gone" status_is 200
 
 stop_server
 check "the node stops cleanly" test "$SERVER_RC" = 0
