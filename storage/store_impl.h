@@ -193,6 +193,25 @@ int jd_find_sql_build_pg(const struct jd_job_find *f, struct jd_find_sql *out);
     "(SELECT coalesce(min(pending_event_id), 9223372036854775807) FROM jd_nodes)"
 int jd_event_sql_build_pg(const struct jd_event_find *f, struct jd_find_sql *out);
 
+/* The per-batch job-id tables of both writers (writer.c's vcache,
+ * pg_write_pipe.c's job slots): open addressing with linear probing on a
+ * job id (0 marks an empty slot), a power-of-two capacity at least twice
+ * the batch so probe runs stay short. */
+static inline size_t jd_idtab_cap(size_t n)
+{
+    size_t cap = 64;
+    while (cap < 2 * n)
+        cap *= 2;
+    return cap;
+}
+
+/* Where id's probe run starts in a table of cap slots (Fibonacci hashing:
+ * ids are sequential, the high bits of the product spread them). */
+static inline size_t jd_idtab_home(int64_t id, size_t cap)
+{
+    return (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+}
+
 /* writer.c, shared by both backends: account for a finished batch (stats)
  * and fire its done()s in order (on the writer or the completion thread). */
 void jd_writer_finish_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n,

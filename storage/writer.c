@@ -254,9 +254,7 @@ struct vcache {
 
 static void vc_reset(struct vcache *c, size_t n)
 {
-    size_t want = 64;
-    while (want < 2 * n)
-        want *= 2;
+    size_t want = jd_idtab_cap(n);
     if (want > c->cap) {
         free(c->t);
         c->t = jd_xmalloc(want * sizeof *c->t);
@@ -268,7 +266,7 @@ static void vc_reset(struct vcache *c, size_t n)
 
 static struct vslot *vc_slot(struct vcache *c, int64_t job_id)
 {
-    size_t i = (size_t)((uint64_t)job_id * 0x9E3779B97F4A7C15ull >> 20) & (c->cap - 1);
+    size_t i = jd_idtab_home(job_id, c->cap);
     while (c->t[i].job_id != 0 && c->t[i].job_id != job_id)
         i = (i + 1) & (c->cap - 1);
     return &c->t[i];
