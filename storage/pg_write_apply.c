@@ -47,8 +47,8 @@ int jd_pgw_take(struct jd_pgw_ctx *c, struct jd_write *w, int kind, const PGresu
             }
         return 0;
     }
-    if (kind == RK_APPENDS)
-        return jd_pgw_take_appends(c, r);
+    if (kind == RK_CHANGES)
+        return jd_pgw_take_changes(c, r);
     if (PQntuples(r) == 0)
         return NOROW;
     if (kind == RK_REQUEST) {

@@ -61,7 +61,7 @@ enum {
     PS_REQUEST,
     PS_REQUEST_TAKE,
     PS_SCHED_EXISTS,
-    PS_JOB_APPENDS,
+    PS_JOB_CHANGES,
     PS_N
 };
 
@@ -101,7 +101,7 @@ enum {
     RK_DELETE,  /* a job delete's row: queue and state, counted out */
     RK_INSERTS, /* the batch's hoisted job inserts (w: the first; see pg_write_pipe.c) */
     RK_REQUEST, /* an inbox request: (job state, request id), NULLs say why not */
-    RK_APPENDS, /* the batch's grouped history appends (w: the first; see pg_write_pipe.c) */
+    RK_CHANGES, /* the batch's grouped job changes (w: the first; see pg_write_pipe.c) */
 };
 #define NOROW 1 /* a statement that had to touch a row touched none */
 
@@ -130,9 +130,10 @@ struct jd_pg_wscratch {
     size_t capids;
     struct jd_pgw_pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
-    struct jd_pgw_abuf arr[14]; /* PS_JOB_INSERTS's array parameters, reused */
-    /* emit_appends: per job of the batch (open addressing on id), and per
-     * record whether it went in the grouped statement and its rank there */
+    struct jd_pgw_abuf arr[15]; /* the grouped statements' array parameters, reused */
+    /* the grouped changes: per job of the batch (open addressing on id),
+     * and per record whether it went in the grouped statement and its
+     * rank among its job's records there */
     struct jd_pgw_jslot *jt;
     size_t jcap;
     unsigned char *grp;
@@ -142,9 +143,15 @@ struct jd_pg_wscratch {
 
 struct jd_pgw_jslot {
     int64_t id; /* 0: empty */
-    bool busy;  /* the batch has a record for it other than an append or its insert */
+    bool busy;  /* the batch has a record for it that cannot be grouped */
     bool found; /* the grouped statement returned its row */
-    int64_t appends, base;
+    int64_t records, base;
+    /* its grouped records folded: the fields set (JD_SET_*), each field's
+     * last value, and finished_ms's fate (fmode: 0 kept, 1 stamped, 2 set) */
+    unsigned set;
+    int fmode;
+    int64_t state, run_at_ms, attempts, started_ms, finished_ms;
+    const char *output, *error; /* the records' (they outlive the batch) */
 };
 
 /* One batch being applied: sequentially (each statement runs at once; when
@@ -229,8 +236,8 @@ bool jd_pgw_record_fault(int rc);
  * written); 1: a record did not apply (rolled back, ids restored: redo
  * with savepoints); -1: the transaction failed. */
 int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, size_t n);
-/* The grouped appends' answer (RK_APPENDS). */
-int jd_pgw_take_appends(struct jd_pgw_ctx *c, const PGresult *r);
+/* The grouped changes' answer (RK_CHANGES). */
+int jd_pgw_take_changes(struct jd_pgw_ctx *c, const PGresult *r);
 
 /* ---- pg_write.c: the session and COMMIT ---- */
 

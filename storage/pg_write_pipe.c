@@ -3,10 +3,10 @@
  * BEGIN and every record's statements are sent in one libpq pipeline and
  * their results read back in chunks (JD_PG_PIPE_CHUNK), a few round trips
  * for the whole batch. The batch's job inserts go first as one statement
- * of arrays (PS_JOB_INSERTS), and the history appends of jobs that have
- * nothing else in the batch as another (PS_JOB_APPENDS). Any record that
- * does not apply rolls the transaction back; pg_write.c then redoes the
- * batch with savepoints, one record at a time.
+ * of arrays (PS_JOB_INSERTS), and the changes of jobs that have nothing
+ * else in the batch as another (PS_JOB_CHANGES), each job's records
+ * folded into one update of its row. Any record that does not apply rolls the transaction back;
+ * pg_write.c then redoes the batch with savepoints, one record at a time.
  *
  * Threading: the writer thread only.
  */
@@ -180,7 +180,7 @@ static int emit_inserts(struct jd_pgw_ctx *c)
         nins += c->b[i]->op == JD_W_JOB_INSERT;
     if (nins == 0)
         return 0;
-    const size_t na = sizeof ws->arr / sizeof ws->arr[0];
+    const size_t na = 14; /* PS_JOB_INSERTS's array parameters */
     for (size_t k = 0; k < na; k++) {
         ws->arr[k].len = 0;
         ab_put(&ws->arr[k], "{", 1);
@@ -286,18 +286,57 @@ static struct jd_pgw_jslot *jslot(struct jd_pg_wscratch *ws, int64_t id)
     return &ws->jt[i];
 }
 
-static bool is_append(const struct jd_write *w)
+/* A job change the grouped statement can take: one that runs no other
+ * statement (no inbox request to take, no unique key to release). Field
+ * changes only when sets (see emit_changes). */
+static bool groupable(const struct jd_write *w, bool sets)
 {
-    return w->op == JD_W_JOB_CHANGE && w->set == 0 && !w->release_unique && w->request_id == 0 &&
-           jd_pgw_change_valid(w);
+    return w->op == JD_W_JOB_CHANGE && !w->release_unique && w->request_id == 0 &&
+           (w->set == 0 || sets) && jd_pgw_change_valid(w);
 }
 
-/* Queue the history appends of jobs that have nothing but appends (and
- * their insert) in the batch as one statement (PS_JOB_APPENDS), after the
- * inserts: nothing else in the batch touches those jobs, so their order
- * against other records does not matter, and among themselves the rank
- * keeps it. ws->grp[i] marks the records it took. Only for two or more. */
-static int emit_appends(struct jd_pgw_ctx *c)
+/* Fold w, the next grouped record of its job, into js (the job's fields
+ * as its records leave them, in batch order, as the single change
+ * statement would set them one after the other). */
+static void fold(struct jd_pgw_jslot *js, const struct jd_write *w, int64_t now)
+{
+    js->set |= w->set;
+    if (w->set & JD_SET_STATE)
+        js->state = w->state;
+    if (w->set & JD_SET_OUTPUT)
+        js->output = w->output;
+    if (w->set & JD_SET_ERROR)
+        js->error = w->error;
+    if (w->set & JD_SET_RUN_AT)
+        js->run_at_ms = w->run_at_ms;
+    if (w->set & JD_SET_ATTEMPTS)
+        js->attempts = w->attempts;
+    if (w->set & JD_SET_STARTED)
+        js->started_ms = w->started_ms;
+    if (w->set & JD_SET_FINISHED) {
+        js->fmode = 2;
+        js->finished_ms = w->finished_ms;
+    } else if ((w->set & JD_SET_STATE) && w->state >= JD_JOB_SUCCEEDED) {
+        /* a move to a terminal state stamps a finish time not yet set */
+        if (js->fmode == 2 && js->finished_ms == 0)
+            js->finished_ms = now;
+        else if (js->fmode == 0)
+            js->fmode = 1;
+    }
+}
+
+/* Queue the changes of jobs that have nothing but groupable changes (and
+ * their insert) in the batch as one statement (PS_JOB_CHANGES), after the
+ * inserts: each job's records are folded into one update of its row (one
+ * new row version instead of one per record) and its events inserted in
+ * batch order (the rank keeps it). Nothing else in the batch touches
+ * those jobs, so their order against other records does not matter, with
+ * one exception: a unique key taken by an insert depends on whether its
+ * holder is terminal, so when the batch takes keys only history appends
+ * (no field changes) are grouped. ws->grp[i] marks the records it took.
+ * Only for two or more records; never after this node's lease was lost
+ * (each record then fails alone). */
+static int emit_changes(struct jd_pgw_ctx *c)
 {
     struct jd_pg_wscratch *ws = c->ws;
     size_t n = c->nb;
@@ -307,6 +346,8 @@ static int emit_appends(struct jd_pgw_ctx *c)
         ws->rank = jd_xrealloc(ws->rank, ws->capgrp * sizeof *ws->rank);
     }
     memset(ws->grp, 0, n);
+    if (atomic_load(&c->s->pg->lease_lost))
+        return 0;
     size_t want = jd_idtab_cap(n);
     if (want > ws->jcap) {
         free(ws->jt);
@@ -314,31 +355,37 @@ static int emit_appends(struct jd_pgw_ctx *c)
         ws->jcap = want;
     }
     memset(ws->jt, 0, ws->jcap * sizeof *ws->jt);
+    bool sets = true;
+    for (size_t i = 0; i < n; i++)
+        if (c->b[i]->op == JD_W_JOB_INSERT && c->b[i]->unique_key)
+            sets = false;
     for (size_t i = 0; i < n; i++) {
         struct jd_write *w = c->b[i];
-        bool job_record =
-            w->op == JD_W_JOB_CHANGE || w->op == JD_W_JOB_CRASHES || w->op == JD_W_JOB_DELETE;
+        bool job_record = w->op == JD_W_JOB_CHANGE || w->op == JD_W_JOB_CRASHES ||
+                          w->op == JD_W_JOB_DELETE || w->op == JD_W_JOB_REQUEST;
         if (!job_record || w->job_id <= 0)
             continue;
         struct jd_pgw_jslot *js = jslot(ws, w->job_id);
         js->id = w->job_id;
-        if (!is_append(w))
+        if (!groupable(w, sets))
             js->busy = true;
     }
     size_t ng = 0;
     for (size_t i = 0; i < n; i++) {
         struct jd_write *w = c->b[i];
-        if (!is_append(w) || jslot(ws, w->job_id)->busy)
+        struct jd_pgw_jslot *js;
+        if (!groupable(w, sets) || (js = jslot(ws, w->job_id))->busy)
             continue;
         ws->grp[i] = 1;
-        ws->rank[i] = ++jslot(ws, w->job_id)->appends;
+        ws->rank[i] = ++js->records;
+        fold(js, w, c->now);
         ng++;
     }
     if (ng < 2) {
         memset(ws->grp, 0, n);
         return 0;
     }
-    for (size_t k = 0; k < 4; k++) {
+    for (size_t k = 0; k < 15; k++) {
         ws->arr[k].len = 0;
         ab_put(&ws->arr[k], "{", 1);
     }
@@ -352,9 +399,29 @@ static int emit_appends(struct jd_pgw_ctx *c)
         ab_int(&ws->arr[0], w->job_id);
         ab_int(&ws->arr[1], w->kind);
         ab_int(&ws->arr[2], w->tag);
-        ab_text(&ws->arr[3], w->data);
+        if (!w->data && w->kind == JD_EVK_STATE && (w->set & JD_SET_STATE)) {
+            char buf[48];
+            snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
+            ab_text(&ws->arr[3], buf);
+        } else {
+            ab_text(&ws->arr[3], w->data);
+        }
         if (!first)
             first = w;
+        struct jd_pgw_jslot *js = jslot(ws, w->job_id);
+        if (ws->rank[i] != js->records)
+            continue; /* the job's row once, at its last record */
+        ab_int(&ws->arr[4], js->id);
+        ab_int(&ws->arr[5], js->records);
+        ab_int(&ws->arr[6], js->set);
+        ab_int(&ws->arr[7], js->state);
+        ab_text(&ws->arr[8], js->output);
+        ab_text(&ws->arr[9], js->error);
+        ab_int(&ws->arr[10], js->run_at_ms);
+        ab_int(&ws->arr[11], js->attempts);
+        ab_int(&ws->arr[12], js->started_ms);
+        ab_int(&ws->arr[13], js->finished_ms);
+        ab_int(&ws->arr[14], js->fmode);
     }
     struct jd_pgw_prm p = {0};
     for (size_t k = 0; k < 4; k++) {
@@ -363,13 +430,18 @@ static int emit_appends(struct jd_pgw_ctx *c)
     }
     p_int(&p, c->now);
     p_int(&p, c->s->pg->node_id);
-    return jd_pgw_emit(c, first, jd_pgw_stmt(PS_JOB_APPENDS), &p, RK_APPENDS);
+    for (size_t k = 4; k < 15; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(&p, ws->arr[k].p);
+    }
+    return jd_pgw_emit(c, first, jd_pgw_stmt(PS_JOB_CHANGES), &p, RK_CHANGES);
 }
 
-/* The grouped appends' answer: each job's old version, so each record's
- * version is that plus its rank. NOROW if a job did not answer (missing or
- * fenced: the slow path says which). */
-int jd_pgw_take_appends(struct jd_pgw_ctx *c, const PGresult *r)
+/* The grouped changes' answer: each job's old version, so each record's
+ * version is that plus its rank, and its queue and old and new state for
+ * the counts. NOROW if a job did not answer (missing or fenced: the slow
+ * path says which). */
+int jd_pgw_take_changes(struct jd_pgw_ctx *c, const PGresult *r)
 {
     struct jd_pg_wscratch *ws = c->ws;
     for (int k = 0; k < PQntuples(r); k++) {
@@ -378,6 +450,11 @@ int jd_pgw_take_appends(struct jd_pgw_ctx *c, const PGresult *r)
             return JD_EIO; /* a row for a job we did not send: cannot be */
         js->found = true;
         js->base = strtoll(PQgetvalue(r, k, 1), NULL, 10);
+        int old_state = atoi(PQgetvalue(r, k, 3)), new_state = atoi(PQgetvalue(r, k, 4));
+        if (old_state != new_state) {
+            jd_pgw_count(ws, PQgetvalue(r, k, 2), old_state, -1);
+            jd_pgw_count(ws, PQgetvalue(r, k, 2), new_state, 1);
+        }
     }
     for (size_t i = 0; i < c->nb; i++) {
         if (!ws->grp[i])
@@ -428,7 +505,7 @@ int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, 
         c->nb = n;
         int rc = emit_inserts(c);
         if (rc == 0)
-            rc = emit_appends(c);
+            rc = emit_changes(c);
         if (rc)
             out = jd_pgw_record_fault(rc) ? PIPE_FAULT : PIPE_FATAL;
     }

@@ -210,25 +210,44 @@ static const struct {
                     " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                     " SELECT count(*) FROM v",
          "ITIIIIITTTTTiiTB"},
-    /* History appends (changes that set no field) of a pipelined batch in
-     * one statement: per job, the version goes up by its number of appends
-     * (fenced on $6, this node), and each event's seq is the old version
-     * plus its rank among the job's appends, in batch order ($5: now).
-     * Returns each job's old version; a job missing from the answer was
-     * missing or fenced. */
-    [PS_JOB_APPENDS] =
+    /* The job changes of a pipelined batch in one statement (see
+     * pg_write_pipe.c): per record ($1-$4, in batch order) its event; per
+     * job ($7-$17) its records folded into one update: $8 records, $9 the
+     * JD_SET_* fields any of them set, each with the last value set, and
+     * $17 what happens to finished_ms (0 kept, 1 stamped now if still 0, 2
+     * set). The version goes up by the job's number of records (fenced on
+     * $6, this node) and each event's seq is the old version plus its rank
+     * among the job's records ($5: now). Returns each job's old version,
+     * queue, old and new state; a job missing from the answer was missing
+     * or fenced. The old state is a plain read of the statement's
+     * snapshot (it does not see the UPDATE), as in a single change. */
+    [PS_JOB_CHANGES] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
          " $4::text[]) WITH ORDINALITY AS v(job_id, kind, tag, data, ord)),"
-         " c AS (SELECT job_id, count(*) AS k FROM v GROUP BY job_id),"
-         " u AS (UPDATE jobs j SET version = j.version + c.k, updated_ms = $5"
-         " FROM c WHERE j.id = c.job_id AND j.owner_node = $6" LEASE_VALID(
-             "$6") " RETURNING j.id, j.version - c.k AS base),"
+         " c AS (SELECT * FROM unnest($7::bigint[], $8::bigint[], $9::bigint[],"
+         " $10::bigint[], $11::text[], $12::text[], $13::bigint[], $14::bigint[],"
+         " $15::bigint[], $16::bigint[], $17::bigint[]) AS c(id, k, m, state, output,"
+         " error, run_at_ms, attempts, started_ms, finished_ms, fm)),"
+         " u AS (UPDATE jobs j SET version = j.version + c.k, updated_ms = $5,"
+         " state = CASE WHEN (c.m & 1) <> 0 THEN c.state ELSE j.state END,"
+         " output = CASE WHEN (c.m & 2) <> 0 THEN c.output ELSE j.output END,"
+         " error = CASE WHEN (c.m & 4) <> 0 THEN c.error ELSE j.error END,"
+         " run_at_ms = CASE WHEN (c.m & 8) <> 0 THEN c.run_at_ms ELSE j.run_at_ms END,"
+         " attempts = CASE WHEN (c.m & 16) <> 0 THEN c.attempts ELSE j.attempts END,"
+         " started_ms = CASE WHEN (c.m & 32) <> 0 THEN c.started_ms ELSE j.started_ms END,"
+         " finished_ms = CASE c.fm WHEN 2 THEN c.finished_ms WHEN 1 THEN"
+         " CASE WHEN j.finished_ms = 0 THEN $5 ELSE j.finished_ms END"
+         " ELSE j.finished_ms END"
+         " FROM c WHERE j.id = ANY($7) AND j.id = c.id AND j.owner_node = $6" LEASE_VALID(
+             "$6") " RETURNING j.id, j.version - c.k AS base, j.queue, j.state),"
                    " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                    " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
                    " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
                    " ON u.id = v.job_id ORDER BY v.ord)"
-                   " SELECT id, base FROM u",
-         "IIITii"},
+                   " SELECT u.id, u.base, u.queue, (SELECT state FROM jobs WHERE id = u.id), "
+                   "u.state"
+                   " FROM u",
+         "IIITiiIIIITTIIIII"},
     /* An inbox request (unfenced): one row always; state NULL: no such
      * job; id NULL: the job is terminal. */
     [PS_REQUEST] = {"WITH j AS (SELECT state FROM jobs WHERE id = $1),"
