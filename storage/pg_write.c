@@ -74,10 +74,6 @@ static int apply_savepoints(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs,
         }
         i += g;
     }
-    if (jd_pgw_counts_flush(c) != 0) {
-        jd_pgw_log_failure(s, "queue counts");
-        return -1;
-    }
     return 0;
 }
 
@@ -220,7 +216,7 @@ void jd_pg_test_drop_at_commit(struct jd_store *s)
     atomic_store(&s->pg->test_drop_commit, true);
 }
 
-bool jd_pgw_commit(struct jd_store *s, const char *note, int hz)
+bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note, int hz)
 {
     PGconn *c = s->pg->wconn;
     if (PQtransactionStatus(c) != PQTRANS_INTRANS)
@@ -229,6 +225,8 @@ bool jd_pgw_commit(struct jd_store *s, const char *note, int hz)
         /* the test hook: COMMIT goes out, the answer never comes back
          * (the server waits first, so the answer cannot beat the
          * shutdown into the socket's buffer) */
+        if (counts && jd_pgw_xq(s, jd_pgw_stmt(PS_COUNT_ADD), counts, NULL) != 0)
+            return false;
         if (PQsendQuery(c, "SELECT pg_sleep(0.3); COMMIT"))
             PQflush(c);
         shutdown(PQsocket(c), SHUT_RDWR);
@@ -237,7 +235,7 @@ bool jd_pgw_commit(struct jd_store *s, const char *note, int hz)
             PQclear(r);
         return false;
     }
-    if (!note && hz == HZ_KEEP) {
+    if (!counts && !note && hz == HZ_KEEP) {
         PGresult *r = PQexec(c, "COMMIT");
         bool ok = jd_pg_rc(r) == 0 && strcmp(PQcmdStatus(r), "COMMIT") == 0;
         PQclear(r);
@@ -249,20 +247,24 @@ bool jd_pgw_commit(struct jd_store *s, const char *note, int hz)
     snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
     bool next_set = false;
     const char *nv[] = {note}, *cv[] = {me};
-    int k = 0, nst = (note != NULL) + (hz != HZ_KEEP) + 1;
-    bool ok = (hz == HZ_KEEP || PQsendQueryParams(c, hz == HZ_NEXT ? HZ_NEXT_SQL : HZ_CLEAR_SQL, 1,
+    /* the statements in order: counts, horizon, notice, COMMIT */
+    int nst = (counts != NULL) + (hz != HZ_KEEP) + (note != NULL) + 1;
+    int hz_at = hz == HZ_KEEP ? -1 : counts != NULL;
+    bool ok = (!counts || PQsendQueryPrepared(c, jd_pgw_stmt(PS_COUNT_ADD), counts->n, counts->v,
+                                              NULL, NULL, 0)) &&
+              (hz == HZ_KEEP || PQsendQueryParams(c, hz == HZ_NEXT ? HZ_NEXT_SQL : HZ_CLEAR_SQL, 1,
                                                   NULL, cv, NULL, NULL, 0)) &&
               (!note || PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
                                           NULL, nv, NULL, NULL, 0)) &&
               PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
     /* each statement's result, then NULL; then the sync */
-    for (; k < nst && ok; k++) {
+    for (int k = 0; k < nst && ok; k++) {
         PGresult *r = PQgetResult(c);
         if (!r)
             return false; /* the connection is gone (ensure_session cleans up) */
         ok = jd_pg_rc(r) == 0 && (k < nst - 1 || strcmp(PQcmdStatus(r), "COMMIT") == 0) &&
              PQresultStatus(r) != PGRES_PIPELINE_ABORTED;
-        if (ok && k == 0 && hz == HZ_NEXT)
+        if (ok && k == hz_at && hz == HZ_NEXT)
             next_set = strcmp(PQcmdTuples(r), "1") == 0;
         PQclear(r);
         if ((r = PQgetResult(c)) != NULL) {
@@ -316,10 +318,13 @@ again:
      * trip; else it clears the bound (an idle writer holds none). */
     bool more = atomic_load_explicit(&s->head, memory_order_relaxed) != NULL;
     int hz = more ? HZ_NEXT : s->pg->hz_pending ? HZ_CLEAR : HZ_KEEP;
-    if (!jd_pgw_commit(s, note, hz)) {
+    struct jd_pgw_prm counts;
+    bool have_counts = jd_pgw_counts_prm(&c, &counts);
+    if (!jd_pgw_commit(s, have_counts ? &counts : NULL, note, hz)) {
         jd_pgw_log_failure(s, "commit");
         goto fail;
     }
+    jd_pgw_counts_clear(c.ws);
     atomic_fetch_add_explicit(&s->pg->st_requests, nreq, memory_order_relaxed); /* a statistic */
     return 0;
 

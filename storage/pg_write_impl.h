@@ -195,13 +195,11 @@ int jd_pgw_xint(struct jd_store *s, int i, const struct jd_pgw_prm *p, int64_t *
 /* The writer's scratch (made on first use, freed by jd_pg_write_free). */
 struct jd_pg_wscratch *jd_pgw_scratch(struct jd_pg *pg);
 /* The transaction's queue count changes: add d to (queue, state); forget
- * them; remember them (a savepoint) and go back there (its rollback);
- * write them into this node's slot rows (0 or the JD_E* code). */
+ * them; remember them (a savepoint) and go back there (its rollback). */
 void jd_pgw_count(struct jd_pg_wscratch *w, const char *queue, int state, int64_t d);
 void jd_pgw_counts_clear(struct jd_pg_wscratch *w);
 void jd_pgw_counts_mark(struct jd_pg_wscratch *w);
 void jd_pgw_counts_restore(struct jd_pg_wscratch *w);
-int jd_pgw_counts_flush(struct jd_pgw_ctx *c);
 
 /* ---- pg_write_apply.c: one record ---- */
 
@@ -236,6 +234,10 @@ bool jd_pgw_record_fault(int rc);
  * written); 1: a record did not apply (rolled back, ids restored: redo
  * with savepoints); -1: the transaction failed. */
 int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, size_t n);
+/* PS_COUNT_ADD's parameters for the transaction's queue count changes in
+ * *p; false when there are none. The arrays live in the scratch until
+ * the next batch. */
+bool jd_pgw_counts_prm(struct jd_pgw_ctx *c, struct jd_pgw_prm *p);
 /* The grouped changes' answer (RK_CHANGES). */
 int jd_pgw_take_changes(struct jd_pgw_ctx *c, const PGresult *r);
 
@@ -247,10 +249,10 @@ int jd_pgw_take_changes(struct jd_pgw_ctx *c, const PGresult *r);
 int jd_pgw_session(struct jd_store *s);
 enum { HZ_KEEP, HZ_CLEAR, HZ_NEXT }; /* what a COMMIT does to the horizon */
 /* COMMIT, true only if the server committed (an aborted transaction
- * answers COMMIT with ROLLBACK); with note, pg_notify(note) first, and
- * with hz, the horizon's clear or next bound, in the same round trip (a
- * pipeline). */
-bool jd_pgw_commit(struct jd_store *s, const char *note, int hz);
+ * answers COMMIT with ROLLBACK); with counts, PS_COUNT_ADD first, with
+ * note, pg_notify(note), and with hz, the horizon's clear or next bound,
+ * all in the same round trip (a pipeline). */
+bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note, int hz);
 
 /* ---- pg_horizon.c: the event horizon (storage/pg.h) ---- */
 

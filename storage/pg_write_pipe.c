@@ -467,6 +467,34 @@ int jd_pgw_take_changes(struct jd_pgw_ctx *c, const PGresult *r)
     return 0;
 }
 
+/* ---- the queue counts ---- */
+
+bool jd_pgw_counts_prm(struct jd_pgw_ctx *c, struct jd_pgw_prm *p)
+{
+    struct jd_pg_wscratch *ws = c->ws;
+    bool any = false;
+    for (size_t k = 0; k < 3; k++) {
+        ws->arr[k].len = 0;
+        ab_put(&ws->arr[k], "{", 1);
+    }
+    for (size_t i = 0; i < ws->nq; i++)
+        for (int k = 0; k < JD_JOB_NSTATES; k++) {
+            if (ws->q[i].d[k] == 0)
+                continue;
+            ab_text(&ws->arr[0], ws->q[i].queue);
+            ab_int(&ws->arr[1], k);
+            ab_int(&ws->arr[2], ws->q[i].d[k]);
+            any = true;
+        }
+    *p = (struct jd_pgw_prm){0};
+    for (size_t k = 0; k < 3; k++) {
+        ab_put(&ws->arr[k], "}", 1);
+        p_text(p, ws->arr[k].p);
+    }
+    p_int(p, c->s->pg->node_id);
+    return any;
+}
+
 /* ---- the batch ---- */
 
 int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, size_t n)
@@ -535,5 +563,5 @@ int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, 
         }
         return 1;
     }
-    return jd_pgw_counts_flush(c) == 0 ? 0 : -1;
+    return 0;
 }

@@ -152,12 +152,15 @@ static const struct {
                         " lease_expires_ms = excluded.lease_expires_ms,"
                         " updated_ms = excluded.updated_ms",
                         "tiiititii"},
-    /* into this node's own row ($4: the slot), so nodes never wait on one
-     * another's count rows; reads sum the slots */
+    /* The transaction's queue count changes, one element per (queue,
+     * state), into this node's own rows ($4: the slot), so nodes never
+     * wait on one another's count rows; reads sum the slots. Sent in the
+     * COMMIT's pipeline, so the rows are locked only while it flushes. */
     [PS_COUNT_ADD] =
-        {"INSERT INTO queue_counts(queue, state, slot, n) VALUES ($1, $2, $4, $3)"
+        {"INSERT INTO queue_counts(queue, state, slot, n) SELECT x.q, x.st, $4, x.d"
+         " FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS x(q, st, d)"
          " ON CONFLICT(queue, state, slot) DO UPDATE SET n = queue_counts.n + excluded.n",
-         "tiii"},
+         "TIIi"},
     /* every (queue, terminal state) that has jobs, with the queue's own
      * retention for that state (0: the global one) */
     [PS_RET_QUEUES] = {"SELECT c.queue, c.state, coalesce(CASE c.state"
@@ -449,24 +452,4 @@ int jd_pgw_xint(struct jd_store *s, int i, const struct jd_pgw_prm *p, int64_t *
         PQclear(r);
     }
     return rc;
-}
-
-int jd_pgw_counts_flush(struct jd_pgw_ctx *c)
-{
-    struct jd_pg_wscratch *ws = c->ws;
-    for (size_t i = 0; i < ws->nq; i++)
-        for (int k = 0; k < JD_JOB_NSTATES; k++) {
-            if (ws->q[i].d[k] == 0)
-                continue;
-            struct jd_pgw_prm p = {0};
-            p_text(&p, ws->q[i].queue);
-            p_int(&p, k);
-            p_int(&p, ws->q[i].d[k]);
-            p_int(&p, c->s->pg->node_id);
-            int rc = jd_pgw_xq(c->s, jd_pgw_stmt(PS_COUNT_ADD), &p, NULL);
-            if (rc)
-                return rc;
-        }
-    jd_pgw_counts_clear(ws);
-    return 0;
 }
