@@ -209,9 +209,11 @@ static int apply_insert(struct jd_pgw_ctx *c, struct jd_write *w)
  * first). Parameters keep fixed numbers (types declared, so unused ones
  * are fine): $1 id, $2 now, $3 this node, $4 state, $5 output, $6 error,
  * $7 run_at, $8 attempts, $9 started, $10 finished, $11 kind, $12 tag,
- * $13 data. Returns version, queue, old state, new state; no row: missing
- * or fenced (a change that moves a terminal job back to queued, a retry,
- * passes the fence and takes the job for this node). A move to a terminal
+ * $13 data, $14 the version expected (0: any). Returns version, queue,
+ * old state, new state; no row: missing, fenced or at another version (a
+ * change that moves a terminal job back to queued, a retry, passes the
+ * fence and takes the job for this node, so it names the version it read:
+ * a stale node's retry cannot reopen a job finished again elsewhere). A move to a terminal
  * state without an explicit finish time
  * stamps it now, so retention never sees a terminal job with finished_ms 0.
  * The old state (o) is a plain read of the statement's snapshot: all parts
@@ -245,16 +247,16 @@ const char *jd_pgw_change_stmt(struct jd_store *s, unsigned set)
     if (st)
         len += snprintf(sql + len, sizeof sql - (size_t)len, ", owner_node = $3");
     snprintf(sql + len, sizeof sql - (size_t)len,
-             " WHERE id = $1 AND %s" LEASE_VALID(
+             " WHERE id = $1 AND %s AND ($14 = 0 OR version = $14)" LEASE_VALID(
                  "$3") " RETURNING version, queue, state),"
                        " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
                        " SELECT $1, version, $2, $11, $12, $13 FROM u)"
                        " SELECT u.version, u.queue, %s, u.state FROM u%s",
              st ? "(owner_node = $3 OR (state >= 3 AND $4 = 0))" : "owner_node = $3",
              st ? "o.state" : "u.state", st ? ", o" : "");
-    Oid oids[13];
+    Oid oids[14];
     int n;
-    jd_pgw_oids("iiiittiiiiiit", oids, &n);
+    jd_pgw_oids("iiiittiiiiiiti", oids, &n);
     PGresult *r = PQprepare(s->pg->wconn, names[set], sql, n, oids);
     int rc = jd_pg_rc(r);
     PQclear(r);
@@ -317,7 +319,20 @@ static int apply_change(struct jd_pgw_ctx *c, struct jd_write *w)
     p_int(&p, w->kind);
     p_int(&p, w->tag);
     p_text(&p, data);
+    p_int(&p, w->expect_version);
     rc = jd_pgw_emit(c, w, name, &p, RK_CHANGE);
+    if (rc == NOROW && w->expect_version) {
+        /* at another version than expected: changed since it was read */
+        struct jd_pgw_prm v = {0};
+        p_int(&v, w->job_id);
+        int64_t version = 0;
+        bool found = false;
+        if ((rc = jd_pgw_xint(c->s, PS_JOB_VERSION, &v, &version, &found)) != 0)
+            return rc;
+        if (found && version != w->expect_version)
+            return JD_ECONFLICT;
+        rc = NOROW;
+    }
     return rc == NOROW ? missing_or_fenced(c->s, w->job_id) : rc;
 }
 

@@ -62,6 +62,7 @@ enum {
     PS_REQUEST_TAKE,
     PS_SCHED_EXISTS,
     PS_JOB_CHANGES,
+    PS_JOB_VERSION,
     PS_N
 };
 

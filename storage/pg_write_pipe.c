@@ -287,12 +287,13 @@ static struct jd_pgw_jslot *jslot(struct jd_pg_wscratch *ws, int64_t id)
 }
 
 /* A job change the grouped statement can take: one that runs no other
- * statement (no inbox request to take, no unique key to release). Field
+ * statement (no inbox request to take, no unique key to release) and
+ * expects no version (the grouped update checks only the owner). Field
  * changes only when sets (see emit_changes). */
 static bool groupable(const struct jd_write *w, bool sets)
 {
     return w->op == JD_W_JOB_CHANGE && !w->release_unique && w->request_id == 0 &&
-           (w->set == 0 || sets) && jd_pgw_change_valid(w);
+           w->expect_version == 0 && (w->set == 0 || sets) && jd_pgw_change_valid(w);
 }
 
 /* Fold w, the next grouped record of its job, into js (the job's fields

@@ -262,6 +262,7 @@ static const struct {
     [PS_REQUEST_TAKE] = {"DELETE FROM job_requests WHERE id = $1 AND job_id = $2 RETURNING 1",
                          "ii"},
     [PS_SCHED_EXISTS] = {"SELECT 1 FROM schedules WHERE id = $1", "t"},
+    [PS_JOB_VERSION] = {"SELECT version FROM jobs WHERE id = $1", "i"},
 };
 
 int jd_pgw_rc(const PGresult *r)
