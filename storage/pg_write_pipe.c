@@ -349,13 +349,7 @@ static int emit_changes(struct jd_pgw_ctx *c)
     memset(ws->grp, 0, n);
     if (atomic_load(&c->s->pg->lease_lost))
         return 0;
-    size_t want = jd_idtab_cap(n);
-    if (want > ws->jcap) {
-        free(ws->jt);
-        ws->jt = jd_xmalloc(want * sizeof *ws->jt);
-        ws->jcap = want;
-    }
-    memset(ws->jt, 0, ws->jcap * sizeof *ws->jt);
+    ws->jt = jd_idtab_reset(ws->jt, &ws->jcap, sizeof *ws->jt, n);
     bool sets = true;
     for (size_t i = 0; i < n; i++)
         if (c->b[i]->op == JD_W_JOB_INSERT && c->b[i]->unique_key)

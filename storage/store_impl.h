@@ -13,9 +13,13 @@
 
 #include "storage/store.h"
 
+#include "common/alloc.h"
+
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct jd_error;
 
@@ -203,6 +207,20 @@ static inline size_t jd_idtab_cap(size_t n)
     while (cap < 2 * n)
         cap *= 2;
     return cap;
+}
+
+/* Table t (*cap slots of slot_size bytes, or NULL) grown for a batch of
+ * n and emptied; the table (the caller keeps it, frees it with free). */
+static inline void *jd_idtab_reset(void *t, size_t *cap, size_t slot_size, size_t n)
+{
+    size_t want = jd_idtab_cap(n);
+    if (want > *cap) {
+        free(t);
+        t = jd_xmalloc(want * slot_size);
+        *cap = want;
+    }
+    memset(t, 0, *cap * slot_size);
+    return t;
 }
 
 /* Where id's probe run starts in a table of cap slots (Fibonacci hashing:

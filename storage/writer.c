@@ -254,13 +254,7 @@ struct vcache {
 
 static void vc_reset(struct vcache *c, size_t n)
 {
-    size_t want = jd_idtab_cap(n);
-    if (want > c->cap) {
-        free(c->t);
-        c->t = jd_xmalloc(want * sizeof *c->t);
-        c->cap = want;
-    }
-    memset(c->t, 0, c->cap * sizeof *c->t);
+    c->t = jd_idtab_reset(c->t, &c->cap, sizeof *c->t, n);
     c->nev = 0;
 }
 
