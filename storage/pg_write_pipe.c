@@ -356,6 +356,9 @@ static int emit_changes(struct jd_pgw_ctx *c)
             sets = false;
     for (size_t i = 0; i < n; i++) {
         struct jd_write *w = c->b[i];
+        /* Every record kind that reads or writes a job's row (a state
+         * check included) must be listed here, or its order against the
+         * job's grouped changes is lost; a new kind joins this list. */
         bool job_record = w->op == JD_W_JOB_CHANGE || w->op == JD_W_JOB_CRASHES ||
                           w->op == JD_W_JOB_DELETE || w->op == JD_W_JOB_REQUEST;
         if (!job_record || w->job_id <= 0)
