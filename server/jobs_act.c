@@ -274,6 +274,7 @@ int jd_jobs_retry(struct jd_jobs *j, int64_t id, jd_action_done_fn done, void *a
     r->w.attempts = jb->run;
     r->w.run_at_ms = now;
     r->w.finished_ms = 0;
+    r->w.expect_version = jb->version; /* a cluster: not finished again elsewhere since */
     r->action_done = done;
     r->user_arg = arg;
     jobs_record(r);

@@ -252,11 +252,16 @@ struct jd_write {
     const char *output, *error; /* JSON text or NULL */
     int64_t run_at_ms, started_ms, finished_ms;
     uint32_t attempts;
-    uint32_t crashes;    /* JD_W_JOB_CRASHES */
-    bool release_unique; /* JD_W_JOB_CHANGE: delete the job's unique key in the same commit */
-    int64_t request_id;  /* JD_W_JOB_CHANGE: delete this inbox request in the same commit (the
-                            owner recording a cancel or message another node took; 0: none);
-                            JD_W_JOB_REQUEST: set to the new request's id */
+    uint32_t crashes;       /* JD_W_JOB_CRASHES */
+    bool release_unique;    /* JD_W_JOB_CHANGE: delete the job's unique key in the same commit */
+    int64_t request_id;     /* JD_W_JOB_CHANGE: delete this inbox request in the same commit (the
+                               owner recording a cancel or message another node took; 0: none);
+                               JD_W_JOB_REQUEST: set to the new request's id */
+    int64_t expect_version; /* JD_W_JOB_CHANGE: non-zero: apply only while the job's version is
+                               still this (a retry of a finished job, at the version the node
+                               read), else JD_ECONFLICT. Checked on PostgreSQL, where a stale
+                               node's retry could reopen a job finished again elsewhere; on
+                               SQLite one node writes and jd_jobs.mu orders its records. */
     /* the event (JD_W_JOB_CHANGE; for an insert the store writes
      * {"state":"queued"} itself) */
     enum jd_event_kind kind;

@@ -13,9 +13,13 @@
 
 #include "storage/store.h"
 
+#include "common/alloc.h"
+
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct jd_error;
 
@@ -192,6 +196,39 @@ int jd_find_sql_build_pg(const struct jd_job_find *f, struct jd_find_sql *out);
 #define JD_PG_HORIZON_SQL                                                                          \
     "(SELECT coalesce(min(pending_event_id), 9223372036854775807) FROM jd_nodes)"
 int jd_event_sql_build_pg(const struct jd_event_find *f, struct jd_find_sql *out);
+
+/* The per-batch job-id tables of both writers (writer.c's vcache,
+ * pg_write_pipe.c's job slots): open addressing with linear probing on a
+ * job id (0 marks an empty slot), a power-of-two capacity at least twice
+ * the batch so probe runs stay short. */
+static inline size_t jd_idtab_cap(size_t n)
+{
+    size_t cap = 64;
+    while (cap < 2 * n)
+        cap *= 2;
+    return cap;
+}
+
+/* Table t (*cap slots of slot_size bytes, or NULL) grown for a batch of
+ * n and emptied; the table (the caller keeps it, frees it with free). */
+static inline void *jd_idtab_reset(void *t, size_t *cap, size_t slot_size, size_t n)
+{
+    size_t want = jd_idtab_cap(n);
+    if (want > *cap) {
+        free(t);
+        t = jd_xmalloc(want * slot_size);
+        *cap = want;
+    }
+    memset(t, 0, *cap * slot_size);
+    return t;
+}
+
+/* Where id's probe run starts in a table of cap slots (Fibonacci hashing:
+ * ids are sequential, the high bits of the product spread them). */
+static inline size_t jd_idtab_home(int64_t id, size_t cap)
+{
+    return (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+}
 
 /* writer.c, shared by both backends: account for a finished batch (stats)
  * and fire its done()s in order (on the writer or the completion thread). */

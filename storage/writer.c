@@ -254,21 +254,13 @@ struct vcache {
 
 static void vc_reset(struct vcache *c, size_t n)
 {
-    size_t want = 64;
-    while (want < 2 * n)
-        want *= 2;
-    if (want > c->cap) {
-        free(c->t);
-        c->t = jd_xmalloc(want * sizeof *c->t);
-        c->cap = want;
-    }
-    memset(c->t, 0, c->cap * sizeof *c->t);
+    c->t = jd_idtab_reset(c->t, &c->cap, sizeof *c->t, n);
     c->nev = 0;
 }
 
 static struct vslot *vc_slot(struct vcache *c, int64_t job_id)
 {
-    size_t i = (size_t)((uint64_t)job_id * 0x9E3779B97F4A7C15ull >> 20) & (c->cap - 1);
+    size_t i = jd_idtab_home(job_id, c->cap);
     while (c->t[i].job_id != 0 && c->t[i].job_id != job_id)
         i = (i + 1) & (c->cap - 1);
     return &c->t[i];

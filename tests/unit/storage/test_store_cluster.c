@@ -639,6 +639,53 @@ static void test_a_conditional_fire_commits_once(void **state)
     assert_int_equal(submit_wait(f->a, &gone, &r), JD_ENOENT);
 }
 
+/* A retry names the version its node read: a node whose read is stale
+ * (the job was retried and finished again elsewhere since) cannot reopen
+ * it; a retry at the current version takes the job for its node. */
+static int retry_wait(struct jd_store *s, int64_t id, int64_t version, struct tres *r)
+{
+    struct jd_write w = {.op = JD_W_JOB_CHANGE,
+                         .job_id = id,
+                         .set = JD_SET_STATE | JD_SET_FINISHED,
+                         .state = JD_JOB_QUEUED,
+                         .kind = JD_EVK_STATE,
+                         .expect_version = version};
+    return submit_wait(s, &w, r);
+}
+
+static void test_a_stale_retry_cannot_reopen_a_job(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    int64_t id = insert_on(f->a);
+    struct tres r;
+    assert_int_equal(change_state_wait(f->a, id, JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(change_state_wait(f->a, id, JD_JOB_FAILED, &r), 0);
+    int64_t seen_by_b = r.version; /* b reads the failed job here */
+    assert_int_equal(seen_by_b, 3);
+    /* a retries it and it fails again */
+    assert_int_equal(retry_wait(f->a, id, seen_by_b, &r), 0);
+    assert_int_equal(change_state_wait(f->a, id, JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(change_state_wait(f->a, id, JD_JOB_FAILED, &r), 0);
+    int64_t now_at = r.version;
+    assert_int_equal(now_at, 6);
+    /* b's retry of what it read is refused and changes nothing */
+    assert_int_equal(retry_wait(f->b, id, seen_by_b, &r), JD_ECONFLICT);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->b, id, &got), 0);
+    assert_int_equal(got.version, now_at);
+    assert_int_equal(got.state, JD_JOB_FAILED);
+    jd_job_clear(&got);
+    assert_int_equal(owner_of(f, id), jd_store_node_id(f->a));
+    /* at the current version it passes the fence and the job is b's */
+    assert_int_equal(retry_wait(f->b, id, now_at, &r), 0);
+    assert_int_equal(r.version, now_at + 1);
+    assert_int_equal(owner_of(f, id), jd_store_node_id(f->b));
+    /* a version on a job this node does not own is still the fence's */
+    assert_int_equal(retry_wait(f->a, id, now_at + 1, &r), JD_ESTALE);
+}
+
 /* SQLite is a cluster of one: the cluster calls answer as much. */
 /* The writer's connection goes while its COMMIT is in flight: whether the
  * batch is in the database is unknown, so recording it again could record
@@ -811,6 +858,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_commit_notice_reaches_the_other_node, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_conditional_fire_commits_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_stale_retry_cannot_reopen_a_job, setup, teardown),
         cmocka_unit_test_setup_teardown(test_the_event_stream_waits_for_an_open_writer, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_commit_lost_in_flight_gives_the_node_up, setup,

@@ -242,6 +242,96 @@ static void test_batched_inserts_keep_every_byte(void **state)
     assert_int_equal(rf.rc, 0);
 }
 
+/* The changes of one job in one batch are folded into one update of its
+ * row (pg_write_pipe.c): each record still gets its own version and event,
+ * in order, and the row ends as the records one after the other leave it
+ * (a terminal state stamps a finish time unless one was set). */
+static void test_a_batch_folds_a_jobs_changes(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    int64_t a = insert_job(f), b = insert_job(f);
+    struct tres r[6];
+    struct jd_write w[6] = {
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = a,
+         .set = JD_SET_STATE | JD_SET_STARTED | JD_SET_ATTEMPTS,
+         .state = JD_JOB_RUNNING,
+         .started_ms = 5,
+         .attempts = 1,
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = b,
+         .set = JD_SET_FINISHED,
+         .finished_ms = 777,
+         .kind = JD_EVK_PROGRESS,
+         .data = "{\"b\":1}"},
+        {.op = JD_W_JOB_CHANGE, .job_id = a, .kind = JD_EVK_PROGRESS, .data = "{\"p\":1}"},
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = a,
+         .set = JD_SET_STATE | JD_SET_OUTPUT,
+         .state = JD_JOB_SUCCEEDED,
+         .output = "{\"x\":1}",
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = b,
+         .set = JD_SET_STATE,
+         .state = JD_JOB_CANCELLED,
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_CHANGE, .job_id = a, .kind = JD_EVK_MESSAGE, .data = "{\"m\":2}"},
+    };
+    struct jd_write *g[6];
+    for (int i = 0; i < 6; i++) {
+        w[i].done = tres_done;
+        w[i].arg = &r[i];
+        g[i] = &w[i];
+    }
+    assert_int_equal(jd_store_submit_many(f->s, g, 6), 0);
+    assert_int_equal(jd_store_sync(f->s), 0);
+    static const int64_t versions[6] = {2, 2, 3, 4, 3, 5};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(r[i].rc, 0);
+        assert_int_equal(r[i].version, versions[i]);
+    }
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, a, &got), 0);
+    assert_int_equal(got.version, 5);
+    assert_int_equal(got.state, JD_JOB_SUCCEEDED);
+    assert_string_equal(got.output, "{\"x\":1}");
+    assert_int_equal(got.started_ms, 5);
+    assert_int_equal(got.attempts, 1);
+    assert_true(got.finished_ms > 0);
+    jd_job_clear(&got);
+    assert_int_equal(jd_store_job_get(f->s, b, &got), 0);
+    assert_int_equal(got.version, 3);
+    assert_int_equal(got.state, JD_JOB_CANCELLED);
+    assert_int_equal(got.finished_ms, 777);
+    jd_job_clear(&got);
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, a, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 5);
+    static const int kinds[5] = {JD_EVK_STATE, JD_EVK_STATE, JD_EVK_PROGRESS, JD_EVK_STATE,
+                                 JD_EVK_MESSAGE};
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(ev[i].seq, (int64_t)i + 1);
+        assert_int_equal(ev[i].kind, kinds[i]);
+    }
+    assert_string_equal(ev[1].data, "{\"state\":\"running\"}");
+    assert_string_equal(ev[2].data, "{\"p\":1}");
+    assert_string_equal(ev[3].data, "{\"state\":\"succeeded\"}");
+    jd_job_events_free(ev, n);
+    struct jd_queue_counts *rows;
+    assert_int_equal(jd_store_queue_counts(f->s, &rows, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].counts[JD_JOB_QUEUED], 0);
+    assert_int_equal(rows[0].counts[JD_JOB_RUNNING], 0);
+    assert_int_equal(rows[0].counts[JD_JOB_SUCCEEDED], 1);
+    assert_int_equal(rows[0].counts[JD_JOB_CANCELLED], 1);
+    jd_queue_counts_free(rows, n);
+}
+
 static int count_job(void *arg, const struct jd_job *job, const struct jd_job_event *ev, size_t n)
 {
     (void)job;
@@ -383,6 +473,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_a_bad_definition_fails_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batched_inserts_keep_every_byte, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_batch_folds_a_jobs_changes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_labels_found_where_parsing_finds_them, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_unclean_restart_adopts_jobs_and_ids_go_on, setup,
