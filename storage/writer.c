@@ -1463,6 +1463,7 @@ static void *writer_main(void *arg)
             maybe_retention(s);
             if (atomic_exchange(&s->release_wanted, 0)) { /* jd_store_release_memory */
                 sqlite3_db_release_memory(s->wdb);
+                jd_sqlite_mem_trim();
 #ifdef __GLIBC__
                 malloc_trim(0);
 #endif

@@ -1450,10 +1450,68 @@ static void test_retention_deletes_old_terminal_jobs_and_their_history(void **st
     assert_true(jd_store_next_id(f->s) > keep[2]);
 }
 
+/* SQLite's allocations (storage/sqlite_mem.c once the store is open): every
+ * size SQLite may ask for gives a block at least that large that keeps its
+ * bytes through reallocs up and down, and blocks freed on another thread
+ * are reused safely. */
+static void *free_blocks(void *arg)
+{
+    void **b = arg;
+    for (int i = 0; i < 64; i++)
+        sqlite3_free(b[i]);
+    return NULL;
+}
+
+static void test_sqlite_allocations_keep_their_size_and_bytes(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 5000; n += (n < 1100 ? 1 : 97)) {
+        unsigned char *p = sqlite3_malloc(n);
+        assert_non_null(p);
+        assert_true(sqlite3_msize(p) >= (sqlite3_uint64)n);
+        memset(p, n & 0xff, (size_t)n);
+        int up = n * 2 + 5;
+        p = sqlite3_realloc(p, up);
+        assert_non_null(p);
+        assert_true(sqlite3_msize(p) >= (sqlite3_uint64)up);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(p[i], n & 0xff);
+        memset(p, 0x5a, (size_t)up);
+        int down = n / 3 + 1;
+        p = sqlite3_realloc(p, down);
+        assert_non_null(p);
+        assert_true(sqlite3_msize(p) >= (sqlite3_uint64)down);
+        for (int i = 0; i < down; i++)
+            assert_int_equal(p[i], 0x5a);
+        sqlite3_free(p);
+    }
+    /* freed on another thread, then allocated again here: distinct blocks */
+    void *b[64];
+    for (int i = 0; i < 64; i++) {
+        b[i] = sqlite3_malloc(440);
+        memset(b[i], i, 440);
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_blocks, b), 0);
+    pthread_join(t, NULL);
+    void *c[64];
+    for (int i = 0; i < 64; i++) {
+        c[i] = sqlite3_malloc(440);
+        memset(c[i], i, 440);
+    }
+    for (int i = 0; i < 64; i++)
+        for (int k = i + 1; k < 64; k++)
+            assert_ptr_not_equal(c[i], c[k]);
+    for (int i = 0; i < 64; i++)
+        sqlite3_free(c[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_insert_then_get_returns_every_field, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sqlite_allocations_keep_their_size_and_bytes, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_every_change_bumps_version_and_appends_one_event,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_change_to_missing_job_is_enoent, setup, teardown),
