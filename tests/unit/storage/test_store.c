@@ -627,6 +627,31 @@ static void test_deferred_rows_are_seen_by_later_records_of_the_batch(void **sta
     check_job_history(f->s, e.id, 3, JD_JOB_QUEUED);
 }
 
+/* The writer remembers the version and state its commits left in the jobs
+ * they wrote (struct known in writer.c), so a later batch's change skips
+ * the read: versions stay consecutive across batches, and a job deleted in
+ * between is missing to the next batch, not updated from the memory. */
+static void test_a_job_deleted_between_batches_is_missing_to_the_next(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(r.version, 2);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_DISPATCH, 1, "{}", &r), 0);
+    assert_int_equal(r.version, 3);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_SUCCEEDED, &r), 0);
+    assert_int_equal(r.version, 4);
+    check_job_history(f->s, j.id, 4, JD_JOB_SUCCEEDED);
+    struct jd_write del = {.op = JD_W_JOB_DELETE, .job_id = j.id};
+    assert_int_equal(submit_wait(f->s, &del, &r), 0);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_COMPLETE, 1, "{}", &r), JD_ENOENT);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_QUEUED, &r), JD_ENOENT);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, j.id, &got), JD_ENOENT);
+}
+
 static void test_max_batch_splits_transactions_but_never_a_group(void **state)
 {
     struct fx *f = *state;
@@ -1444,6 +1469,9 @@ static void test_retention_deletes_old_terminal_jobs_and_their_history(void **st
         rc = jd_store_job_get(f->s, keep[2], &got);
     }
     assert_int_equal(rc, JD_ENOENT);
+    /* the writer wrote these jobs' rows, then retention deleted them */
+    assert_int_equal(change_state_wait(f->s, keep[2], JD_JOB_QUEUED, &r), JD_ENOENT);
+    assert_int_equal(event_wait(f->s, old_ids[299], JD_EVK_COMPLETE, 1, "{}", &r), JD_ENOENT);
     jd_store_close(f->s);
     f->s = NULL;
     assert_int_equal(fx_open(f, false, 0), 0);
@@ -1529,6 +1557,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_done_callbacks_fire_in_submission_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_completion_thread_keeps_order_and_frees_the_writer,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_job_deleted_between_batches_is_missing_to_the_next,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_batch_splits_transactions_but_never_a_group, setup,
                                         teardown),
