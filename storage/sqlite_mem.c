@@ -45,6 +45,7 @@
 #endif
 #endif
 
+#ifndef JD_SQLMEM_OFF
 #define JD_SQLMEM_GRAIN 16                                    /* bytes between size classes */
 #define JD_SQLMEM_SMALL 1024                                  /* largest cached block */
 #define JD_SQLMEM_CLASSES (JD_SQLMEM_SMALL / JD_SQLMEM_GRAIN) /* class c: (c + 1) * 16 bytes */
@@ -197,6 +198,8 @@ static void sqlmem_shutdown(void *arg)
     (void)arg;
 }
 
+#endif /* JD_SQLMEM_OFF */
+
 void jd_sqlite_mem_install(void)
 {
 #ifndef JD_SQLMEM_OFF
@@ -221,5 +224,7 @@ void jd_sqlite_mem_install(void)
 
 void jd_sqlite_mem_trim(void)
 {
+#ifndef JD_SQLMEM_OFF
     drain(&cache);
+#endif
 }
