@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 static const struct jd_route_def table[] = {
@@ -94,16 +95,47 @@ static enum how pattern_match(const char *pattern, const struct seg *segs, int n
             const char *slash = strchr(p, '/');
             p = slash ? slash : p + strlen(p);
         } else {
-            /* strncmp stops at the pattern's end; the segment holds no 0 */
-            size_t len = segs[k].n;
-            if (p[0] != segs[k].p[0] || strncmp(p, segs[k].p, len) != 0 ||
-                (p[len] != '/' && p[len] != '\0'))
+            /* compared in place: the segment holds no 0, so the loop stops
+             * at the pattern's end at the latest (no strncmp call per row) */
+            size_t len = segs[k].n, i = 0;
+            const char *q = segs[k].p;
+            while (i < len && p[i] == q[i])
+                i++;
+            if (i != len || (p[len] != '/' && p[len] != '\0'))
                 return NO_MATCH;
             p += len;
         }
         if (*p == '/')
             p++;
     }
+}
+
+/* The first letters of a request path's first segment and, for a path
+ * under "/v1/", of its second one (0 otherwise). */
+struct lead {
+    char first, second;
+};
+
+static struct lead lead_of(const char *path)
+{
+    struct lead l = {.first = path[1]};
+    if (path[1] == 'v' && path[2] == '1' && path[3] == '/')
+        l.second = path[4];
+    return l;
+}
+
+/* Whether pattern cannot match the path l came from (split: no empty
+ * segments) by those letters: most rows are skipped without a full
+ * pattern_match. */
+static bool quick_reject(const char *pattern, struct lead l)
+{
+    char c = pattern[1];
+    if (c != '{' && c != '*' && c != l.first)
+        return true;
+    if (!l.second || c != 'v' || pattern[2] != '1' || pattern[3] != '/')
+        return false;
+    c = pattern[4];
+    return c != '{' && c != '*' && c != l.second;
 }
 
 /* Copy the parameter into m: one segment, or segs[rest..n) joined by '/'.
@@ -150,9 +182,12 @@ int jd_router_match_in(const struct jd_route_def *rows, size_t nrows, const char
         signed char param, rest;
     } seen[MAXROWS];
     enum how best = NO_MATCH;
+    struct lead lead = lead_of(path);
     for (size_t i = 0; i < nrows; i++) {
-        int param, rest;
-        enum how how = pattern_match(rows[i].pattern, segs, n, &param, &rest);
+        int param = -1, rest = -1;
+        enum how how = quick_reject(rows[i].pattern, lead)
+                           ? NO_MATCH
+                           : pattern_match(rows[i].pattern, segs, n, &param, &rest);
         if (i < MAXROWS) {
             seen[i].how = (unsigned char)how;
             seen[i].param = (signed char)param; /* both < MAXSEG */

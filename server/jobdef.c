@@ -339,10 +339,10 @@ static int handler_validate(struct vctx *v, const char *cmd, const cJSON *args, 
         if (v->batch)
             v->batch->left -= bytes; /* jd_subst kept it within left */
         if (c->validate)
-            text = cJSON_PrintUnformatted(a);
+            text = jd_json_print(a);
         cJSON_Delete(a);
     } else if (c->validate && args) {
-        text = cJSON_PrintUnformatted(args);
+        text = jd_json_print(args);
     }
     int rc = c->validate ? jd_registry_validate(v->registry, cmd, text, args_ptr, err) : 0;
     free(text);
@@ -686,7 +686,7 @@ static int parse_notify(struct jd_jobdef *d, const cJSON *root, const char *base
         cJSON *a = cJSON_CreateObject();
         cJSON_AddStringToObject(a, "method", "POST");
         cJSON_AddStringToObject(a, "url", url->valuestring);
-        char *text = cJSON_PrintUnformatted(a);
+        char *text = jd_json_print(a);
         cJSON_Delete(a);
         struct jd_error e2;
         jd_error_clear(&e2);
@@ -743,7 +743,7 @@ static int from_json(cJSON *root, const char *base, const struct jd_job_limits *
         goto fail;
     /* What is stored is the compact text: each job of a batch is held to
      * the definition limit here, as a single body is before parsing. */
-    d->text = cJSON_PrintUnformatted(root);
+    d->text = jd_json_print(root);
     if (strlen(d->text) > l.max_definition_bytes) {
         /* 422, not 413: the request itself was within its limit. */
         rc = jd_error_set(err, JD_EINVAL, base, "definition is %zu bytes, the limit is %zu",
@@ -871,7 +871,7 @@ static int from_json(cJSON *root, const char *base, const struct jd_job_limits *
             }
             /* The type's own check of the input: make and drop an instance. */
             char msg[256] = "";
-            char *in = d->input ? cJSON_PrintUnformatted(d->input) : NULL;
+            char *in = d->input ? jd_json_print(d->input) : NULL;
             void *inst = pt->create(d->method, in, msg, sizeof msg);
             free(in);
             if (!inst) {

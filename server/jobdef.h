@@ -221,4 +221,10 @@ struct jd_ptr_frame {
 /* base followed by the tokens from the top frame down to f, into buf. */
 void jd_ptr_frame_format(const struct jd_ptr_frame *f, const char *base, char *buf, size_t cap);
 
+/* cJSON_PrintUnformatted(v), byte for byte (server/render.c), without
+ * printf and sscanf for integers of up to 15 digits and with one growing
+ * buffer; NULL where cJSON gives NULL (an invalid or empty raw item). The
+ * caller frees the text. */
+char *jd_json_print(const cJSON *v);
+
 #endif

@@ -106,14 +106,14 @@ void jd_jobdef_slim(struct jd_jobdef *d)
             refs = true;
             s->args = keep_tree(d, s->args);
         } else {
-            s->args_text = s->args ? cJSON_PrintUnformatted(s->args) : jd_xstrdup("{}");
+            s->args_text = s->args ? jd_json_print(s->args) : jd_xstrdup("{}");
             if (!s->args_text)
                 slim_oom("jobdef args");
             s->args = NULL;
         }
     }
     if (d->shape == JD_JOBDEF_PROCESS) {
-        if (d->input && !(d->input_text = cJSON_PrintUnformatted(d->input)))
+        if (d->input && !(d->input_text = jd_json_print(d->input)))
             slim_oom("jobdef input");
         d->input = NULL;
     } else {

@@ -76,7 +76,7 @@ void jobs_record(struct wrec *r)
 char *jobs_with_run(cJSON *o, uint32_t run)
 {
     cJSON_AddNumberToObject(o, "run", run);
-    char *t = cJSON_PrintUnformatted(o);
+    char *t = jd_json_print(o);
     cJSON_Delete(o);
     return t;
 }

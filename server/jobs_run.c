@@ -171,7 +171,7 @@ void jobs_start_job(struct jd_jobs *j, struct job *jb, bool resume)
             self = jd_plugin_process_new(pt);
             method = d->method;
             input = d->input_text ? jd_xstrdup(d->input_text)
-                    : d->input    ? cJSON_PrintUnformatted(d->input)
+                    : d->input    ? jd_json_print(d->input)
                                   : NULL;
         }
     }

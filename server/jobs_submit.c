@@ -180,8 +180,9 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
     int rc = jd_jobdef_parse(body, len, &j->limits, j->reg, &d, err);
     if (rc)
         return rc;
-    char fp[JD_SHA256_HEX_LEN + 1];
-    fingerprint(d->text, fp);
+    char fp[JD_SHA256_HEX_LEN + 1] = "";
+    if (idempotency_key) /* only a key is stored with its body's fingerprint */
+        fingerprint(d->text, fp);
     add_trace(d, traceparent); /* after the fingerprint: not part of the request's identity */
     jd_jobdef_slim(d);         /* now: the parsed tree is not kept while the job waits its turn */
     if (idempotency_key) {

@@ -115,7 +115,7 @@ static void wf_close(void *self)
 
 static void fail_json(struct jd_step_out *out, cJSON *e)
 {
-    jd_step_fail_take(out, cJSON_PrintUnformatted(e));
+    jd_step_fail_take(out, jd_json_print(e));
     cJSON_Delete(e);
 }
 
@@ -168,7 +168,7 @@ static bool start_leaf(struct wf *w, size_t i, struct jd_step_out *out)
             fail_json(out, err);
             return false;
         }
-        char *text = cJSON_PrintUnformatted(args);
+        char *text = jd_json_print(args);
         cJSON_Delete(args);
         jd_step_yield(out, tag, s->call, text, s->timeout_ms);
         free(text);
@@ -255,7 +255,7 @@ static cJSON *raw_take(struct wf *w, char *text)
 static bool keep_output(struct wf *w, const struct jd_jobdef_step *s, cJSON *r,
                         struct jd_step_out *out)
 {
-    char *text = cJSON_PrintUnformatted(r);
+    char *text = jd_json_print(r);
     cJSON_Delete(r);
     if (!text)
         text = jd_xstrdup("null");
@@ -280,7 +280,7 @@ static cJSON *compact_message(struct wf *w, cJSON *m)
 {
     cJSON *data = cJSON_DetachItemFromObjectCaseSensitive(m, "data");
     if (data) {
-        char *text = cJSON_PrintUnformatted(data);
+        char *text = jd_json_print(data);
         cJSON_Delete(data);
         cJSON_AddItemToObject(m, "data", raw_take(w, text ? text : jd_xstrdup("null")));
     }
@@ -407,10 +407,10 @@ static int wf_step(void *self, struct jd_event *events, size_t n, struct jd_step
         w->pos = i + 1 + nch;
     }
     if (w->task) {
-        char *r = w->task_output ? cJSON_PrintUnformatted(w->task_output) : jd_xstrdup("null");
+        char *r = w->task_output ? jd_json_print(w->task_output) : jd_xstrdup("null");
         jd_step_done_take(out, r);
     } else {
-        jd_step_done_take(out, cJSON_PrintUnformatted(w->outputs));
+        jd_step_done_take(out, jd_json_print(w->outputs));
     }
     return 0;
 }

@@ -383,6 +383,7 @@ bool jd_store_unclean(const struct jd_store *s)
 /* Process-wide SQLite settings, before SQLite initialises (if something
  * else initialised it first they are skipped, which costs only speed): no
  * memory statistics (they take a global mutex on every malloc and free),
+ * SQLite's small allocations from per-thread caches (sqlite_mem.c),
  * and savepoint journals kept in one memory chunk of up to
  * JD_STMT_JOURNAL_SPILL before they spill to a temporary file (the default
  * 64 KiB spills for large submit_many groups; temp_store=MEMORY instead
@@ -390,6 +391,7 @@ bool jd_store_unclean(const struct jd_store *s)
 #define JD_STMT_JOURNAL_SPILL (1 << 20)
 static void sqlite_global_init(void)
 {
+    jd_sqlite_mem_install();
     sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     sqlite3_config(SQLITE_CONFIG_STMTJRNL_SPILL, JD_STMT_JOURNAL_SPILL);
 }

@@ -238,4 +238,11 @@ void jd_writer_finish_batch(struct jd_store *s, struct jd_write **b, int *rcs, s
 /* Map a SQLite result code to a JD_E* code. */
 int jd_store_sqlite_rc(int rc);
 
+/* sqlite_mem.c: SQLite's allocator, glibc malloc behind a per-thread cache
+ * of small blocks; install before SQLite initialises (once per process;
+ * JD_SQLITE_MALLOC=system in the environment keeps SQLite's own). Trim
+ * gives the calling thread's cached blocks back to glibc. */
+void jd_sqlite_mem_install(void);
+void jd_sqlite_mem_trim(void);
+
 #endif

@@ -238,10 +238,26 @@ struct evrow {
     const char *data; /* static, or the record's: both outlive the batch */
 };
 
+/* What the last committed transactions left in a jobs row, for the jobs
+ * they wrote: a job's change in a later batch needs no version read when
+ * its job is here (a direct-mapped cache: a colliding job replaces the
+ * entry). Filled from a batch's vslots after its COMMIT; emptied whenever
+ * it could be wrong: a batch that failed or took the savepoint path, a
+ * job deleted (JD_W_JOB_DELETE, retention), the queue names dropped. */
+#define JD_KNOWN_SLOTS 8192
+struct known {
+    int64_t job_id; /* 0: empty */
+    int64_t version;
+    const char *queue; /* owned by the writer's qcounts (kept across batches) */
+    int state;
+};
+
 struct vcache {
     struct vslot *t;
-    size_t cap;         /* a power of two, at least twice the batch */
-    struct qcounts *qc; /* the writer's queue counts (both paths) */
+    size_t cap;          /* a power of two, at least twice the batch */
+    struct qcounts *qc;  /* the writer's queue counts (both paths) */
+    struct known *known; /* JD_KNOWN_SLOTS entries */
+    bool known_stale;    /* this batch deleted a job: empty known after it */
     /* Events of the optimistic transaction not yet inserted: written
      * JD_EV_ROWS at a time by one multi-row INSERT (a statement's fixed
      * cost, cursors opened and closed, is ~30 % of a one-row insert), the
@@ -256,6 +272,32 @@ static void vc_reset(struct vcache *c, size_t n)
 {
     c->t = jd_idtab_reset(c->t, &c->cap, sizeof *c->t, n);
     c->nev = 0;
+}
+
+static struct known *known_slot(struct vcache *c, int64_t job_id)
+{
+    return &c->known[((uint64_t)job_id * 0x9E3779B97F4A7C15ull >> 32) & (JD_KNOWN_SLOTS - 1)];
+}
+
+static void known_clear(struct vcache *c)
+{
+    memset(c->known, 0, JD_KNOWN_SLOTS * sizeof *c->known);
+    c->known_stale = false;
+}
+
+/* After a batch committed on the optimistic path: remember what it wrote. */
+static void known_absorb(struct vcache *c)
+{
+    if (c->known_stale) {
+        known_clear(c);
+        return;
+    }
+    for (size_t i = 0; i < c->cap; i++)
+        if (c->t[i].job_id != 0)
+            *known_slot(c, c->t[i].job_id) = (struct known){.job_id = c->t[i].job_id,
+                                                            .version = c->t[i].version,
+                                                            .queue = c->t[i].queue,
+                                                            .state = c->t[i].state};
 }
 
 static struct vslot *vc_slot(struct vcache *c, int64_t job_id)
@@ -396,16 +438,30 @@ static struct qcount *qc_entry(struct qcounts *c, const char *queue)
     return e;
 }
 
-/* Forget every change (the transaction, or a savepoint, rolled back). */
+/* Forget every change (the transaction, or a savepoint, rolled back); the
+ * queue names stay (struct known points at them) until qc_drop. */
 static void qc_clear(struct qcounts *c)
 {
     if (c->n == 0)
         return;
+    for (size_t i = 0; i < c->cap; i++)
+        memset(c->t[i].d, 0, sizeof c->t[i].d);
+}
+
+#define JD_QC_NAMES_KEPT 256 /* distinct queue names kept between batches */
+
+/* Free the queue names once more than keep are held (keep 0: all);
+ * true when it did (whatever pointed at them must go too). */
+static bool qc_drop(struct qcounts *c, size_t keep)
+{
+    if (c->n == 0 || c->n <= keep)
+        return false;
     for (size_t i = 0; i < c->cap; i++) {
         free(c->t[i].queue);
         c->t[i] = (struct qcount){0};
     }
     c->n = 0;
+    return true;
 }
 
 /* Write the net changes into queue_counts and clear; SQLite rc. */
@@ -587,10 +643,15 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
     const char *queue = NULL;
     int old_state = 0;
     int rc;
+    struct known *k = slot ? known_slot(vc, w->job_id) : NULL;
     if (slot && slot->job_id == w->job_id) {
         version = slot->version + 1;
         queue = slot->queue;
         old_state = slot->state;
+    } else if (k && k->job_id == w->job_id) {
+        version = k->version + 1;
+        queue = k->queue;
+        old_state = k->state;
     } else {
         sqlite3_stmt *vs = s->wst[JD_WS_VERSION_GET];
         sqlite3_bind_int64(vs, 1, w->job_id);
@@ -854,8 +915,10 @@ static int apply_job_delete(struct jd_store *s, struct jd_write *w, struct vcach
         sqlite3_reset(st);
         return rc == SQLITE_ROW ? JD_ECONFLICT : rc == SQLITE_DONE ? JD_ENOENT : JD_EIO;
     }
-    if (vc) /* a change earlier in this batch must not write the row back */
+    if (vc) { /* a change earlier in this batch must not write the row back */
         vc_slot(vc, w->job_id)->dirty = false;
+        vc->known_stale = true;
+    }
     static const int dels[] = {JD_WS_RET_DEL_EVENTS, JD_WS_RET_DEL_DEF, JD_WS_RET_DEL_TASKS,
                                JD_WS_RET_MAX_ID, JD_WS_RET_MAX_EVENT};
     for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
@@ -1111,12 +1174,13 @@ static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int6
     int64_t now = jd_wall_ms();
     size_t records = 0;
     bool ok = false;
+    int fast = -1;
 
     if (run(s->wst[JD_WS_BEGIN]) != SQLITE_DONE) {
         log_failure(s, "begin");
         goto done;
     }
-    int fast = apply_optimistic(s, b, rcs, ids, n, now, vc);
+    fast = apply_optimistic(s, b, rcs, ids, n, now, vc);
     if (fast < 0) {
         log_failure(s, "write");
         goto done;
@@ -1137,6 +1201,10 @@ static void commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, int6
     ok = true;
 
 done:
+    if (ok && fast == 0)
+        known_absorb(vc);
+    else
+        known_clear(vc);
     if (!ok) {
         abort_tx(s);
         for (size_t i = 0; i < n; i++) {
@@ -1368,13 +1436,15 @@ static bool retention_on(const struct jd_store *s)
     return s->retention_ms > 0 || s->queue_retention;
 }
 
-static void maybe_retention(struct jd_store *s)
+/* Run a retention pass when due; true when one ran (it may have deleted
+ * jobs). */
+static bool maybe_retention(struct jd_store *s)
 {
     if (!retention_on(s))
-        return;
+        return false;
     int64_t now = jd_wall_ms();
     if (now < s->retention_due_ms)
-        return;
+        return false;
     /* A queue's retention may be as short as a second: its passes run at
      * the longest interval (a second). */
     int64_t interval = s->queue_retention ? JD_RETENTION_MAX_INTERVAL_MS : s->retention_ms / 8;
@@ -1385,6 +1455,7 @@ static void maybe_retention(struct jd_store *s)
     /* A full batch means more expired jobs: go again after the next commit. */
     bool more = s->pg ? jd_pg_retention_step(s) : retention_step(s);
     s->retention_due_ms = more ? now : now + interval;
+    return true;
 }
 
 /* Wait until a record is pushed, stop is requested, or the retention pass is
@@ -1432,7 +1503,7 @@ static void *writer_main(void *arg)
     int *rcs = NULL;
     int64_t *ids = NULL;
     struct qcounts qc = {0};
-    struct vcache vc = {.qc = &qc};
+    struct vcache vc = {.qc = &qc, .known = jd_xcalloc(JD_KNOWN_SLOTS, sizeof *vc.known)};
 
     for (;;) {
         /* acquire: see the records' contents written before their push. */
@@ -1452,9 +1523,11 @@ static void *writer_main(void *arg)
             pend_tail = last;
         }
         if (!pend) {
-            maybe_retention(s);
+            if (maybe_retention(s))
+                known_clear(&vc);
             if (atomic_exchange(&s->release_wanted, 0)) { /* jd_store_release_memory */
                 sqlite3_db_release_memory(s->wdb);
+                jd_sqlite_mem_trim();
 #ifdef __GLIBC__
                 malloc_trim(0);
 #endif
@@ -1486,13 +1559,18 @@ static void *writer_main(void *arg)
             commit_batch_pg(s, b, rcs, n);
         else
             commit_batch(s, b, rcs, ids, n, &vc);
-        maybe_retention(s);
+        bool stale = maybe_retention(s);
+        if (qc_drop(&qc, JD_QC_NAMES_KEPT))
+            stale = true;
+        if (stale)
+            known_clear(&vc);
     }
     free(b);
     free(rcs);
     free(ids);
     free(vc.t);
-    qc_clear(&qc);
+    free(vc.known);
+    qc_drop(&qc, 0);
     free(qc.t);
     return NULL;
 }

@@ -221,6 +221,37 @@ static void test_table_flags(void **state)
     assert_string_equal(jd_route_name(JD_ROUTE_QUEUE_PAUSE), "/v1/queues/{queue}/pause");
 }
 
+/* Rows are skipped by the first letters of the path's first and (under
+ * /v1/) second segments; parameters and rest-of-path segments in those
+ * places still match anything. */
+static const struct jd_route_def lead_rows[] = {
+    {JD_ROUTE_JOB_GET, JD_M_GET, "/{p}/y", 0},
+    {JD_ROUTE_JOB_LIST, JD_M_GET, "/v1/{a}/x", JD_RF_V1},
+    {JD_ROUTE_JOB_CANCEL, JD_M_GET, "/v1/*", JD_RF_V1},
+    {JD_ROUTE_LIVEZ, JD_M_GET, "/z", 0},
+};
+#define NLEAD (sizeof lead_rows / sizeof lead_rows[0])
+
+static void test_rows_skipped_by_leading_letters_only_when_literal(void **state)
+{
+    (void)state;
+    struct jd_route_match m;
+    assert_int_equal(jd_router_match_in(lead_rows, NLEAD, "GET", "/anything/y", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_JOB_GET);
+    assert_string_equal(m.param, "anything");
+    assert_int_equal(jd_router_match_in(lead_rows, NLEAD, "GET", "/v1/b/x", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_JOB_LIST);
+    assert_string_equal(m.param, "b");
+    assert_int_equal(jd_router_match_in(lead_rows, NLEAD, "GET", "/v1/q/r/s", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_JOB_CANCEL);
+    assert_string_equal(m.param, "q/r/s");
+    assert_int_equal(jd_router_match_in(lead_rows, NLEAD, "GET", "/z", &m), 0);
+    assert_int_equal(m.route, JD_ROUTE_LIVEZ);
+    assert_int_equal(jd_router_match_in(lead_rows, NLEAD, "GET", "/zz", &m), JD_ENOENT);
+    assert_int_equal(jd_router_match_in(lead_rows, NLEAD, "POST", "/z/", &m), JD_ECONFLICT);
+    assert_int_equal(m.allow, JD_M_GET | JD_M_HEAD);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -233,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_put_and_delete),
         cmocka_unit_test(test_prefix_route_carries_the_rest),
         cmocka_unit_test(test_table_flags),
+        cmocka_unit_test(test_rows_skipped_by_leading_letters_only_when_literal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -257,10 +257,104 @@ static void test_time_format_matches_jd_time_format(void **state)
     }
 }
 
+/* jd_json_print is cJSON_PrintUnformatted byte for byte: numbers on both
+ * sides of its integer shortcut (-0, 1e15, fractions, huge, tiny), escapes
+ * and control characters, UTF-8, nesting, empty containers, raw items. */
+static void check_print(const cJSON *v)
+{
+    char *want = cJSON_PrintUnformatted(v);
+    char *got = jd_json_print(v);
+    if (!want) {
+        assert_null(got);
+        return;
+    }
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+    free(want);
+}
+
+static void test_json_print_matches_cjson(void **state)
+{
+    (void)state;
+    static const char *const docs[] = {
+        "0",
+        "-0",
+        "1",
+        "-1",
+        "12345",
+        "2147483647",
+        "2147483648",
+        "-2147483649",
+        "999999999999999",
+        "-999999999999999",
+        "1000000000000000",
+        "1e15",
+        "-1e15",
+        "1e16",
+        "123456789012345678",
+        "9007199254740993",
+        "0.1",
+        "1.5",
+        "-2.25",
+        "3.141592653589793",
+        "1e-7",
+        "5e-324",
+        "1.7976931348623157e308",
+        "1e300",
+        "-0.0",
+        "100.0",
+        "1234567890123.5",
+        "\"\"",
+        "\"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\"",
+        "\"\\u0001\\u001f\\u007f\"",
+        "\"h\\u00e9llo \\u20ac \\ud83d\\ude00\"",
+        "true",
+        "false",
+        "null",
+        "{}",
+        "[]",
+        "[[],{},[{}],{\"a\":[]}]",
+        "{\"\":1,\"k\\n\":{\"x\":[1,2.5,-0,\"s\",null,true]}}",
+        "{\"handler\":\"echo\",\"args\":{\"n\":12345,\"t\":1764100000123456789},"
+        "\"labels\":{\"team\":\"x\"},\"retry\":{\"max_attempts\":5,\"backoff_ms\":200}}",
+    };
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        cJSON *v = cJSON_Parse(docs[i]);
+        assert_non_null(v);
+        check_print(v);
+        cJSON_Delete(v);
+    }
+    /* numbers built in C, beyond what a parse gives */
+    const double nums[] = {-0.0,
+                           1e15 - 1,
+                           1e15,
+                           -1e15 + 1,
+                           0.5,
+                           4503599627370496.0,
+                           1e-300,
+                           (double)INT64_MAX,
+                           (double)INT64_MIN};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        cJSON *v = cJSON_CreateNumber(nums[i]);
+        check_print(v);
+        cJSON_Delete(v);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "raw", cJSON_CreateRaw("{\"pre\":1}"));
+    cJSON_AddItemToObject(o, "s", cJSON_CreateString("x"));
+    check_print(o);
+    cJSON_Delete(o);
+    cJSON *r = cJSON_CreateRaw(NULL);
+    check_print(r); /* NULL on both sides */
+    cJSON_Delete(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fresh_job_matches_the_tree_rendering),
+        cmocka_unit_test(test_json_print_matches_cjson),
         cmocka_unit_test(test_schedule_jobs_name_their_fire_time),
         cmocka_unit_test(test_every_field_and_odd_values_match),
         cmocka_unit_test(test_definitions_without_labels_or_not_compact_match),

@@ -627,6 +627,31 @@ static void test_deferred_rows_are_seen_by_later_records_of_the_batch(void **sta
     check_job_history(f->s, e.id, 3, JD_JOB_QUEUED);
 }
 
+/* The writer remembers the version and state its commits left in the jobs
+ * they wrote (struct known in writer.c), so a later batch's change skips
+ * the read: versions stay consecutive across batches, and a job deleted in
+ * between is missing to the next batch, not updated from the memory. */
+static void test_a_job_deleted_between_batches_is_missing_to_the_next(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(r.version, 2);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_DISPATCH, 1, "{}", &r), 0);
+    assert_int_equal(r.version, 3);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_SUCCEEDED, &r), 0);
+    assert_int_equal(r.version, 4);
+    check_job_history(f->s, j.id, 4, JD_JOB_SUCCEEDED);
+    struct jd_write del = {.op = JD_W_JOB_DELETE, .job_id = j.id};
+    assert_int_equal(submit_wait(f->s, &del, &r), 0);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_COMPLETE, 1, "{}", &r), JD_ENOENT);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_QUEUED, &r), JD_ENOENT);
+    struct jd_job got;
+    assert_int_equal(jd_store_job_get(f->s, j.id, &got), JD_ENOENT);
+}
+
 static void test_max_batch_splits_transactions_but_never_a_group(void **state)
 {
     struct fx *f = *state;
@@ -1444,16 +1469,77 @@ static void test_retention_deletes_old_terminal_jobs_and_their_history(void **st
         rc = jd_store_job_get(f->s, keep[2], &got);
     }
     assert_int_equal(rc, JD_ENOENT);
+    /* the writer wrote these jobs' rows, then retention deleted them */
+    assert_int_equal(change_state_wait(f->s, keep[2], JD_JOB_QUEUED, &r), JD_ENOENT);
+    assert_int_equal(event_wait(f->s, old_ids[299], JD_EVK_COMPLETE, 1, "{}", &r), JD_ENOENT);
     jd_store_close(f->s);
     f->s = NULL;
     assert_int_equal(fx_open(f, false, 0), 0);
     assert_true(jd_store_next_id(f->s) > keep[2]);
 }
 
+/* SQLite's allocations (storage/sqlite_mem.c once the store is open): every
+ * size SQLite may ask for gives a block at least that large that keeps its
+ * bytes through reallocs up and down, and blocks freed on another thread
+ * are reused safely. */
+static void *free_blocks(void *arg)
+{
+    void **b = arg;
+    for (int i = 0; i < 64; i++)
+        sqlite3_free(b[i]);
+    return NULL;
+}
+
+static void test_sqlite_allocations_keep_their_size_and_bytes(void **state)
+{
+    (void)state;
+    for (int n = 1; n <= 5000; n += (n < 1100 ? 1 : 97)) {
+        unsigned char *p = sqlite3_malloc(n);
+        assert_non_null(p);
+        assert_true(sqlite3_msize(p) >= (sqlite3_uint64)n);
+        memset(p, n & 0xff, (size_t)n);
+        int up = n * 2 + 5;
+        p = sqlite3_realloc(p, up);
+        assert_non_null(p);
+        assert_true(sqlite3_msize(p) >= (sqlite3_uint64)up);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(p[i], n & 0xff);
+        memset(p, 0x5a, (size_t)up);
+        int down = n / 3 + 1;
+        p = sqlite3_realloc(p, down);
+        assert_non_null(p);
+        assert_true(sqlite3_msize(p) >= (sqlite3_uint64)down);
+        for (int i = 0; i < down; i++)
+            assert_int_equal(p[i], 0x5a);
+        sqlite3_free(p);
+    }
+    /* freed on another thread, then allocated again here: distinct blocks */
+    void *b[64];
+    for (int i = 0; i < 64; i++) {
+        b[i] = sqlite3_malloc(440);
+        memset(b[i], i, 440);
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_blocks, b), 0);
+    pthread_join(t, NULL);
+    void *c[64];
+    for (int i = 0; i < 64; i++) {
+        c[i] = sqlite3_malloc(440);
+        memset(c[i], i, 440);
+    }
+    for (int i = 0; i < 64; i++)
+        for (int k = i + 1; k < 64; k++)
+            assert_ptr_not_equal(c[i], c[k]);
+    for (int i = 0; i < 64; i++)
+        sqlite3_free(c[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_insert_then_get_returns_every_field, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sqlite_allocations_keep_their_size_and_bytes, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_every_change_bumps_version_and_appends_one_event,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_change_to_missing_job_is_enoent, setup, teardown),
@@ -1471,6 +1557,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_done_callbacks_fire_in_submission_order, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_completion_thread_keeps_order_and_frees_the_writer,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_job_deleted_between_batches_is_missing_to_the_next,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_batch_splits_transactions_but_never_a_group, setup,
                                         teardown),
