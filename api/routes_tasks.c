@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "server/tasks.h"
+#include "storage/store.h"
 
 #include <poll.h>
 #include <stdio.h>
@@ -124,8 +125,10 @@ enum MHD_Result route_task_claim(struct jd_req *r)
     http_arm(r);
     http_req_ref(r);
     /* The parked slot goes back with the request, however it ends (on_completed). */
-    int rc = jd_jobs_task_claim(http_jobs_of(h), r->body ? r->body : "", r->len,
-                                http_on_action_done, r, &err);
+    /* A claim another node forwarded takes only this node's tasks (one hop). */
+    bool here = http_header(r, "Jackdaw-Forwarded") != NULL;
+    int rc = (here ? jd_jobs_task_claim_here : jd_jobs_task_claim)(
+        http_jobs_of(h), r->body ? r->body : "", r->len, http_on_action_done, r, &err);
     return http_async_started(r, rc, &err, answer_ok);
 }
 
@@ -134,6 +137,12 @@ static enum MHD_Result task_end(struct jd_req *r, int which)
 {
     struct jd_error err = {0};
     const char *reason = NULL;
+    int64_t node = 0;
+    /* A cluster node answers for the tasks it made; another node's go to
+     * it (one hop: a request another node forwarded is answered here). */
+    if (r->h->fwd && jd_task_id_parse(r->m.param, &node) && node != 0 &&
+        node != jd_store_node_id(r->h->store) && http_header(r, "Jackdaw-Forwarded") == NULL)
+        return http_forward_relay(r, node, which);
     http_arm(r);
     http_req_ref(r);
     struct jd_jobs *j = http_jobs_of(r->h);

@@ -109,6 +109,9 @@ static const struct opt opts[] = {
     {"--lease", "JACKDAW_LEASE", OPT_DURATION, F(lease_ms), "DURATION",
      "cluster (PostgreSQL): a node that misses its heartbeats this long loses its jobs to the "
      "other nodes (default 10s, at least 1s)"},
+    {"--advertise-url", "JACKDAW_ADVERTISE_URL", OPT_STR, F(advertise_url), "URL",
+     "cluster (PostgreSQL): the base URL other nodes reach this one at, for remote tasks "
+     "(default http://<--listen>; a 0.0.0.0 or [::] listen uses the host name)"},
     {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
      "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
@@ -360,6 +363,14 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
         free(c->worker_token);
         c->worker_token = NULL;
     }
+    if (c->advertise_url != NULL && c->advertise_url[0] != '\0' &&
+        ((strncmp(c->advertise_url, "http://", 7) != 0 &&
+          strncmp(c->advertise_url, "https://", 8) != 0) ||
+         strlen(c->advertise_url) > JD_CONFIG_URL_MAX))
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--advertise-url must be an http:// or https:// URL of at most %d "
+                            "bytes",
+                            JD_CONFIG_URL_MAX);
     if (c->worker_token != NULL && c->token == NULL)
         return jd_error_set(err, JD_EINVAL, NULL,
                             "--worker-token needs --token (without it /v1 is open to anyone)");
@@ -381,6 +392,8 @@ void jd_config_free(struct jd_config *c)
     free(c->command_limits);
     c->command_limits = NULL;
     free(c->webhook_secret);
+    free(c->advertise_url);
+    c->advertise_url = NULL;
     c->db = c->plugin_dir = c->token = c->exec_allow = c->exec_env_allow = c->http_allow = NULL;
     c->webhook_secret = NULL;
 }

@@ -101,7 +101,8 @@ static int gone_reason(struct jd_jobs *j, const char *id, const char **reason, s
                                 : "the task's lease was lost; its call is offered again as a "
                                   "new task");
     }
-    if (strlen(id) != TASK_ID_LEN || jd_store_task_state(j->store, id, &st, &job_id) != 0)
+    int64_t node;
+    if (!jd_task_id_parse(id, &node) || jd_store_task_state(j->store, id, &st, &job_id) != 0)
         return jd_error_set(err, JD_ENOENT, NULL, "no such task");
     switch (st) {
     case JD_TASK_COMPLETED:
