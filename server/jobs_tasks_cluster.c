@@ -4,7 +4,8 @@
  * the node that made it; this file lets a worker claim it from any node:
  *
  *   announce  a task left waiting (no local parked claim took it) makes
- *             this node announce its command to the others: at once, at
+ *             this node announce its command to the others ("<node>
+ *             <name>:<waiting> ..."): at once, at
  *             most every JD_TASK_ANNOUNCE_MIN_MS per command, and again
  *             about once a second while its tasks wait (the announcement
  *             timer, armed only while something waits);
@@ -17,10 +18,10 @@
  *             all it got, or parks for the rest of its wait when nothing
  *             came; a parked claim does the same (its own fetch, one at a
  *             time, FETCH_MAX at once) when a node announces one of its
- *             commands. While a parked claim fetches it is not served
- *             here and its deadline waits for the fetch, so whatever the
- *             fetch brings is answered, never dropped (except by a drain);
- *   sync      remote commands registered, changed or deleted on another
+ *             commands, oldest first, until their max covers the tasks
+ *             announced (no herd of claims for one task). While a parked claim fetches it is not
+ * served here and its deadline waits for the fetch, so whatever the fetch brings is answered, never
+ * dropped (except by a drain); sync      remote commands registered, changed or deleted on another
  *             node (read from the store by the cluster thread once a
  *             second).
  *
@@ -93,7 +94,9 @@ static char *payloads_locked(struct jd_jobs *j, int64_t now)
             continue;
         c->announce_due = false;
         c->announced_ms = now;
-        size_t add = strlen(c->name) + 1;
+        char cnt[24];
+        snprintf(cnt, sizeof cnt, ":%" PRIu64, c->waiting);
+        size_t add = strlen(c->name) + strlen(cnt) + 1;
         if (cur == 0 || cur + add > JD_STORE_ANNOUNCE_MAX) {
             if (cur)
                 jd_sb_put(&out, "", 1);
@@ -102,6 +105,7 @@ static char *payloads_locked(struct jd_jobs *j, int64_t now)
         }
         jd_sb_put(&out, " ", 1);
         jd_sb_puts(&out, c->name);
+        jd_sb_puts(&out, cnt);
         cur += add;
         any = true;
     }
@@ -459,22 +463,30 @@ void jd_jobs_tasks_announced(struct jd_jobs *j, const char *payload)
     }
     struct rcmd *named[JD_TASK_MAX_CLAIM_COMMANDS * 4];
     size_t nnamed = 0;
+    uint64_t waiting = 0; /* tasks the node says wait: fetches stop once they cover them */
     for (const char *p = end; *p;) {
         while (*p == ' ')
             p++;
-        size_t n = strcspn(p, " ");
+        size_t n = strcspn(p, " :");
         char name[NAME_MAX_LEN + 1];
-        if (n > 0 && n <= NAME_MAX_LEN) {
+        bool ok = n > 0 && n <= NAME_MAX_LEN;
+        if (ok) {
             memcpy(name, p, n);
             name[n] = '\0';
-            struct rcmd *c = tasks_cmd_find(t, name);
-            if (c && c->registered) {
-                remember_locked(c, (int64_t)node, until);
-                if (nnamed < sizeof named / sizeof named[0])
-                    named[nnamed++] = c;
-            }
         }
         p += n;
+        uint64_t count = 1;
+        if (*p == ':') {
+            count = strtoull(p + 1, NULL, 10);
+            p += 1 + strcspn(p + 1, " ");
+        }
+        struct rcmd *c = ok ? tasks_cmd_find(t, name) : NULL;
+        if (c && c->registered && count > 0) {
+            remember_locked(c, (int64_t)node, until);
+            waiting += count < 1000000 ? count : 1000000;
+            if (nnamed < sizeof named / sizeof named[0])
+                named[nnamed++] = c;
+        }
     }
     /* Parked claims for these commands ask that node, oldest first. */
     struct claimer *order[FETCH_MAX];
@@ -495,8 +507,10 @@ void jd_jobs_tasks_announced(struct jd_jobs *j, const char *payload)
         if (norder < FETCH_MAX)
             order[norder++] = cl; /* newest first: started from the end below */
     }
-    while (norder > 0 && t->fetches < FETCH_MAX) {
+    uint64_t asked = 0;
+    while (norder > 0 && t->fetches < FETCH_MAX && asked < waiting) {
         struct claimer *cl = order[--norder];
+        asked += cl->max;
         int64_t n1 = (int64_t)node;
         struct gather *g =
             gather_new(j, cl->cmds, cl->ncmds, cl->worker, cl->max, cl->lease_ms, &n1, 1);

@@ -105,7 +105,8 @@ struct jd_task_remote {
     int (*claim)(void *arg, int64_t node, const char *body,
                  void (*done)(void *cbarg, const char *json), void *cbarg);
     /* Best effort, must not block: tell the other nodes payload
-     * ("<this node> <command> ...", at most JD_STORE_ANNOUNCE_MAX bytes). */
+     * ("<this node> <command>:<tasks waiting> ...", at most
+     * JD_STORE_ANNOUNCE_MAX bytes). */
     void (*announce)(void *arg, const char *payload);
     void *arg;
 };

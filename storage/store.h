@@ -609,7 +609,7 @@ struct jd_store_cluster_hooks {
     void (*lease_lost)(void *arg);
     /* On the listener thread; must not block; may be NULL. Another node
      * announced waiting remote tasks (jd_store_tasks_announce): payload is
-     * its text as sent, "<node id> <command> <command> ..." (borrowed). */
+     * its text as sent, "<node id> <command>:<waiting> ..." (borrowed). */
     void (*tasks_waiting)(void *arg, const char *payload);
     void *arg;
 };
