@@ -40,12 +40,12 @@
 #define FWD_URL_TTL_MS 5000               /* a node's URL changes only with its incarnation */
 #define FWD_URL_CACHE 64                  /* nodes remembered; the oldest entry goes */
 
-enum fkind { F_RELAY, F_CLAIM, F_ANNOUNCE };
+enum fkind { F_RELAY, F_BATCH, F_CLAIM, F_ANNOUNCE };
 
 struct fitem {
     enum fkind kind;
     int64_t node;
-    struct jd_req *r; /* relay: referenced, suspended */
+    struct jd_req *r; /* relay, batch: referenced, suspended */
     int which;        /* relay: 0 complete, 1 fail, 2 heartbeat */
     char *body;       /* claim: the body (owned); announce: the payload (owned) */
     void (*done)(void *cbarg, const char *json);
@@ -284,6 +284,197 @@ static void run_relay(struct jd_forward *f, CURL *c, struct fitem *it)
         relay_unavailable(r, "the node that holds this task did not answer; retry");
 }
 
+/* ---- a batch of ends split among nodes ---- */
+
+struct sync_done {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool fired;
+    int rc;
+    char *json;
+};
+
+static void sync_cb(void *arg, int rc, const char *json)
+{
+    struct sync_done *d = arg;
+    pthread_mutex_lock(&d->mu);
+    d->rc = rc;
+    d->json = json ? jd_xstrdup(json) : NULL;
+    d->fired = true;
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* {"tasks":[items[idx[0..n)]]} (caller frees). */
+static char *sub_batch(cJSON *items, const int *idx, int n)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *ts = cJSON_AddArrayToObject(o, "tasks");
+    for (int k = 0; k < n; k++)
+        cJSON_AddItemToArray(ts, cJSON_Duplicate(cJSON_GetArrayItem(items, idx[k]), true));
+    char *body = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return body;
+}
+
+/* End items[idx[0..n)] here (the job layer's batch; this thread waits for
+ * its commit): each one's result object into res (owned), or status. */
+static void batch_here(struct jd_jobs *j, cJSON *items, const int *idx, int n, cJSON **res)
+{
+    char *body = sub_batch(items, idx, n);
+    struct sync_done d = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct jd_error err = {0};
+    int rc = jd_jobs_task_end_batch(j, body, strlen(body), sync_cb, &d, &err);
+    if (rc == 0) {
+        pthread_mutex_lock(&d.mu);
+        while (!d.fired)
+            pthread_cond_wait(&d.cv, &d.mu);
+        pthread_mutex_unlock(&d.mu);
+        rc = d.rc;
+    }
+    free(body);
+    cJSON *ans = rc == 0 ? cJSON_Parse(d.json) : NULL;
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(ans, "results");
+    for (int k = 0; k < n; k++) {
+        cJSON *one = cJSON_GetArrayItem(rs, k);
+        res[idx[k]] = one ? cJSON_Duplicate(one, true) : NULL;
+    }
+    cJSON_Delete(ans);
+    free(d.json);
+    pthread_mutex_destroy(&d.mu);
+    pthread_cond_destroy(&d.cv);
+}
+
+/* Send items[idx[0..n)] to node's batch route: true with each one's
+ * result in res when it answered 200; false when it has no live row
+ * (*gone) or did not answer. */
+static bool batch_there(struct jd_forward *f, CURL *c, int64_t node, cJSON *items, const int *idx,
+                        int n, cJSON **res, bool *gone)
+{
+    char *url = NULL;
+    *gone = false;
+    int rc = node_url(f, node, false, &url);
+    if (rc) {
+        *gone = rc == JD_ENOENT;
+        return false;
+    }
+    char *body = sub_batch(items, idx, n);
+    atomic_fetch_add_explicit(&f->relays, 1, memory_order_relaxed);
+    char *ans = NULL;
+    size_t alen = 0;
+    long st = post(f, c, url, "/v1/tasks/complete", body, strlen(body), &ans, &alen);
+    free(body);
+    free(url);
+    if (st != 200) {
+        free(ans);
+        atomic_fetch_add_explicit(&f->relay_failures, 1, memory_order_relaxed);
+        if (st == 0) {
+            char *u2 = NULL;
+            *gone = node_url(f, node, true, &u2) == JD_ENOENT;
+            free(u2);
+        }
+        return false;
+    }
+    cJSON *a = cJSON_Parse(ans);
+    free(ans);
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(a, "results");
+    for (int k = 0; k < n; k++) {
+        cJSON *one = cJSON_GetArrayItem(rs, k);
+        res[idx[k]] = one ? cJSON_Duplicate(one, true) : NULL;
+    }
+    cJSON_Delete(a);
+    return true;
+}
+
+/* POST /v1/tasks/complete whose items name other nodes: each node ends
+ * its own (one request each, in turn); items of nodes without a live row
+ * are answered here from the stored state, with this node's own. The
+ * answer is one result per item, in order, as a single node gives it. */
+static void run_batch(struct jd_forward *f, CURL *c, struct fitem *it)
+{
+    struct jd_req *r = it->r;
+    struct jd_jobs *j = http_jobs_of(r->h);
+    cJSON *o = cJSON_ParseWithLength(r->body ? r->body : "", r->len);
+    cJSON *items = cJSON_GetObjectItemCaseSensitive(o, "tasks");
+    int n = cJSON_GetArraySize(items);
+    int64_t me = jd_store_node_id(f->store);
+    int64_t *node = jd_xcalloc((size_t)n + 1, sizeof *node);
+    int *idx = jd_xcalloc((size_t)n + 1, sizeof *idx);
+    int *here = jd_xcalloc((size_t)n + 1, sizeof *here);
+    bool *done = jd_xcalloc((size_t)n + 1, sizeof *done);
+    cJSON **res = jd_xcalloc((size_t)n + 1, sizeof *res);
+    int nhere = 0, i = 0;
+    cJSON *x;
+    cJSON_ArrayForEach(x, items)
+    {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id");
+        if (!cJSON_IsString(id) || !jd_task_id_parse(id->valuestring, &node[i]) || node[i] == me)
+            node[i] = 0;
+        i++;
+    }
+    for (i = 0; i < n; i++) {
+        if (done[i])
+            continue;
+        if (node[i] == 0) {
+            here[nhere++] = i;
+            done[i] = true;
+            continue;
+        }
+        int m = 0;
+        for (int k = i; k < n; k++)
+            if (!done[k] && node[k] == node[i]) {
+                idx[m++] = k;
+                done[k] = true;
+            }
+        bool gone = false;
+        if (!batch_there(f, c, node[i], items, idx, m, res, &gone)) {
+            for (int k = 0; k < m; k++) {
+                if (gone)
+                    here[nhere++] = idx[k]; /* the stored state answers */
+                else
+                    res[idx[k]] = NULL; /* 503 below */
+            }
+            if (gone)
+                atomic_fetch_add_explicit(&f->relays_gone, 1, memory_order_relaxed);
+        }
+    }
+    if (nhere > 0) {
+        /* in item order, as a single node ends them */
+        for (int a = 1; a < nhere; a++)
+            for (int b = a; b > 0 && here[b - 1] > here[b]; b--) {
+                int t = here[b];
+                here[b] = here[b - 1];
+                here[b - 1] = t;
+            }
+        batch_here(j, items, here, nhere, res);
+    }
+    cJSON *out = cJSON_CreateObject();
+    cJSON *rs = cJSON_AddArrayToObject(out, "results");
+    i = 0;
+    cJSON_ArrayForEach(x, items)
+    {
+        if (res[i]) {
+            cJSON_AddItemToArray(rs, res[i]);
+        } else {
+            cJSON *one = cJSON_CreateObject();
+            cJSON_AddItemToObject(one, "id",
+                                  cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(x, "id"), true));
+            cJSON_AddNumberToObject(one, "status", 503);
+            cJSON_AddItemToArray(rs, one);
+        }
+        i++;
+    }
+    char *body = cJSON_PrintUnformatted(out);
+    cJSON_Delete(out);
+    cJSON_Delete(o);
+    free(node);
+    free(idx);
+    free(here);
+    free(done);
+    free(res);
+    relay_deliver(r, 200, body, 0, NULL, NULL);
+}
+
 /* ---- the queue and its threads ---- */
 
 static void item_free(struct fitem *it)
@@ -296,7 +487,7 @@ static void item_free(struct fitem *it)
 static void item_refuse(struct jd_forward *f, struct fitem *it)
 {
     atomic_fetch_add_explicit(&f->refused, 1, memory_order_relaxed);
-    if (it->kind == F_RELAY) {
+    if (it->kind == F_RELAY || it->kind == F_BATCH) {
         relay_unavailable(it->r, "this node is busy or stopping; retry");
         http_req_unref(it->r);
     } else if (it->kind == F_CLAIM) {
@@ -369,6 +560,10 @@ static void *fwd_main(void *arg)
             run_relay(f, c, it);
             http_req_unref(it->r);
             item_free(it);
+        } else if (it->kind == F_BATCH) {
+            run_batch(f, c, it);
+            http_req_unref(it->r);
+            item_free(it);
         } else if (it->kind == F_CLAIM) {
             run_claim(f, c, it);
             item_free(it);
@@ -393,7 +588,7 @@ enum MHD_Result http_forward_relay(struct jd_req *r, int64_t node, int which)
     if (!f)
         return http_respond_problem(r, 503, "this node does not forward task requests", NULL);
     struct fitem *it = jd_xcalloc(1, sizeof *it);
-    it->kind = F_RELAY;
+    it->kind = which < 0 ? F_BATCH : F_RELAY;
     it->node = node;
     it->which = which;
     it->r = r;

@@ -17,6 +17,7 @@
 #include "server/tasks.h"
 #include "storage/store.h"
 
+#include <cjson/cJSON.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,10 +176,36 @@ enum MHD_Result route_task_fail(struct jd_req *r)
     return task_end(r, 1);
 }
 
+/* Whether a batch (not forwarded to this node) names another node's task. */
+static bool batch_names_others(struct jd_req *r)
+{
+    if (!r->h->fwd || http_header(r, "Jackdaw-Forwarded") != NULL)
+        return false;
+    cJSON *o = cJSON_ParseWithLength(r->body ? r->body : "", r->len);
+    int64_t me = jd_store_node_id(r->h->store), node;
+    bool any = false;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(o, "tasks"))
+    {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        any |= cJSON_IsString(id) && jd_task_id_parse(id->valuestring, &node) && node != 0 &&
+               node != me;
+    }
+    cJSON_Delete(o);
+    return any;
+}
+
 /* POST /v1/tasks/complete */
 enum MHD_Result route_task_batch(struct jd_req *r)
 {
     struct jd_error err = {0};
+    if (batch_names_others(r)) {
+        /* Checked whole here first: all or nothing for bad input. */
+        int rc = jd_jobs_task_batch_check(http_jobs_of(r->h), r->body ? r->body : "", r->len, &err);
+        if (rc)
+            return http_respond_error(r, rc, &err);
+        return http_forward_relay(r, 0, -1);
+    }
     http_arm(r);
     http_req_ref(r);
     int rc = jd_jobs_task_end_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,

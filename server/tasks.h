@@ -133,6 +133,10 @@ int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_
  * the commit. */
 int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
                            void *arg, struct jd_error *err);
+/* Only the checks of jd_jobs_task_end_batch (nothing is ended): 0 or its
+ * JD_EPARSE / JD_EINVAL / JD_ETOOBIG with the pointer. For a batch whose
+ * items a cluster node splits among their nodes (api/forward.c). */
+int jd_jobs_task_batch_check(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err);
 
 /* POST /v1/tasks/{id}/heartbeat {"lease_ms": n, "progress": any}: the
  * lease runs lease_ms (default: the claim's) from now, recorded before

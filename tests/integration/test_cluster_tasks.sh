@@ -60,7 +60,7 @@ on() {
     shift
     "$@"
 }
-py() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); $1" <<<"$BODY"; }
+py() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); $1" "${@:2}" <<<"$BODY"; }
 # until_ok SECONDS cmd...: retry every 0.1 s
 until_ok() {
     local end=$((SECONDS + $1))
@@ -123,6 +123,37 @@ check "failed twice: 409 relayed" eval 'status_is 409 && body_has "\"reason\":\"
 on B json_post "/v1/tasks/$TASK/fail" '{"error":{"kind":"NOT A WORD"}}'
 check "a bad body for A's task: A's 422 with its pointer, relayed" \
     eval 'is_problem 422 && body_has "\"pointer\":\"/error/kind\""'
+
+# ---- one claim on B takes B's task and A's; one batch on B ends them all ----
+on A json_post /v1/jobs '{"handler":"rc","args":{"n":5}}'
+JA1=$(location_id)
+on A json_post /v1/jobs '{"handler":"rc","args":{"n":6}}'
+JA2=$(location_id)
+on B json_post /v1/jobs '{"handler":"rc","args":{"n":7}}'
+JB1=$(location_id)
+sleep 0.5 # A's announcement reaches B
+got=()
+for _ in 1 2 3 4 5; do
+    on B json_post /v1/tasks/claim "{\"commands\":[\"rc\"],\"worker\":\"wb\",\"max\":3,\"wait_ms\":2000,\"lease_ms\":5000}"
+    mapfile -t more < <(py 'print("\n".join(t["id"] for t in j["tasks"]))')
+    got+=("${more[@]}")
+    [ "${#got[@]}" -ge 3 ] && break
+done
+check "claims on B with max 3 took B's task and both of A's (${#got[@]})" eval '[ "${#got[@]}" = 3 ]'
+batch=$(printf '{"id":"%s","result":{"batch":true}},' "${got[@]}")
+on B json_post /v1/tasks/complete "{\"tasks\":[${batch}{\"id\":\"$NODE_A.0123456789abcdef0123456789abcdef\",\"result\":1}]}"
+check "a batch on B ends its own and A's tasks: 200, 200, 200 and 404 for an id A never made" \
+    eval 'status_is 200 && py "assert [r[\"status\"] for r in j[\"results\"]] == [200, 200, 200, 404], j"'
+check "... in order, by id" eval 'py "assert [r[\"id\"] for r in j[\"results\"]][:3] == sys.argv[1:], j" "${got[@]}"'
+fin=0
+for jb in "$JA1" "$JA2" "$JB1"; do
+    on B wait_job "$jb" 10s
+    body_has '"batch":true' && fin=$((fin + 1))
+done
+check "all three jobs succeeded with the batch's result ($fin)" eval '[ "$fin" = 3 ]'
+on B json_post /v1/tasks/complete "{\"tasks\":[{\"id\":\"${got[0]}\",\"result\":1},{\"id\":\"x\",\"error\":{\"kind\":\"BAD\"}}]}"
+check "a batch with a bad item ends none: 422 with its pointer" \
+    eval 'is_problem 422 && body_has "/tasks/1/error/kind"'
 
 # ---- a cancelled job ----
 on A json_post /v1/jobs '{"handler":"rc","args":{"n":3}}'

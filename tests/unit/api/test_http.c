@@ -371,6 +371,10 @@ int jd_jobs_task_claim_here(struct jd_jobs *j, const char *body, size_t len, jd_
 {
     return JD_EINTERNAL;
 }
+int jd_jobs_task_batch_check(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err)
+{
+    return 0;
+}
 bool jd_task_id_parse(const char *id, int64_t *node)
 {
     *node = 0;
