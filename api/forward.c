@@ -269,7 +269,12 @@ static void run_relay(struct jd_forward *f, CURL *c, struct fitem *it)
     atomic_fetch_add_explicit(&f->relays, 1, memory_order_relaxed);
     char *ans = NULL;
     size_t alen = 0;
-    long st = post(f, c, url, r->path, r->body ? r->body : "", r->len, &ans, &alen);
+    /* The path from its checked parts (the id parsed: digits, a dot, hex),
+     * never the client's raw text. */
+    static const char *const verbs[] = {"complete", "fail", "heartbeat"};
+    char *path = jd_xasprintf("/v1/tasks/%s/%s", r->m.param, verbs[it->which]);
+    long st = post(f, c, url, path, r->body ? r->body : "", r->len, &ans, &alen);
+    free(path);
     free(url);
     if (st > 0) {
         relay_deliver(r, st, ans, 0, NULL, NULL);

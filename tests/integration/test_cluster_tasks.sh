@@ -274,4 +274,11 @@ check "the job succeeded with the second worker's result" \
     eval 'body_has "\"state\":\"succeeded\"" && body_has "\"by\":\"second\""'
 check "its result is recorded once, the late one not at all" \
     eval '[ "$(sql "SELECT count(*) FROM events WHERE job_id = $JK AND data LIKE '"'"'%by%second%'"'"'")" -ge 1 ] && [ "$(sql "SELECT count(*) FROM events WHERE job_id = $JK AND data LIKE '"'"'%too late%'"'"'")" = 0 ]'
+
+# ---- a clean stop of B: its forwarding threads stop, nothing leaks ----
+kill -TERM "$PID_B"
+wait "$PID_B"
+rc=$?
+check "B stops cleanly (exit $rc), no sanitizer report" \
+    eval '[ "$rc" = 0 ] && ! grep -q Sanitizer "$WORK/node.B.log"'
 finish
