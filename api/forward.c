@@ -283,7 +283,13 @@ static void run_relay(struct jd_forward *f, CURL *c, struct fitem *it)
     atomic_fetch_add_explicit(&f->relay_failures, 1, memory_order_relaxed);
     rc = node_url(f, it->node, true, &url); /* dead, or only slow? */
     free(url);
-    if (rc == JD_ENOENT)
+    int st_ = 0;
+    int64_t job = 0;
+    /* Alive (or not yet known dead): only a task it may still hold waits
+     * for it; one whose end is stored (or that it never handed out) is
+     * answered from the store, as final as the owner's own answer. */
+    if (rc == JD_ENOENT || jd_store_task_state(f->store, r->m.param, &st_, &job) != 0 ||
+        st_ != JD_TASK_CLAIMED)
         relay_gone(f, r, it->which);
     else
         relay_unavailable(r, "the node that holds this task did not answer; retry");

@@ -231,6 +231,13 @@ BG+=("$!")
 until_ok 5 test -s "$WORK/hole.port"
 HOLE=$(head -n 1 "$WORK/hole.port")
 FAKE=$(sql "INSERT INTO jd_nodes(name, started_at, expires_at, url) VALUES ('fake', now(), now() + interval '1 hour', 'http://127.0.0.1:$HOLE') RETURNING id" | head -n 1)
+# a task the silent node holds (claimed), and one whose end is stored
+sql "INSERT INTO tasks(id, job_id, tag, attempt, command, state, worker, lease_expires_ms, updated_ms) VALUES ('$FAKE.$HEX', 999999, 1, 1, 'rc', 1, 'w', 0, 0), ('$FAKE.${HEX%?}e', 999999, 2, 1, 'rc', 2, 'w', 0, 0)" >/dev/null
+on B json_post "/v1/tasks/$FAKE.${HEX%?}e/complete" '{"result":1}'
+check "a silent node's task whose end is stored: 409 completed from the store" \
+    eval 'status_is 409 && body_has "\"reason\":\"completed\""'
+on B json_post "/v1/tasks/$FAKE.${HEX%?}d/complete" '{"result":1}'
+check "an id the silent node never handed out: 404" status_is 404
 start=$SECONDS
 for k in 1 2 3 4 5 6; do
     curl -s -o /dev/null --max-time 20 -H "$J" -d '{"result":1}' \
@@ -243,7 +250,7 @@ check "a live node that does not answer: 503 with Retry-After" \
 check "... within the forward timeout ($((SECONDS - start))s)" eval '[ $((SECONDS - start)) -le 10 ]'
 on B req GET /livez
 check "B still answers meanwhile" status_is 200
-sql "DELETE FROM jd_nodes WHERE id = $FAKE" >/dev/null
+sql "DELETE FROM jd_nodes WHERE id = $FAKE; DELETE FROM tasks WHERE job_id = 999999" >/dev/null
 
 # ---- SIGKILL A while a worker on B holds its task ----
 on A json_post /v1/jobs '{"handler":"rc","args":{"n":9}}'
