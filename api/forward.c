@@ -70,6 +70,7 @@ struct jd_forward {
     pthread_t threads[FWD_THREADS];
     unsigned nthreads;
     struct urlc cache[FWD_URL_CACHE];
+    _Atomic int64_t warned_ms; /* the last warn_unreachable */
     _Atomic uint64_t relays, relay_failures, relays_gone, claims, claim_failures, claimed,
         announces, refused;
 };
@@ -135,6 +136,21 @@ static size_t on_data(char *ptr, size_t size, size_t n, void *arg)
     return k;
 }
 
+/* An operator's clue when another node cannot be reached (a wrong
+ * --advertise-url, a firewall): logged at most every FWD_WARN_EVERY_MS. */
+#define FWD_WARN_EVERY_MS 10000
+static void warn_unreachable(struct jd_forward *f, const char *url, const char *why)
+{
+    int64_t now = jd_wall_ms();
+    int64_t last = atomic_load_explicit(&f->warned_ms, memory_order_relaxed);
+    if (now - last < FWD_WARN_EVERY_MS ||
+        !atomic_compare_exchange_strong_explicit(&f->warned_ms, &last, now, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return;
+    jd_log(JD_LOG_WARN, "cluster: another node did not answer a task request", "url", url, "error",
+           why, NULL);
+}
+
 /* POST body to base + path on curl handle c; the HTTP status (the answer
  * in *out, caller frees; NUL-terminated) or 0 when no answer came. */
 static long post(struct jd_forward *f, CURL *c, const char *base, const char *path,
@@ -167,6 +183,8 @@ static long post(struct jd_forward *f, CURL *c, const char *base, const char *pa
     if (cc == CURLE_OK && !a.over)
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(hd);
+    if (status <= 0)
+        warn_unreachable(f, url, a.over ? "the answer is too large" : curl_easy_strerror(cc));
     free(url);
     if (status <= 0) {
         free(a.p);
