@@ -25,6 +25,7 @@ J='Content-Type: application/json'
 
 NODES=()
 BG=()
+HERD=()
 kill_all() {
     local p
     for p in "${BG[@]}" "${NODES[@]}"; do kill -KILL "$p" 2>/dev/null; done
@@ -184,6 +185,35 @@ check "the parked claim on B got A's new task (in ${took}s), well before its wai
     eval '[ -n "$TASK" ] && body_has "\"job_id\":\"$J4\"" && python3 -c "import sys; sys.exit(0 if float(\"$took\") < 15 else 1)"'
 on B json_post "/v1/tasks/$TASK/complete" '{"result":"woken"}'
 on A wait_job "$J4" 10s
+check "that job succeeded" body_has '"state":"succeeded"'
+
+# ---- one task on A wakes one of 8 claims parked on B, not all 8 ----
+forwards() {
+    on B req GET /metrics
+    sed -n "s/^jackdaw_cluster_task_forwards_total{node=\"$NODE_B\",kind=\"claim\"} //p" <<<"$BODY"
+}
+sleep 3.5 # earlier announcements lapse (3 s): each new claim would ask A once at its start
+before=$(forwards)
+for k in 1 2 3 4 5 6 7 8; do
+    curl -s -o "$WORK/herd.$k" --max-time 30 -H "$J" \
+        -d "{\"commands\":[\"rc\"],\"worker\":\"herd$k\",\"wait_ms\":4000,\"lease_ms\":5000}" \
+        "$BASE_B/v1/tasks/claim" &
+    BG+=("$!")
+    HERD+=("$!")
+done
+sleep 0.5
+on A json_post /v1/jobs '{"handler":"rc","args":{"n":8}}'
+J8=$(location_id)
+for p in "${HERD[@]}"; do wait "$p"; done
+after=$(forwards)
+won=$(cat "$WORK"/herd.* | grep -c '"job_id"')
+check "one parked claim got the task ($won)" eval '[ "$won" = 1 ]'
+check "B asked A $((after - before)) times for it, not once per parked claim" \
+    eval '[ $((after - before)) -ge 1 ] && [ $((after - before)) -le 3 ]'
+BODY=$(cat "$WORK"/herd.* | grep '"job_id"')
+TASK=$(py 'print(j["tasks"][0]["id"])')
+on B json_post "/v1/tasks/$TASK/complete" '{"result":"herd"}'
+on A wait_job "$J8" 10s
 check "that job succeeded" body_has '"state":"succeeded"'
 
 # ---- `jackdaw work` against B alone serves A's jobs ----
