@@ -84,6 +84,14 @@ check "command registered on A" status_is 201
 known_on_b() { on B req GET /v1/commands/rc && status_is 200; }
 check "B learns the command registered on A (within seconds)" until_ok 10 known_on_b
 
+# a command registered on A and deleted there: B drops it too (checked
+# near the end, a few seconds later)
+on A req PUT /v1/commands/gone -H "$J" -d '{}'
+known_gone() { on B req GET /v1/commands/gone && status_is 200; }
+check "B learns a second command" until_ok 10 known_gone
+on A req DELETE /v1/commands/gone
+check "deleted on A" status_is 204
+
 # claim_on_b [wait_ms] [worker]: one task for rc, claimed through B
 claim_on_b() {
     on B json_post /v1/tasks/claim "{\"commands\":[\"rc\"],\"worker\":\"${2:-wb}\",\"wait_ms\":${1:-5000},\"lease_ms\":5000}"
@@ -311,6 +319,9 @@ check "the job succeeded with the second worker's result" \
     eval 'body_has "\"state\":\"succeeded\"" && body_has "\"by\":\"second\""'
 check "its result is recorded once, the late one not at all" \
     eval '[ "$(sql "SELECT count(*) FROM events WHERE job_id = $JK AND data LIKE '"'"'%by%second%'"'"'")" -ge 1 ] && [ "$(sql "SELECT count(*) FROM events WHERE job_id = $JK AND data LIKE '"'"'%too late%'"'"'")" = 0 ]'
+
+dropped() { on B req GET /v1/commands/gone && status_is 404; }
+check "B dropped the command deleted on A" until_ok 10 dropped
 
 # ---- a clean stop of B: its forwarding threads stop, nothing leaks ----
 kill -TERM "$PID_B"
