@@ -19,7 +19,7 @@
  *                  jobs, the inbox, other nodes' changes for watches
  *   jobs_read.c    JSON reads and counters
  *   jobs_tasks*.c  remote commands and their tasks (tasks.h; own lock, after mu;
- *                  split in four, see jobs_tasks_impl.h)
+ *                  split in five, see jobs_tasks_impl.h)
  *   render.c       JSON output
  *
  * Locking: one mutex, jd_jobs.mu, guards the table, the queues and ready

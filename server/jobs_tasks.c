@@ -1,10 +1,11 @@
 /*
- * Remote commands and their tasks (server/tasks.h), part 1 of 4: the
+ * Remote commands and their tasks (server/tasks.h), part 1 of 5: the
  * registry fallback, the shared helpers and records, the durable command
  * registry (PUT/DELETE), a task's arrival and withdrawal, create and destroy.
  * The other parts: jobs_tasks_claim.c (claims, parked claims),
- * jobs_tasks_end.c (complete, fail, batch, heartbeat, lease timers) and
- * jobs_tasks_read.c (commands list, workers, statistics). Their shared
+ * jobs_tasks_end.c (complete, fail, batch, heartbeat, lease timers),
+ * jobs_tasks_read.c (commands list, workers, statistics) and
+ * jobs_tasks_cluster.c (claims across cluster nodes). Their shared
  * types, states and locking rules are in server/jobs_tasks_impl.h.
  *
  * A remote command is one more command of the plugin registry: the

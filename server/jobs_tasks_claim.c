@@ -1,5 +1,5 @@
 /*
- * Remote tasks, part 2 of 4 (see jobs_tasks.c): claims. A claim takes the
+ * Remote tasks, part 2 of 5 (see jobs_tasks.c): claims. A claim takes the
  * oldest waiting tasks of its commands, records them as claimed (one
  * commit) and answers once that commit is done; with wait_ms and nothing
  * waiting it parks (struct claimer) until a task arrives

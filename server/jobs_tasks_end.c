@@ -1,5 +1,5 @@
 /*
- * Remote tasks, part 3 of 4 (see jobs_tasks.c): the end of a claimed task
+ * Remote tasks, part 3 of 5 (see jobs_tasks.c): the end of a claimed task
  * and its lease. A worker's complete or fail takes the task out under tmu
  * and ends its call through the registry's host table (without tmu), then
  * records its row; a batch does that for many and answers once all rows
