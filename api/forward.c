@@ -39,6 +39,7 @@
 #define FWD_ANSWER_MAX ((size_t)16 << 20) /* a claim of 100 tasks with large args */
 #define FWD_URL_TTL_MS 5000               /* a node's URL changes only with its incarnation */
 #define FWD_URL_CACHE 64                  /* nodes remembered; the oldest entry goes */
+#define FWD_DOWN_MS 1000 /* after no answer, a node is not called again this long */
 
 enum fkind { F_RELAY, F_BATCH, F_CLAIM, F_ANNOUNCE };
 
@@ -59,6 +60,12 @@ struct urlc {
     char *url;
 };
 
+/* A node that did not answer: calls to it fail at once until until_ms, so
+ * a stalled node holds no thread for long (it would hold all of them). */
+struct downc {
+    int64_t node, until_ms;
+};
+
 struct jd_forward {
     struct jd_store *store;
     char *auth; /* "Authorization: Bearer T" or NULL */
@@ -70,6 +77,7 @@ struct jd_forward {
     pthread_t threads[FWD_THREADS];
     unsigned nthreads;
     struct urlc cache[FWD_URL_CACHE];
+    struct downc down[FWD_URL_CACHE];
     _Atomic int64_t warned_ms; /* the last warn_unreachable */
     _Atomic uint64_t relays, relay_failures, relays_gone, claims, claim_failures, claimed,
         announces, refused;
@@ -113,6 +121,42 @@ static int node_url(struct jd_forward *f, int64_t node, bool fresh, char **url)
     return rc;
 }
 
+/* Whether node is in its quiet time after a call it did not answer. */
+static bool node_down(struct jd_forward *f, int64_t node)
+{
+    int64_t now = jd_wall_ms();
+    bool down = false;
+    pthread_mutex_lock(&f->mu);
+    for (unsigned i = 0; i < FWD_URL_CACHE && !down; i++)
+        down = f->down[i].node == node && f->down[i].until_ms > now;
+    pthread_mutex_unlock(&f->mu);
+    return down;
+}
+
+/* node answered (ok) or did not. */
+static void node_answered(struct jd_forward *f, int64_t node, bool ok)
+{
+    int64_t now = jd_wall_ms();
+    pthread_mutex_lock(&f->mu);
+    unsigned slot = FWD_URL_CACHE;
+    for (unsigned i = 0; i < FWD_URL_CACHE && slot == FWD_URL_CACHE; i++)
+        if (f->down[i].node == node)
+            slot = i;
+    if (ok && slot < FWD_URL_CACHE)
+        f->down[slot].node = f->down[slot].until_ms = 0;
+    if (!ok) {
+        if (slot == FWD_URL_CACHE) { /* a free or lapsed entry, else the one ending first */
+            slot = 0;
+            for (unsigned i = 1; i < FWD_URL_CACHE; i++)
+                if (f->down[i].until_ms < f->down[slot].until_ms)
+                    slot = i;
+        }
+        f->down[slot].node = node;
+        f->down[slot].until_ms = now + FWD_DOWN_MS;
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
 /* ---- one call ---- */
 
 struct answer {
@@ -151,12 +195,17 @@ static void warn_unreachable(struct jd_forward *f, const char *url, const char *
            why, NULL);
 }
 
-/* POST body to base + path on curl handle c; the HTTP status (the answer
- * in *out, caller frees; NUL-terminated) or 0 when no answer came. */
-static long post(struct jd_forward *f, CURL *c, const char *base, const char *path,
+/* POST body to node's base + path on curl handle c; the HTTP status (the
+ * answer in *out, caller frees; NUL-terminated) or 0 when no answer came
+ * (or the node is in its quiet time: node_down). */
+static long post(struct jd_forward *f, CURL *c, int64_t node, const char *base, const char *path,
                  const char *body, size_t len, char **out, size_t *outlen)
 {
     struct answer a = {0};
+    *out = NULL;
+    *outlen = 0;
+    if (node_down(f, node))
+        return 0;
     char *url = jd_xasprintf("%s%s", base, path);
     char me[64];
     snprintf(me, sizeof me, "Jackdaw-Forwarded: %" PRId64, jd_store_node_id(f->store));
@@ -185,6 +234,7 @@ static long post(struct jd_forward *f, CURL *c, const char *base, const char *pa
     curl_slist_free_all(hd);
     if (status <= 0)
         warn_unreachable(f, url, a.over ? "the answer is too large" : curl_easy_strerror(cc));
+    node_answered(f, node, status > 0 || a.over);
     free(url);
     if (status <= 0) {
         free(a.p);
@@ -291,7 +341,7 @@ static void run_relay(struct jd_forward *f, CURL *c, struct fitem *it)
      * never the client's raw text. */
     static const char *const verbs[] = {"complete", "fail", "heartbeat"};
     char *path = jd_xasprintf("/v1/tasks/%s/%s", r->m.param, verbs[it->which]);
-    long st = post(f, c, url, path, r->body ? r->body : "", r->len, &ans, &alen);
+    long st = post(f, c, it->node, url, path, r->body ? r->body : "", r->len, &ans, &alen);
     free(path);
     free(url);
     if (st > 0) {
@@ -391,7 +441,7 @@ static bool batch_there(struct jd_forward *f, CURL *c, int64_t node, cJSON *item
     atomic_fetch_add_explicit(&f->relays, 1, memory_order_relaxed);
     char *ans = NULL;
     size_t alen = 0;
-    long st = post(f, c, url, "/v1/tasks/complete", body, strlen(body), &ans, &alen);
+    long st = post(f, c, node, url, "/v1/tasks/complete", body, strlen(body), &ans, &alen);
     free(body);
     free(url);
     if (st != 200) {
@@ -552,7 +602,7 @@ static void run_claim(struct jd_forward *f, CURL *c, struct fitem *it)
     long st = 0;
     if (node_url(f, it->node, false, &url) == 0) {
         atomic_fetch_add_explicit(&f->claims, 1, memory_order_relaxed);
-        st = post(f, c, url, "/v1/tasks/claim", it->body, strlen(it->body), &ans, &alen);
+        st = post(f, c, it->node, url, "/v1/tasks/claim", it->body, strlen(it->body), &ans, &alen);
         if (st != 200)
             atomic_fetch_add_explicit(&f->claim_failures, 1, memory_order_relaxed);
     }

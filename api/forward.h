@@ -20,7 +20,9 @@
  * (more: a relay answers 503 at once, a claim is "no tasks from there", an
  * announcement is dropped: the next one comes within a second); each call
  * to another node is bounded by FWD_TIMEOUT_MS and its answer by
- * FWD_ANSWER_MAX bytes. Requests another node forwarded carry the header
+ * FWD_ANSWER_MAX bytes; a node that did not answer is not called again for
+ * FWD_DOWN_MS (its requests fail at once), so a stalled node cannot hold
+ * every thread. Requests another node forwarded carry the header
  * Jackdaw-Forwarded and are never forwarded again (one hop).
  *
  * Lifecycle (main): start after the store opened -> jd_http_attach_forward
