@@ -298,8 +298,9 @@ static void no_done(void *arg, int rc, const char *json)
     (void)arg, (void)rc, (void)json;
 }
 
-/* The owner of r's task has no live row: the store's record of the task
- * answers, through the job layer's own refusal (it never held this id). */
+/* The owner of r's task has no live row (or did not answer, and the task's
+ * end is stored): the store's record of the task answers, through the job
+ * layer's own refusal (it never held this id). */
 static void relay_gone(struct jd_forward *f, struct jd_req *r, int which)
 {
     atomic_fetch_add_explicit(&f->relays_gone, 1, memory_order_relaxed);

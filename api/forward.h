@@ -56,7 +56,7 @@ void jd_forward_task_remote(struct jd_forward *f, struct jd_task_remote *out);
 /* For /metrics: this node's forwarding since it started. */
 struct jd_forward_stats {
     uint64_t relays, relay_failures; /* relays sent; of those, no answer from the owner */
-    uint64_t relays_gone;            /* answered here: the owner has no live row */
+    uint64_t relays_gone;            /* answered here from the store (owner gone or silent) */
     uint64_t claims, claim_failures; /* forwarded claims sent; of those, no answer */
     uint64_t claimed;                /* tasks those claims brought back */
     uint64_t announces, refused;     /* announcements sent; items refused (queue full, stopped) */

@@ -330,8 +330,8 @@ static void render_cluster(struct buf *b, const struct jd_metrics_cluster *c)
         size_t off;
     } more[] = {
         {"jackdaw_cluster_task_relays_gone_total",
-         "Task requests answered here because the task's node has no live row (409 lease_lost "
-         "and the like).",
+         "Task requests answered here from the store: the task's node has no live row (409 "
+         "lease_lost and the like), or did not answer and the task's end is stored.",
          offsetof(struct jd_metrics_cluster, fwd_relays_gone)},
         {"jackdaw_cluster_tasks_forward_claimed_total",
          "Tasks of other nodes handed to workers through this node's claims.",
