@@ -41,14 +41,15 @@
 #define FWD_URL_CACHE 64                  /* nodes remembered; the oldest entry goes */
 #define FWD_DOWN_MS 1000 /* after no answer, a node is not called again this long */
 
-enum fkind { F_RELAY, F_BATCH, F_CLAIM, F_ANNOUNCE };
+enum fkind { F_RELAY, F_BATCH, F_WORKERS, F_CLAIM, F_ANNOUNCE };
 
 struct fitem {
     enum fkind kind;
     int64_t node;
-    struct jd_req *r; /* relay, batch: referenced, suspended */
-    int which;        /* relay: 0 complete, 1 fail, 2 heartbeat */
-    char *body;       /* claim: the body (owned); announce: the payload (owned) */
+    struct jd_req *r;  /* relay, batch: referenced, suspended */
+    int which;         /* relay: 0 complete, 1 fail, 2 heartbeat */
+    int64_t within_ms; /* workers: the route's ?within= */
+    char *body;        /* claim: the body (owned); announce: the payload (owned) */
     void (*done)(void *cbarg, const char *json);
     void *cbarg;
     struct fitem *next;
@@ -195,7 +196,7 @@ static void warn_unreachable(struct jd_forward *f, const char *url, const char *
            why, NULL);
 }
 
-/* POST body to node's base + path on curl handle c; the HTTP status (the
+/* POST body (NULL: GET) to node's base + path on curl handle c; the HTTP status (the
  * answer in *out, caller frees; NUL-terminated) or 0 when no answer came
  * (or the node is in its quiet time: node_down). */
 static long post(struct jd_forward *f, CURL *c, int64_t node, const char *base, const char *path,
@@ -218,9 +219,13 @@ static long post(struct jd_forward *f, CURL *c, int64_t node, const char *base, 
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POST, 1L);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    } else {
+        curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+    }
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)FWD_TIMEOUT_MS);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)FWD_CONNECT_MS);
@@ -555,6 +560,93 @@ static void run_batch(struct jd_forward *f, CURL *c, struct fitem *it)
     relay_deliver(r, 200, body, 0, NULL, NULL);
 }
 
+/* ---- GET /v1/workers across the nodes ---- */
+
+#define FWD_LIST_NODES 16 /* nodes asked for their workers */
+#define FWD_LIST_MAX 1024 /* workers listed at most, as each node tracks */
+
+/* Fold one node's {"workers":[...]} into all: the same name on two nodes
+ * is one worker (in flight summed, commands joined, the latest sighting). */
+static void workers_merge(cJSON *all, const char *json)
+{
+    cJSON *o = json ? cJSON_Parse(json) : NULL;
+    cJSON *w;
+    cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(o, "workers"))
+    {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(w, "name");
+        if (!cJSON_IsString(name))
+            continue;
+        cJSON *m = NULL, *x;
+        cJSON_ArrayForEach(x, all)
+        {
+            if (strcmp(cJSON_GetObjectItemCaseSensitive(x, "name")->valuestring,
+                       name->valuestring) == 0) {
+                m = x;
+                break;
+            }
+        }
+        if (!m) {
+            if (cJSON_GetArraySize(all) < FWD_LIST_MAX)
+                cJSON_AddItemToArray(all, cJSON_Duplicate(w, true));
+            continue;
+        }
+        const cJSON *inf = cJSON_GetObjectItemCaseSensitive(w, "in_flight");
+        cJSON *minf = cJSON_GetObjectItemCaseSensitive(m, "in_flight");
+        if (cJSON_IsNumber(inf) && cJSON_IsNumber(minf))
+            cJSON_SetNumberValue(minf, minf->valuedouble + inf->valuedouble);
+        const cJSON *seen = cJSON_GetObjectItemCaseSensitive(w, "last_seen_at");
+        const cJSON *mseen = cJSON_GetObjectItemCaseSensitive(m, "last_seen_at");
+        if (cJSON_IsString(seen) && cJSON_IsString(mseen) &&
+            strcmp(seen->valuestring, mseen->valuestring) > 0) /* one format: text order */
+            cJSON_ReplaceItemInObjectCaseSensitive(m, "last_seen_at",
+                                                   cJSON_CreateString(seen->valuestring));
+        cJSON *mc = cJSON_GetObjectItemCaseSensitive(m, "commands");
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(w, "commands"))
+        {
+            bool have = false;
+            const cJSON *y;
+            cJSON_ArrayForEach(y, mc) have |= cJSON_IsString(y) && cJSON_IsString(c) &&
+                                              strcmp(y->valuestring, c->valuestring) == 0;
+            if (!have && cJSON_IsString(c) && cJSON_GetArraySize(mc) < JD_TASK_MAX_CLAIM_COMMANDS)
+                cJSON_AddItemToArray(mc, cJSON_CreateString(c->valuestring));
+        }
+    }
+    cJSON_Delete(o);
+}
+
+/* This node's workers and every other live node's (one GET each, in
+ * turn); a node that does not answer is left out. */
+static void run_workers(struct jd_forward *f, CURL *c, struct fitem *it)
+{
+    struct jd_req *r = it->r;
+    cJSON *out = cJSON_CreateObject();
+    cJSON *all = cJSON_AddArrayToObject(out, "workers");
+    char *mine = NULL;
+    if (jd_jobs_workers_json(http_jobs_of(r->h), it->within_ms, &mine) == 0)
+        workers_merge(all, mine);
+    free(mine);
+    int64_t *ids = NULL, me = jd_store_node_id(f->store);
+    char **urls = NULL;
+    size_t n = 0;
+    char path[64];
+    snprintf(path, sizeof path, "/v1/workers?within=%" PRId64 "ms", it->within_ms);
+    if (jd_store_nodes_live(f->store, FWD_LIST_NODES, &ids, &urls, &n) == 0)
+        for (size_t i = 0; i < n; i++) {
+            if (ids[i] == me)
+                continue;
+            char *ans = NULL;
+            size_t alen = 0;
+            if (post(f, c, ids[i], urls[i], path, NULL, 0, &ans, &alen) == 200)
+                workers_merge(all, ans);
+            free(ans);
+        }
+    jd_store_nodes_free(ids, urls, n);
+    char *body = cJSON_PrintUnformatted(out);
+    cJSON_Delete(out);
+    relay_deliver(r, 200, body, 0, NULL, NULL);
+}
+
 /* ---- the queue and its threads ---- */
 
 static void item_free(struct fitem *it)
@@ -567,7 +659,7 @@ static void item_free(struct fitem *it)
 static void item_refuse(struct jd_forward *f, struct fitem *it)
 {
     atomic_fetch_add_explicit(&f->refused, 1, memory_order_relaxed);
-    if (it->kind == F_RELAY || it->kind == F_BATCH) {
+    if (it->kind == F_RELAY || it->kind == F_BATCH || it->kind == F_WORKERS) {
         relay_unavailable(it->r, "this node is busy or stopping; retry");
         http_req_unref(it->r);
     } else if (it->kind == F_CLAIM) {
@@ -640,8 +732,11 @@ static void *fwd_main(void *arg)
             run_relay(f, c, it);
             http_req_unref(it->r);
             item_free(it);
-        } else if (it->kind == F_BATCH) {
-            run_batch(f, c, it);
+        } else if (it->kind == F_BATCH || it->kind == F_WORKERS) {
+            if (it->kind == F_BATCH)
+                run_batch(f, c, it);
+            else
+                run_workers(f, c, it);
             http_req_unref(it->r);
             item_free(it);
         } else if (it->kind == F_CLAIM) {
@@ -668,7 +763,8 @@ enum MHD_Result http_forward_relay(struct jd_req *r, int64_t node, int which)
     if (!f)
         return http_respond_problem(r, 503, "this node does not forward task requests", NULL);
     struct fitem *it = jd_xcalloc(1, sizeof *it);
-    it->kind = which < 0 ? F_BATCH : F_RELAY;
+    it->kind = which == -2 ? F_WORKERS : which < 0 ? F_BATCH : F_RELAY;
+    it->within_ms = node; /* workers: the route's ?within= */
     it->node = node;
     it->which = which;
     it->r = r;

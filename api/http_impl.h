@@ -232,7 +232,8 @@ void http_offload_stop(struct jd_offload *o);    /* runs what is queued first */
 /* forward.c: send r (a heartbeat, complete or fail: which 2, 0, 1) for a
  * task of another node to that node, and answer with what it answers; or
  * (which -1, node unused) a batch of ends, already checked, whose items
- * name other nodes: each node ends its own (api/forward.h). */
+ * name other nodes: each node ends its own; or (which -2, node: ?within=
+ * in ms) GET /v1/workers across every live node (api/forward.h). */
 enum MHD_Result http_forward_relay(struct jd_req *r, int64_t node, int which);
 
 /* linger.c: lingering close (see its file comment). http_linger_add takes

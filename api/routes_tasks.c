@@ -229,6 +229,9 @@ enum MHD_Result route_workers(struct jd_req *r)
     if (w != NULL && (jd_duration_parse(w, &ms) != 0 || ms <= 0 || ms > WORKERS_MAX_MS))
         return http_respond_problem(r, 400, "within must be a duration from 1ms to 24h, e.g. 5m",
                                     NULL);
+    /* A cluster node lists every live node's workers (one hop). */
+    if (r->h->fwd && http_header(r, "Jackdaw-Forwarded") == NULL)
+        return http_forward_relay(r, ms, -2);
     char *json = NULL;
     int rc = jd_jobs_workers_json(http_jobs_of(r->h), ms, &json);
     return http_respond_json_rc(r, rc, json);

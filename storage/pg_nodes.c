@@ -2,7 +2,8 @@
  * Remote tasks across cluster nodes, the storage half (storage/store.h,
  * "Remote tasks across nodes"): each node incarnation advertises the base
  * URL other nodes reach it at (jd_nodes.url, PostgreSQL migration 5), a
- * node looks a task owner's URL up by its node id, and a node with remote
+ * node looks a task owner's URL up by its node id (or lists the live
+ * nodes, for GET /v1/workers), and a node with remote
  * tasks waiting announces their commands with a NOTIFY on
  * JD_PG_TASKS_CHANNEL (the listener in pg_cluster.c hands each one to the
  * tasks_waiting hook).
@@ -114,4 +115,43 @@ int jd_store_tasks_announce(struct jd_store *s, const char *payload)
         return JD_EIO;
     PQclear(r);
     return 0;
+}
+
+int jd_store_nodes_live(struct jd_store *s, unsigned limit, int64_t **ids, char ***urls, size_t *n)
+{
+    struct jd_pg *pg = s->pg;
+    *ids = NULL;
+    *urls = NULL;
+    *n = 0;
+    if (!pg)
+        return JD_EINVAL;
+    char lim[24];
+    snprintf(lim, sizeof lim, "%u", limit);
+    const char *v[] = {lim};
+    pthread_mutex_lock(&pg->node_mu);
+    PGresult *r = nq(pg,
+                     "SELECT id, url FROM jd_nodes WHERE expires_at > now() AND url IS NOT NULL"
+                     " ORDER BY id LIMIT $1",
+                     1, v);
+    pthread_mutex_unlock(&pg->node_mu);
+    if (!r)
+        return JD_EIO;
+    size_t k = (size_t)PQntuples(r);
+    *ids = jd_xcalloc(k ? k : 1, sizeof **ids);
+    *urls = jd_xcalloc(k ? k : 1, sizeof **urls);
+    for (size_t i = 0; i < k; i++) {
+        (*ids)[i] = strtoll(PQgetvalue(r, (int)i, 0), NULL, 10);
+        (*urls)[i] = jd_xstrdup(PQgetvalue(r, (int)i, 1));
+    }
+    *n = k;
+    PQclear(r);
+    return 0;
+}
+
+void jd_store_nodes_free(int64_t *ids, char **urls, size_t n)
+{
+    for (size_t i = 0; i < n && urls; i++)
+        free(urls[i]);
+    free(urls);
+    free(ids);
 }

@@ -658,6 +658,10 @@ int jd_store_node_advertise(struct jd_store *s, const char *url);
  * has no live row (it closed, died and was taken over, its lease lapsed,
  * or never was) or advertised none; JD_EIO. */
 int jd_store_node_url(struct jd_store *s, int64_t node, char **url);
+/* The live nodes that advertised a URL, by id (ids[i], urls[i]; caller
+ * frees with jd_store_nodes_free): 0 or JD_EIO. At most limit. */
+int jd_store_nodes_live(struct jd_store *s, unsigned limit, int64_t **ids, char ***urls, size_t *n);
+void jd_store_nodes_free(int64_t *ids, char **urls, size_t n);
 /* One NOTIFY to every node's tasks_waiting hook (payload: at most
  * JD_STORE_ANNOUNCE_MAX bytes, as that hook receives it): 0 or JD_EIO. */
 #define JD_STORE_ANNOUNCE_MAX 7900 /* NOTIFY payloads end at 8000 bytes */

@@ -196,6 +196,12 @@ on B json_post "/v1/tasks/$TASK/complete" '{"result":"herd"}'
 on A wait_job "$J8" 10s
 check "that job succeeded" body_has '"state":"succeeded"'
 
+on A req GET /v1/workers
+check "GET /v1/workers on A lists the workers that only called B" \
+    py "names=[w['name'] for w in j['workers']]; assert all(('herd%d' % k) in names for k in range(1, 9)), names"
+check "... and a worker seen by both nodes once" \
+    py "assert [w['name'] for w in j['workers']].count('wb') == 1"
+
 # ---- `jackdaw work` against B alone serves A's jobs ----
 cat >"$WORK/double.sh" <<'SH'
 #!/bin/sh
