@@ -57,6 +57,15 @@ static PGresult *nq(struct jd_pg *pg, const char *sql, int n, const char *const 
     return NULL;
 }
 
+/* nq under node_mu. */
+static PGresult *nq_locked(struct jd_pg *pg, const char *sql, int n, const char *const *v)
+{
+    pthread_mutex_lock(&pg->node_mu);
+    PGresult *r = nq(pg, sql, n, v);
+    pthread_mutex_unlock(&pg->node_mu);
+    return r;
+}
+
 int jd_store_node_advertise(struct jd_store *s, const char *url)
 {
     struct jd_pg *pg = s->pg;
@@ -65,9 +74,7 @@ int jd_store_node_advertise(struct jd_store *s, const char *url)
     char me[24];
     snprintf(me, sizeof me, "%lld", (long long)pg->node_id);
     const char *v[] = {me, url};
-    pthread_mutex_lock(&pg->node_mu);
-    PGresult *r = nq(pg, "UPDATE jd_nodes SET url = $2 WHERE id = $1", 2, v);
-    pthread_mutex_unlock(&pg->node_mu);
+    PGresult *r = nq_locked(pg, "UPDATE jd_nodes SET url = $2 WHERE id = $1", 2, v);
     if (!r)
         return JD_EIO;
     PQclear(r);
@@ -85,12 +92,10 @@ int jd_store_node_url(struct jd_store *s, int64_t node, char **url)
     char id[24];
     snprintf(id, sizeof id, "%lld", (long long)node);
     const char *v[] = {id};
-    pthread_mutex_lock(&pg->node_mu);
-    PGresult *r = nq(pg,
-                     "SELECT url FROM jd_nodes WHERE id = $1 AND expires_at > now()"
-                     " AND url IS NOT NULL",
-                     1, v);
-    pthread_mutex_unlock(&pg->node_mu);
+    PGresult *r = nq_locked(pg,
+                            "SELECT url FROM jd_nodes WHERE id = $1 AND expires_at > now()"
+                            " AND url IS NOT NULL",
+                            1, v);
     if (!r)
         return JD_EIO;
     int rc = JD_ENOENT;
@@ -108,9 +113,7 @@ int jd_store_tasks_announce(struct jd_store *s, const char *payload)
     if (!pg || !payload || strlen(payload) > JD_STORE_ANNOUNCE_MAX)
         return JD_EINVAL;
     const char *v[] = {payload};
-    pthread_mutex_lock(&pg->node_mu);
-    PGresult *r = nq(pg, "SELECT pg_notify('" JD_PG_TASKS_CHANNEL "', $1)", 1, v);
-    pthread_mutex_unlock(&pg->node_mu);
+    PGresult *r = nq_locked(pg, "SELECT pg_notify('" JD_PG_TASKS_CHANNEL "', $1)", 1, v);
     if (!r)
         return JD_EIO;
     PQclear(r);
@@ -128,12 +131,11 @@ int jd_store_nodes_live(struct jd_store *s, unsigned limit, int64_t **ids, char 
     char lim[24];
     snprintf(lim, sizeof lim, "%u", limit);
     const char *v[] = {lim};
-    pthread_mutex_lock(&pg->node_mu);
-    PGresult *r = nq(pg,
-                     "SELECT id, url FROM jd_nodes WHERE expires_at > now() AND url IS NOT NULL"
-                     " ORDER BY id LIMIT $1",
-                     1, v);
-    pthread_mutex_unlock(&pg->node_mu);
+    PGresult *r =
+        nq_locked(pg,
+                  "SELECT id, url FROM jd_nodes WHERE expires_at > now() AND url IS NOT NULL"
+                  " ORDER BY id LIMIT $1",
+                  1, v);
     if (!r)
         return JD_EIO;
     size_t k = (size_t)PQntuples(r);
