@@ -635,6 +635,11 @@ void jd_http_attach_schedules(struct jd_http *h, struct jd_schedules *s)
     atomic_store_explicit(&h->schedules, s, memory_order_release);
 }
 
+void jd_http_attach_forward(struct jd_http *h, struct jd_forward *f)
+{
+    h->fwd = f; /* before attach: its release publishes this too */
+}
+
 void jd_http_attach(struct jd_http *h, struct jd_jobs *jobs)
 {
     /* release: handlers that see the pointer see the finished job layer */

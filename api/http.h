@@ -57,6 +57,10 @@ void jd_http_attach(struct jd_http *h, struct jd_jobs *jobs);
 /* For jd_jobs_set_claim_alive: whether the client of a parked claim (the
  * request handed to jd_jobs_task_claim) is still connected. Never blocks. */
 bool jd_http_claim_alive(void *req);
+/* A cluster node: forward task requests for other nodes' tasks through f
+ * (borrowed, outliving jd_http_stop; api/forward.h), before jd_http_attach. */
+struct jd_forward;
+void jd_http_attach_forward(struct jd_http *h, struct jd_forward *f);
 /* Hand over the schedules (borrowed, outliving jd_http_stop), before
  * jd_http_attach; /v1/schedules answers 503 without them. */
 void jd_http_attach_schedules(struct jd_http *h, struct jd_schedules *s);

@@ -80,6 +80,7 @@ struct jd_http {
     int park_ep, park_evfd;
     struct jd_linger *linger;   /* lingering closes (linger.c) */
     struct jd_offload *offload; /* the slow lane for large bodies (offload.c) */
+    struct jd_forward *fwd;     /* a cluster node's task forwarding (forward.c), or NULL */
     pthread_t timer;
     bool timer_started;
 
@@ -130,6 +131,9 @@ struct jd_req {
     struct jd_req *onext;             /* the slow lane's queue (its mutex) */
     const char *idem_key;             /* Idempotency-Key (MHD's, valid until completion) */
     const char *traceparent;          /* traceparent header if valid (MHD's, as idem_key) */
+    int relay_status;         /* forward.c: the owner node's status (cb_json its body), or 0: */
+    int relay_rc;             /* ... a refusal made here, with relay_reason and cb_err */
+    const char *relay_reason; /* static: "lease_lost", "completed", "cancelled" or NULL */
 
     /* parked list (under h->park_mu) */
     struct jd_req *pprev, *pnext;
@@ -224,6 +228,13 @@ enum MHD_Result http_async_run(struct jd_req *r, jd_async_start_fn *start,
 struct jd_offload;
 int http_offload_start(struct jd_offload **out); /* 0 or JD_EIO */
 void http_offload_stop(struct jd_offload *o);    /* runs what is queued first */
+
+/* forward.c: send r (a heartbeat, complete or fail: which 2, 0, 1) for a
+ * task of another node to that node, and answer with what it answers; or
+ * (which -1, node unused) a batch of ends, already checked, whose items
+ * name other nodes: each node ends its own; or (which -2, node: ?within=
+ * in ms) GET /v1/workers across every live node (api/forward.h). */
+enum MHD_Result http_forward_relay(struct jd_req *r, int64_t node, int which);
 
 /* linger.c: lingering close (see its file comment). http_linger_add takes
  * ownership of fd (a socket whose answer has been written) and closes it

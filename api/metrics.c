@@ -311,6 +311,43 @@ static void render_cluster(struct buf *b, const struct jd_metrics_cluster *c)
         put(b, "%s{node=\"%lld\"} %llu\n", rows[i].name, (long long)c->node,
             (unsigned long long)*(const uint64_t *)((const char *)c + rows[i].off));
     }
+    family(b, "jackdaw_cluster_task_forwards_total", "counter",
+           "Requests for remote tasks this node sent to other nodes: a worker's heartbeat, "
+           "complete or fail for another node's task (relay), a claim for another node's "
+           "waiting tasks (claim).");
+    put(b, "jackdaw_cluster_task_forwards_total{node=\"%lld\",kind=\"relay\"} %llu\n",
+        (long long)c->node, (unsigned long long)c->fwd_relays);
+    put(b, "jackdaw_cluster_task_forwards_total{node=\"%lld\",kind=\"claim\"} %llu\n",
+        (long long)c->node, (unsigned long long)c->fwd_claims);
+    family(b, "jackdaw_cluster_task_forward_failures_total", "counter",
+           "Of those, the ones the other node did not answer.");
+    put(b, "jackdaw_cluster_task_forward_failures_total{node=\"%lld\",kind=\"relay\"} %llu\n",
+        (long long)c->node, (unsigned long long)c->fwd_relay_failures);
+    put(b, "jackdaw_cluster_task_forward_failures_total{node=\"%lld\",kind=\"claim\"} %llu\n",
+        (long long)c->node, (unsigned long long)c->fwd_claim_failures);
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } more[] = {
+        {"jackdaw_cluster_task_relays_gone_total",
+         "Task requests answered here from the store: the task's node has no live row (409 "
+         "lease_lost and the like), or did not answer and the task's end is stored.",
+         offsetof(struct jd_metrics_cluster, fwd_relays_gone)},
+        {"jackdaw_cluster_tasks_forward_claimed_total",
+         "Tasks of other nodes handed to workers through this node's claims.",
+         offsetof(struct jd_metrics_cluster, fwd_claimed)},
+        {"jackdaw_cluster_task_announces_total",
+         "Announcements this node sent of its waiting remote tasks.",
+         offsetof(struct jd_metrics_cluster, fwd_announces)},
+        {"jackdaw_cluster_task_forwards_refused_total",
+         "Forwards and announcements refused at once (queue full or stopping).",
+         offsetof(struct jd_metrics_cluster, fwd_refused)},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        family(b, more[i].name, "counter", more[i].help);
+        put(b, "%s{node=\"%lld\"} %llu\n", more[i].name, (long long)c->node,
+            (unsigned long long)*(const uint64_t *)((const char *)c + more[i].off));
+    }
     family(b, "jackdaw_cluster_heartbeat_seconds_sum", "counter",
            "Time the lease heartbeats took, summed.");
     put(b, "jackdaw_cluster_heartbeat_seconds_sum{node=\"%lld\"} %.6f\n", (long long)c->node,

@@ -51,6 +51,9 @@ struct jd_metrics_cluster {
     int64_t node;
     uint64_t claims, takeovers, fenced, requests_applied, lease_lost;
     uint64_t heartbeats, heartbeat_us_sum, heartbeat_us_max;
+    /* Remote tasks across nodes (api/forward.h). */
+    uint64_t fwd_relays, fwd_relay_failures, fwd_relays_gone, fwd_claims, fwd_claim_failures,
+        fwd_claimed, fwd_announces, fwd_refused;
 };
 
 /* The snapshots to render; any pointer may be NULL (that family is left out). */

@@ -5,6 +5,7 @@
  *
  * Threading: handlers run on MHD pool threads (see routes_jobs.c).
  */
+#include "api/forward.h"
 #include "api/http_impl.h"
 
 #include "api/metrics.h"
@@ -85,6 +86,16 @@ enum MHD_Result route_metrics(struct jd_req *r)
                                          .heartbeats = cs2.heartbeats,
                                          .heartbeat_us_sum = cs2.heartbeat_us_sum,
                                          .heartbeat_us_max = cs2.heartbeat_us_max};
+        struct jd_forward_stats fs;
+        jd_forward_stats(h->fwd, &fs);
+        mc.fwd_relays = fs.relays;
+        mc.fwd_relay_failures = fs.relay_failures;
+        mc.fwd_relays_gone = fs.relays_gone;
+        mc.fwd_claims = fs.claims;
+        mc.fwd_claim_failures = fs.claim_failures;
+        mc.fwd_claimed = fs.claimed;
+        mc.fwd_announces = fs.announces;
+        mc.fwd_refused = fs.refused;
         src.cluster = &mc;
     }
     if (h->store != NULL) {

@@ -15,7 +15,9 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "server/tasks.h"
+#include "storage/store.h"
 
+#include <cjson/cJSON.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,8 +126,10 @@ enum MHD_Result route_task_claim(struct jd_req *r)
     http_arm(r);
     http_req_ref(r);
     /* The parked slot goes back with the request, however it ends (on_completed). */
-    int rc = jd_jobs_task_claim(http_jobs_of(h), r->body ? r->body : "", r->len,
-                                http_on_action_done, r, &err);
+    /* A claim another node forwarded takes only this node's tasks (one hop). */
+    bool here = http_header(r, "Jackdaw-Forwarded") != NULL;
+    int rc = (here ? jd_jobs_task_claim_here : jd_jobs_task_claim)(
+        http_jobs_of(h), r->body ? r->body : "", r->len, http_on_action_done, r, &err);
     return http_async_started(r, rc, &err, answer_ok);
 }
 
@@ -134,6 +138,12 @@ static enum MHD_Result task_end(struct jd_req *r, int which)
 {
     struct jd_error err = {0};
     const char *reason = NULL;
+    int64_t node = 0;
+    /* A cluster node answers for the tasks it made; another node's go to
+     * it (one hop: a request another node forwarded is answered here). */
+    if (r->h->fwd && jd_task_id_parse(r->m.param, &node) && node != 0 &&
+        node != jd_store_node_id(r->h->store) && http_header(r, "Jackdaw-Forwarded") == NULL)
+        return http_forward_relay(r, node, which);
     http_arm(r);
     http_req_ref(r);
     struct jd_jobs *j = http_jobs_of(r->h);
@@ -166,10 +176,36 @@ enum MHD_Result route_task_fail(struct jd_req *r)
     return task_end(r, 1);
 }
 
+/* Whether a batch (not forwarded to this node) names another node's task. */
+static bool batch_names_others(struct jd_req *r)
+{
+    if (!r->h->fwd || http_header(r, "Jackdaw-Forwarded") != NULL)
+        return false;
+    cJSON *o = cJSON_ParseWithLength(r->body ? r->body : "", r->len);
+    int64_t me = jd_store_node_id(r->h->store), node;
+    bool any = false;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(o, "tasks"))
+    {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        any |= cJSON_IsString(id) && jd_task_id_parse(id->valuestring, &node) && node != 0 &&
+               node != me;
+    }
+    cJSON_Delete(o);
+    return any;
+}
+
 /* POST /v1/tasks/complete */
 enum MHD_Result route_task_batch(struct jd_req *r)
 {
     struct jd_error err = {0};
+    if (batch_names_others(r)) {
+        /* Checked whole here first: all or nothing for bad input. */
+        int rc = jd_jobs_task_batch_check(http_jobs_of(r->h), r->body ? r->body : "", r->len, &err);
+        if (rc)
+            return http_respond_error(r, rc, &err);
+        return http_forward_relay(r, 0, -1);
+    }
     http_arm(r);
     http_req_ref(r);
     int rc = jd_jobs_task_end_batch(http_jobs_of(r->h), r->body ? r->body : "", r->len,
@@ -193,6 +229,9 @@ enum MHD_Result route_workers(struct jd_req *r)
     if (w != NULL && (jd_duration_parse(w, &ms) != 0 || ms <= 0 || ms > WORKERS_MAX_MS))
         return http_respond_problem(r, 400, "within must be a duration from 1ms to 24h, e.g. 5m",
                                     NULL);
+    /* A cluster node lists every live node's workers (one hop). */
+    if (r->h->fwd && http_header(r, "Jackdaw-Forwarded") == NULL)
+        return http_forward_relay(r, ms, -2);
     char *json = NULL;
     int rc = jd_jobs_workers_json(http_jobs_of(r->h), ms, &json);
     return http_respond_json_rc(r, rc, json);

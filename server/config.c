@@ -114,6 +114,9 @@ static const struct opt opts[] = {
      "that finds them all busy for 5s gets 503"},
     {"--db-reader-idle", "JACKDAW_DB_READER_IDLE", OPT_DURATION, F(db_reader_idle_ms), "DURATION",
      "PostgreSQL: close a read connection idle this long, keeping 2 (default 60s)"},
+    {"--advertise-url", "JACKDAW_ADVERTISE_URL", OPT_STR, F(advertise_url), "URL",
+     "cluster (PostgreSQL): the base URL other nodes reach this one at, for remote tasks "
+     "(default http://<--listen>; a 0.0.0.0 or [::] listen uses the host name)"},
     {"--ui", "JACKDAW_UI", OPT_BOOL, F(ui), "on|off",
      "serve the dashboard at /ui/ (default on; off: /ui/ and / answer 404)"},
 };
@@ -370,6 +373,14 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
         free(c->worker_token);
         c->worker_token = NULL;
     }
+    if (c->advertise_url != NULL && c->advertise_url[0] != '\0' &&
+        ((strncmp(c->advertise_url, "http://", 7) != 0 &&
+          strncmp(c->advertise_url, "https://", 8) != 0) ||
+         strlen(c->advertise_url) > JD_CONFIG_URL_MAX))
+        return jd_error_set(err, JD_EINVAL, NULL,
+                            "--advertise-url must be an http:// or https:// URL of at most %d "
+                            "bytes",
+                            JD_CONFIG_URL_MAX);
     if (c->worker_token != NULL && c->token == NULL)
         return jd_error_set(err, JD_EINVAL, NULL,
                             "--worker-token needs --token (without it /v1 is open to anyone)");
@@ -391,6 +402,8 @@ void jd_config_free(struct jd_config *c)
     free(c->command_limits);
     c->command_limits = NULL;
     free(c->webhook_secret);
+    free(c->advertise_url);
+    c->advertise_url = NULL;
     c->db = c->plugin_dir = c->token = c->exec_allow = c->exec_env_allow = c->http_allow = NULL;
     c->webhook_secret = NULL;
 }

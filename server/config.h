@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #define JD_CONFIG_HOST_MAX 256 /* a DNS name or an address literal */
+#define JD_CONFIG_URL_MAX 512  /* --advertise-url: a base URL, no query */
 
 struct jd_config {
     char host[JD_CONFIG_HOST_MAX]; /* --listen host part; default 127.0.0.1 */
@@ -47,6 +48,7 @@ struct jd_config {
     size_t max_job_memory;         /* --max-job-memory; definitions in memory, default 256 MiB */
     unsigned max_replays;          /* --max-replays; poison-job quarantine, default 3, 0: off */
     unsigned queue_window;         /* --queue-window; queued jobs in memory per queue, 0: all */
+    char *advertise_url;           /* --advertise-url; NULL: derived from --listen */
     int64_t lease_ms;              /* --lease; a cluster node's lease (PostgreSQL), default 10 s */
     unsigned db_readers;           /* --db-readers; PostgreSQL read connections at most, 16 */
     int64_t db_reader_idle_ms;     /* --db-reader-idle; close an idle one after, default 60 s */

@@ -420,6 +420,7 @@ static void *cluster_main(void *arg)
         if (tick) {
             sync_paused(j);
             jobs_queue_controls_sync(j);
+            jobs_tasks_sync_commands(j); /* remote commands set on other nodes */
         }
         if (all || n)
             recheck(j, ids, n, all);

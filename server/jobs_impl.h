@@ -19,7 +19,7 @@
  *                  jobs, the inbox, other nodes' changes for watches
  *   jobs_read.c    JSON reads and counters
  *   jobs_tasks*.c  remote commands and their tasks (tasks.h; own lock, after mu;
- *                  split in four, see jobs_tasks_impl.h)
+ *                  split in five, see jobs_tasks_impl.h)
  *   render.c       JSON output
  *
  * Locking: one mutex, jd_jobs.mu, guards the table, the queues and ready
@@ -557,6 +557,10 @@ void jobs_tasks_drain(struct jd_jobs *j);
 /* Remote tasks, waiting or claimed (any thread; takes the tasks lock). */
 unsigned jobs_tasks_count(struct jd_jobs *j);
 void jobs_tasks_destroy(struct jd_jobs *j);
+/* A cluster node's remote commands follow the store (registered, changed
+ * or deleted on another node): the cluster thread, once a second; reads
+ * the store, so never under a lock (jobs_tasks_cluster.c). */
+void jobs_tasks_sync_commands(struct jd_jobs *j);
 /* The registered per-attempt timeout of a remote command; 0 for none (or
  * not remote). */
 int64_t jobs_tasks_timeout_ms(struct jd_jobs *j, const char *name);

@@ -1,10 +1,11 @@
 /*
- * Remote commands and their tasks (server/tasks.h), part 1 of 4: the
+ * Remote commands and their tasks (server/tasks.h), part 1 of 5: the
  * registry fallback, the shared helpers and records, the durable command
  * registry (PUT/DELETE), a task's arrival and withdrawal, create and destroy.
  * The other parts: jobs_tasks_claim.c (claims, parked claims),
- * jobs_tasks_end.c (complete, fail, batch, heartbeat, lease timers) and
- * jobs_tasks_read.c (commands list, workers, statistics). Their shared
+ * jobs_tasks_end.c (complete, fail, batch, heartbeat, lease timers),
+ * jobs_tasks_read.c (commands list, workers, statistics) and
+ * jobs_tasks_cluster.c (claims across cluster nodes). Their shared
  * types, states and locking rules are in server/jobs_tasks_impl.h.
  *
  * A remote command is one more command of the plugin registry: the
@@ -98,7 +99,9 @@ static unsigned hash_ptr(const void *p)
     return (unsigned)(v % TASK_BUCKETS);
 }
 
-static void random_id(char out[TASK_ID_LEN + 1])
+/* A new task id: 128 random bits in hex, after "<node>." on a cluster
+ * node (node > 0) so that any node can tell which one answers for it. */
+static void random_id(char out[TASK_ID_MAX + 1], int64_t node)
 {
     uint8_t b[TASK_ID_LEN / 2];
     size_t got = 0;
@@ -113,11 +116,40 @@ static void random_id(char out[TASK_ID_LEN + 1])
         got += (size_t)n;
     }
     static const char hex[] = "0123456789abcdef";
+    size_t at = node > 0 ? (size_t)snprintf(out, TASK_ID_MAX + 1, "%" PRId64 ".", node) : 0;
     for (size_t i = 0; i < sizeof b; i++) {
-        out[2 * i] = hex[b[i] >> 4];
-        out[2 * i + 1] = hex[b[i] & 15];
+        out[at + 2 * i] = hex[b[i] >> 4];
+        out[at + 2 * i + 1] = hex[b[i] & 15];
     }
-    out[TASK_ID_LEN] = '\0';
+    out[at + TASK_ID_LEN] = '\0';
+}
+
+bool jd_task_id_parse(const char *id, int64_t *node)
+{
+    *node = 0;
+    if (!id)
+        return false;
+    const char *dot = strchr(id, '.');
+    const char *hex = id;
+    if (dot) {
+        size_t nd = (size_t)(dot - id);
+        if (nd < 1 || nd > 19 || id[0] == '0')
+            return false;
+        for (size_t i = 0; i < nd; i++)
+            if (!isdigit((unsigned char)id[i]))
+                return false;
+        errno = 0;
+        long long v = strtoll(id, NULL, 10);
+        if (errno || v <= 0)
+            return false; /* past INT64_MAX */
+        *node = v;
+        hex = dot + 1;
+    }
+    size_t n = 0;
+    for (; hex[n]; n++)
+        if (!((hex[n] >= '0' && hex[n] <= '9') || (hex[n] >= 'a' && hex[n] <= 'f')))
+            return false;
+    return n == TASK_ID_LEN;
 }
 
 bool tasks_name_ok(const char *s)
@@ -596,6 +628,7 @@ int jd_jobs_command_delete(struct jd_jobs *j, const char *name, jd_action_done_f
                           "unfinished jobs call \"%s\"; delete it when no job uses it", name);
     if (rc == 0) {
         c->registered = false;
+        c->updated_ms = jd_wall_ms(); /* jobs_tasks_sync_commands leaves it alone a while */
         t->ncmds--;
         struct trec *r = trec_new(j, JD_W_COMMAND_DELETE);
         r->s1 = jd_xstrdup(name);
@@ -645,7 +678,7 @@ static void remote_handle(const struct jd_call_info *info)
         return;
     }
     struct task *k = jd_xcalloc(1, sizeof *k);
-    random_id(k->id);
+    random_id(k->id, jd_store_node_id(j->store));
     k->call = info->call;
     k->job_id = job_id;
     k->tag = tag;
@@ -676,7 +709,10 @@ static void remote_handle(const struct jd_call_info *info)
     t->bycall[h] = k;
     tasks_waiting_push(k, false);
     tasks_serve_claimers_locked(j, c);
+    /* No claim here took it: other nodes' workers may (jobs_tasks_cluster.c). */
+    char *announce = k->st == TS_WAITING ? tasks_left_waiting_locked(j, c) : NULL;
     pthread_mutex_unlock(&t->mu);
+    tasks_announce_send(j, announce);
     /* A cancel that came before the task was recorded found nothing to
      * withdraw: it is ours to end now. */
     if (host->is_cancelled(info->call)) {

@@ -1,5 +1,5 @@
 /*
- * Remote tasks, part 2 of 4 (see jobs_tasks.c): claims. A claim takes the
+ * Remote tasks, part 2 of 5 (see jobs_tasks.c): claims. A claim takes the
  * oldest waiting tasks of its commands, records them as claimed (one
  * commit) and answers once that commit is done; with wait_ms and nothing
  * waiting it parks (struct claimer) until a task arrives
@@ -36,8 +36,8 @@ struct claim_op {
 /* Under tmu: take up to max waiting tasks of cmds (oldest first across
  * commands) for a claim; NULL if none. The rows are submitted by the
  * caller (claim_submit) after tmu. */
-static struct claim_op *claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
-                                          const char *worker, unsigned max, int64_t lease_ms)
+struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
+                                         const char *worker, unsigned max, int64_t lease_ms)
 {
     struct claim_op *op = NULL;
     int64_t now = jd_wall_ms();
@@ -72,8 +72,15 @@ static struct claim_op *claim_take_locked(struct jd_jobs *j, struct rcmd *const 
 
 /* Without tmu: record every task of op as claimed (one commit); done
  * fires from tasks_claim_committed. */
-static void claim_submit(struct jd_jobs *j, struct claim_op *op)
+size_t tasks_claim_count(const struct claim_op *op)
 {
+    return op ? op->n : 0;
+}
+
+void tasks_claim_submit(struct jd_jobs *j, struct claim_op *op, jd_action_done_fn done, void *arg)
+{
+    op->done = done;
+    op->arg = arg;
     struct trec **rs = jd_xcalloc(op->n, sizeof *rs);
     struct jd_write **ws = jd_xcalloc(op->n, sizeof *ws);
     struct jd_tasks *t = j->tasks;
@@ -166,7 +173,7 @@ void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc)
     free(op);
 }
 
-static void claimer_free(struct claimer *cl)
+void tasks_claimer_free(struct claimer *cl)
 {
     free(cl->cmds);
     free(cl->worker);
@@ -185,7 +192,7 @@ void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
     for (;;) {
         match = NULL;
         for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
-            for (size_t i = 0; i < (*pp)->ncmds && !(*pp)->gone; i++)
+            for (size_t i = 0; i < (*pp)->ncmds && !(*pp)->gone && !(*pp)->fetching; i++)
                 if ((*pp)->cmds[i] == c)
                     match = pp;
         if (!match)
@@ -199,10 +206,10 @@ void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
     if (cl->timer_armed && jd_sched_timer_cancel(j->sched, cl->timer_id) == 0)
         free(cl->timer_arg);
     struct claim_op *op =
-        claim_take_locked(j, cl->cmds, cl->ncmds, cl->worker, cl->max, cl->lease_ms);
+        tasks_claim_take_locked(j, cl->cmds, cl->ncmds, cl->worker, cl->max, cl->lease_ms);
     op->done = cl->done;
     op->arg = cl->arg;
-    claimer_free(cl);
+    tasks_claimer_free(cl);
     struct jd_write **ws = jd_xcalloc(op->n, sizeof *ws);
     op->remaining = (int)op->n;
     for (size_t i = 0; i < op->n; i++) {
@@ -243,6 +250,13 @@ static void claim_deadline(void *arg)
     for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
         if ((*pp)->id == ct->id) {
             cl = *pp;
+            if (cl->fetching) {
+                /* Another node is being asked for it: that answer ends it. */
+                cl->timer_armed = false;
+                cl->expired = true;
+                cl = NULL;
+                break;
+            }
             *pp = cl->next;
             break;
         }
@@ -250,7 +264,7 @@ static void claim_deadline(void *arg)
     free(ct);
     if (cl) {
         cl->done(cl->arg, 0, "{\"tasks\":[]}");
-        claimer_free(cl);
+        tasks_claimer_free(cl);
     }
 }
 
@@ -261,8 +275,8 @@ void jd_jobs_set_claim_alive(struct jd_jobs *j, bool (*alive)(void *arg))
     pthread_mutex_unlock(&j->tasks->mu);
 }
 
-int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
-                       void *arg, struct jd_error *err)
+static int task_claim(struct jd_jobs *j, const char *body, size_t len, bool here,
+                      jd_action_done_fn done, void *arg, struct jd_error *err)
 {
     struct jd_tasks *t = j->tasks;
     cJSON *o = tasks_parse_object(body ? body : "", len, false, err);
@@ -333,7 +347,21 @@ int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_actio
         return rc;
     }
     tasks_worker_seen(t, worker, cmds, ncmds);
-    struct claim_op *op = claim_take_locked(j, cmds, ncmds, worker, (unsigned)max, lease_ms);
+    struct claim_op *op = tasks_claim_take_locked(j, cmds, ncmds, worker, (unsigned)max, lease_ms);
+    int64_t nodes[GATHER_NODES];
+    size_t nnodes = !here && t->remote.claim && tasks_claim_count(op) < (size_t)max
+                        ? tasks_announced_locked(t, cmds, ncmds, nodes)
+                        : 0;
+    if (nnodes > 0) {
+        /* Other nodes have tasks of these commands waiting: ask them for
+         * the rest (without tmu), then answer or park. */
+        pthread_mutex_unlock(&t->mu);
+        tasks_gather(j, op, cmds, ncmds, worker, (unsigned)max, lease_ms, wait_ms, nodes, nnodes,
+                     done, arg);
+        cJSON_Delete(o);
+        free(cmds);
+        return 0;
+    }
     if (op || wait_ms == 0) {
         pthread_mutex_unlock(&t->mu);
         cJSON_Delete(o);
@@ -342,17 +370,32 @@ int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_actio
             done(arg, 0, "{\"tasks\":[]}");
             return 0;
         }
-        op->done = done;
-        op->arg = arg;
-        claim_submit(j, op);
+        tasks_claim_submit(j, op, done, arg);
         return 0;
     }
+    rc = tasks_park_locked(j, cmds, ncmds, worker, (unsigned)max, lease_ms, wait_ms, done, arg);
+    pthread_mutex_unlock(&t->mu);
+    cJSON_Delete(o);
+    free(cmds);
+    if (rc)
+        return jd_error_set(err, JD_ESHUTDOWN, NULL, "shutting down");
+    return 0;
+}
+
+int tasks_park_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds, const char *worker,
+                      unsigned max, int64_t lease_ms, int64_t wait_ms, jd_action_done_fn done,
+                      void *arg)
+{
+    struct jd_tasks *t = j->tasks;
+    if (t->draining)
+        return JD_ESHUTDOWN;
     struct claimer *cl = jd_xcalloc(1, sizeof *cl);
     cl->id = ++t->next_claimer;
-    cl->cmds = cmds;
+    cl->cmds = jd_xcalloc(ncmds ? ncmds : 1, sizeof *cl->cmds);
+    memcpy(cl->cmds, cmds, ncmds * sizeof *cmds);
     cl->ncmds = ncmds;
     cl->worker = jd_xstrdup(worker);
-    cl->max = (unsigned)max;
+    cl->max = max;
     cl->lease_ms = lease_ms;
     cl->done = done;
     cl->arg = arg;
@@ -361,19 +404,42 @@ int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_actio
     ct->id = cl->id;
     if (jd_sched_timer_after(j->sched, (uint64_t)wait_ms * 1000000u, claim_deadline, ct,
                              &cl->timer_id) != 0) {
-        pthread_mutex_unlock(&t->mu);
         free(ct);
-        claimer_free(cl);
-        cJSON_Delete(o);
-        return jd_error_set(err, JD_ESHUTDOWN, NULL, "shutting down");
+        tasks_claimer_free(cl);
+        return JD_ESHUTDOWN;
     }
     cl->timer_armed = true;
     cl->timer_arg = ct;
     cl->next = t->claimers;
     t->claimers = cl;
-    pthread_mutex_unlock(&t->mu);
-    cJSON_Delete(o);
     return 0;
+}
+
+struct claimer *tasks_claimer_unlink_locked(struct jd_jobs *j, uint64_t id)
+{
+    struct jd_tasks *t = j->tasks;
+    for (struct claimer **pp = &t->claimers; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            struct claimer *cl = *pp;
+            *pp = cl->next;
+            if (cl->timer_armed && jd_sched_timer_cancel(j->sched, cl->timer_id) == 0)
+                free(cl->timer_arg);
+            cl->timer_armed = false;
+            return cl;
+        }
+    return NULL;
+}
+
+int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                       void *arg, struct jd_error *err)
+{
+    return task_claim(j, body, len, false, done, arg, err);
+}
+
+int jd_jobs_task_claim_here(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                            void *arg, struct jd_error *err)
+{
+    return task_claim(j, body, len, true, done, arg, err);
 }
 
 void jobs_tasks_drain(struct jd_jobs *j)
@@ -383,6 +449,8 @@ void jobs_tasks_drain(struct jd_jobs *j)
         return;
     pthread_mutex_lock(&t->mu);
     t->draining = true;
+    if (t->ann_armed && jd_sched_timer_cancel(j->sched, t->ann_timer) == 0)
+        t->ann_armed = false; /* announcements stop (a firing tick sees draining) */
     struct claimer *list = t->claimers;
     t->claimers = NULL;
     for (struct claimer *cl = list; cl; cl = cl->next)
@@ -393,6 +461,6 @@ void jobs_tasks_drain(struct jd_jobs *j)
         struct claimer *cl = list;
         list = cl->next;
         cl->done(cl->arg, 0, "{\"tasks\":[]}");
-        claimer_free(cl);
+        tasks_claimer_free(cl);
     }
 }

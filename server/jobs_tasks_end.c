@@ -1,5 +1,5 @@
 /*
- * Remote tasks, part 3 of 4 (see jobs_tasks.c): the end of a claimed task
+ * Remote tasks, part 3 of 5 (see jobs_tasks.c): the end of a claimed task
  * and its lease. A worker's complete or fail takes the task out under tmu
  * and ends its call through the registry's host table (without tmu), then
  * records its row; a batch does that for many and answers once all rows
@@ -101,7 +101,8 @@ static int gone_reason(struct jd_jobs *j, const char *id, const char **reason, s
                                 : "the task's lease was lost; its call is offered again as a "
                                   "new task");
     }
-    if (strlen(id) != TASK_ID_LEN || jd_store_task_state(j->store, id, &st, &job_id) != 0)
+    int64_t node;
+    if (!jd_task_id_parse(id, &node) || jd_store_task_state(j->store, id, &st, &job_id) != 0)
         return jd_error_set(err, JD_ENOENT, NULL, "no such task");
     switch (st) {
     case JD_TASK_COMPLETED:
@@ -321,40 +322,75 @@ void tasks_batch_committed(struct jd_jobs *j, struct batch_op *b, int rc)
     free(b);
 }
 
+/* Check batch item i (it) and parse its outcome into *oi (cleared by the
+ * caller); *id borrowed from it. */
+static int batch_item(struct jd_jobs *j, const cJSON *it, int i, const char **id,
+                      struct outcome_in *oi, struct jd_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(it, "id");
+    char base[32];
+    snprintf(base, sizeof base, "/tasks/%d", i);
+    memset(oi, 0, sizeof *oi);
+    if (!cJSON_IsObject(it) || !cJSON_IsString(v)) {
+        char p[48];
+        snprintf(p, sizeof p, "%s%s", base, cJSON_IsObject(it) ? "/id" : "");
+        return jd_error_set(err, JD_EINVAL, p,
+                            "each task is {\"id\": \"...\", \"result\": ...} "
+                            "or {\"id\": \"...\", \"error\": {...}}");
+    }
+    *id = v->valuestring;
+    return parse_outcome(j, it, cJSON_GetObjectItemCaseSensitive(it, "error") != NULL, base, oi,
+                         err);
+}
+
+/* The batch's "tasks" array, 1 to JD_TASK_MAX_BATCH items: its size, or
+ * -1 with err set. */
+static int batch_tasks(const cJSON *o, const cJSON **ts, struct jd_error *err)
+{
+    *ts = cJSON_GetObjectItemCaseSensitive(o, "tasks");
+    int n = cJSON_IsArray(*ts) ? cJSON_GetArraySize(*ts) : -1;
+    if (n < 1 || n > JD_TASK_MAX_BATCH) {
+        jd_error_set(err, JD_EINVAL, "/tasks",
+                     "tasks must be an array of 1 to %d {\"id\", \"result\" or \"error\"}",
+                     JD_TASK_MAX_BATCH);
+        return -1;
+    }
+    return n;
+}
+
+int jd_jobs_task_batch_check(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err)
+{
+    cJSON *o = tasks_parse_object(body ? body : "", len, false, err);
+    if (!o)
+        return err->code;
+    const cJSON *ts;
+    int n = batch_tasks(o, &ts, err);
+    int rc = n < 0 ? err->code : 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        struct outcome_in oi;
+        const char *id;
+        rc = batch_item(j, cJSON_GetArrayItem(ts, i), i, &id, &oi, err);
+        outcome_clear(&oi);
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
 int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
                            void *arg, struct jd_error *err)
 {
     cJSON *o = tasks_parse_object(body ? body : "", len, false, err);
     if (!o)
         return err->code;
-    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "tasks");
-    int n = cJSON_IsArray(ts) ? cJSON_GetArraySize(ts) : -1;
-    int rc = 0;
-    if (n < 1 || n > JD_TASK_MAX_BATCH)
-        rc = jd_error_set(err, JD_EINVAL, "/tasks",
-                          "tasks must be an array of 1 to %d {\"id\", \"result\" or \"error\"}",
-                          JD_TASK_MAX_BATCH);
+    const cJSON *ts;
+    int n = batch_tasks(o, &ts, err);
+    int rc = n < 0 ? err->code : 0;
     struct outcome_in *ois = rc ? NULL : jd_xcalloc((size_t)n, sizeof *ois);
     const char **ids = rc ? NULL : jd_xcalloc((size_t)n, sizeof *ids);
     /* Every item is checked before any task ends: all or nothing for bad
      * input; ends that are refused (gone tasks) are reported per item. */
-    for (int i = 0; rc == 0 && i < n; i++) {
-        const cJSON *it = cJSON_GetArrayItem(ts, i);
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        char base[32];
-        snprintf(base, sizeof base, "/tasks/%d", i);
-        if (!cJSON_IsObject(it) || !cJSON_IsString(id)) {
-            char p[48];
-            snprintf(p, sizeof p, "%s%s", base, cJSON_IsObject(it) ? "/id" : "");
-            rc = jd_error_set(err, JD_EINVAL, p,
-                              "each task is {\"id\": \"...\", \"result\": ...} "
-                              "or {\"id\": \"...\", \"error\": {...}}");
-            break;
-        }
-        ids[i] = id->valuestring;
-        rc = parse_outcome(j, it, cJSON_GetObjectItemCaseSensitive(it, "error") != NULL, base,
-                           &ois[i], err);
-    }
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = batch_item(j, cJSON_GetArrayItem(ts, i), i, &ids[i], &ois[i], err);
     if (rc) {
         for (int i = 0; ois && i < n; i++)
             outcome_clear(&ois[i]);

@@ -2,7 +2,9 @@
  * Remote tasks: the types, states and locking rules shared by
  * server/jobs_tasks.c (registry fallback, commands, arrival, lifecycle),
  * jobs_tasks_claim.c (claims), jobs_tasks_end.c (ends, heartbeats,
- * leases) and jobs_tasks_read.c (reads). Internal to those four files.
+ * leases), jobs_tasks_read.c (reads) and jobs_tasks_cluster.c (claims
+ * across cluster nodes, announcements, commands that follow the store).
+ * Internal to those five files.
  *
  * A task is in the id hash (and the call hash) from handle() until one
  * path takes it out, under tmu: that path alone ends the call (host
@@ -37,7 +39,8 @@
 
 #define TASK_BUCKETS 1024 /* tasks in flight are bounded by running jobs (10^4 by default) */
 
-#define TASK_ID_LEN 32 /* 128 random bits in hex: not guessable, not enumerable */
+#define TASK_ID_LEN 32             /* 128 random bits in hex: not guessable, not enumerable */
+#define TASK_ID_MAX JD_TASK_ID_MAX /* on a cluster node "<node id>.<32 hex>" */
 
 #define NAME_MAX_LEN 64 /* as plugin command names */
 
@@ -55,6 +58,12 @@
 
 #define PROGRESS_EVERY_MS 1000 /* at most one progress event per task per second in the history */
 
+#define ANN_NODES 8 /* other nodes remembered per command as having its tasks waiting */
+
+#define FETCH_MAX 64 /* parked claims asking other nodes at once */
+
+#define GATHER_NODES 8 /* other nodes one claim asks, one after the other */
+
 #define LAT_BUCKETS                                                                                \
     JD_TASK_LAT_BUCKETS /* claim-to-complete: 10,50,100,500ms,1,5,10,30,60,300,3600s,+inf */
 
@@ -71,11 +80,17 @@ struct rcmd {
     uint64_t waiting, in_flight, claimed_total, lease_expiries, completed, failed;
     uint64_t lat_hist[LAT_BUCKETS];
     uint64_t lat_ms_sum;
+    /* Across nodes (jobs_tasks_cluster.c): when this node last announced
+     * its waiting tasks of c, whether an announcement is due (held back by
+     * the rate limit), and the other nodes that announced theirs lately. */
+    int64_t announced_ms;
+    bool announce_due;
+    int64_t ann_node[ANN_NODES], ann_until_ms[ANN_NODES];
     struct rcmd *next;
 };
 
 struct task {
-    char id[TASK_ID_LEN + 1];
+    char id[TASK_ID_MAX + 1];
     struct rcmd *cmd;
     struct jd_call *call;
     int64_t job_id;
@@ -104,7 +119,9 @@ struct claimer {
     int64_t lease_ms;
     jd_action_done_fn done;
     void *arg;
-    bool gone; /* its client left (claim_alive): skipped, answered at its deadline */
+    bool gone;     /* its client left (claim_alive): skipped, answered at its deadline */
+    bool fetching; /* asking another node (jobs_tasks_cluster.c): not served here meanwhile */
+    bool expired;  /* its deadline passed while fetching: the fetch's end answers it */
     bool timer_armed;
     uint64_t timer_id;
     struct ctimer *timer_arg;
@@ -113,7 +130,7 @@ struct claimer {
 
 struct ltimer {
     struct jd_jobs *j;
-    char id[TASK_ID_LEN + 1];
+    char id[TASK_ID_MAX + 1];
 };
 
 struct ctimer {
@@ -122,7 +139,7 @@ struct ctimer {
 };
 
 struct tomb {
-    char id[TASK_ID_LEN + 1];
+    char id[TASK_ID_MAX + 1];
     const char *reason;
 };
 
@@ -139,7 +156,7 @@ struct wkr {
  * heartbeat that carried one), shown on the job until that task ends. */
 struct prog {
     int64_t job_id;
-    char task[TASK_ID_LEN + 1];
+    char task[TASK_ID_MAX + 1];
     char *json;
     struct prog *next;
 };
@@ -159,6 +176,11 @@ struct jd_tasks {
     struct claimer *claimers;
     uint64_t next_claimer;
     bool draining;
+    /* Across nodes (jobs_tasks_cluster.c). */
+    struct jd_task_remote remote; /* remote.claim NULL: claims stay on this node */
+    unsigned fetches;             /* parked claims fetching now (at most FETCH_MAX) */
+    bool ann_armed;               /* the announcement timer is armed */
+    uint64_t ann_timer;
 };
 
 struct claim_op; /* jobs_tasks_claim.c */
@@ -218,6 +240,42 @@ void tasks_trec_free(struct trec *r);
 void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c);
 /* The store's completion thread: one record of op committed (or not). */
 void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc);
+
+/* Under tmu: take up to max waiting tasks of cmds for a claim (NULL if
+ * none); submit it without tmu with tasks_claim_submit, which calls
+ * done(arg, rc, {"tasks":[...]}) once the rows committed. */
+struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
+                                         const char *worker, unsigned max, int64_t lease_ms);
+void tasks_claim_submit(struct jd_jobs *j, struct claim_op *op, jd_action_done_fn done, void *arg);
+size_t tasks_claim_count(const struct claim_op *op); /* its tasks; 0 for NULL */
+/* Under tmu: park a claim until wait_ms from now (cmds copied). 0, or
+ * JD_ESHUTDOWN (done not called). */
+int tasks_park_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds, const char *worker,
+                      unsigned max, int64_t lease_ms, int64_t wait_ms, jd_action_done_fn done,
+                      void *arg);
+/* Under tmu: the parked claim with this id, unlinked (its timer cancelled),
+ * or NULL. */
+struct claimer *tasks_claimer_unlink_locked(struct jd_jobs *j, uint64_t id);
+void tasks_claimer_free(struct claimer *cl);
+
+/* ---- jobs_tasks_cluster.c ---- */
+
+/* Under tmu: other nodes with waiting tasks of cmds (at most GATHER_NODES
+ * into nodes); their count. */
+size_t tasks_announced_locked(struct jd_tasks *t, struct rcmd *const *cmds, size_t ncmds,
+                              int64_t *nodes);
+/* Without tmu: answer a claim that took `local` (may be NULL) here and
+ * wants up to max in all: asks nodes[0..nnodes) in turn for the rest, then
+ * answers done(arg) with everything, or parks for the rest of wait_ms when
+ * nothing came. */
+void tasks_gather(struct jd_jobs *j, struct claim_op *local, struct rcmd *const *cmds, size_t ncmds,
+                  const char *worker, unsigned max, int64_t lease_ms, int64_t wait_ms,
+                  const int64_t *nodes, size_t nnodes, jd_action_done_fn done, void *arg);
+/* Under tmu: task k of c was left waiting (no local claim took it):
+ * announce c now or soon. Returns the payload to send without tmu
+ * (caller frees) or NULL. */
+char *tasks_left_waiting_locked(struct jd_jobs *j, struct rcmd *c);
+void tasks_announce_send(struct jd_jobs *j, char *payload);
 
 /* ---- jobs_tasks_end.c ---- */
 

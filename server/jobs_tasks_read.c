@@ -1,5 +1,5 @@
 /*
- * Remote tasks, part 4 of 4 (see jobs_tasks.c): reads. One command, the
+ * Remote tasks, part 4 of 5 (see jobs_tasks.c): reads. One command, the
  * list of plugin and remote commands, the workers seen, and per-command
  * statistics for the metrics route.
  *

@@ -21,6 +21,7 @@
  * default action, so a second one ends the process at once (jobs still
  * resume on the next start: everything acknowledged is durable).
  */
+#include "api/forward.h"
 #include "api/http.h"
 #include "common/alloc.h"
 #include "common/log.h"
@@ -100,6 +101,40 @@ static void hook_claimable(void *arg)
     if (x->live)
         jd_jobs_cluster_claimable(x->jobs);
     pthread_rwlock_unlock(&x->lock);
+}
+
+static void hook_tasks_waiting(void *arg, const char *payload)
+{
+    struct cluster_ctx *x = arg;
+    pthread_rwlock_rdlock(&x->lock);
+    if (x->live)
+        jd_jobs_tasks_announced(x->jobs, payload);
+    pthread_rwlock_unlock(&x->lock);
+}
+
+/* The base URL other nodes reach this one at (README "Running a cluster"):
+ * --advertise-url, else http://<listen host>:<bound port>, with the host
+ * name for a wildcard listen. Caller frees. */
+static char *advertise_url(const struct jd_config *cfg, unsigned port)
+{
+    if (cfg->advertise_url && cfg->advertise_url[0]) {
+        char *u = jd_xstrdup(cfg->advertise_url);
+        size_t n = strlen(u);
+        while (n > 0 && u[n - 1] == '/')
+            u[--n] = '\0'; /* paths are appended: "/v1/..." */
+        return u;
+    }
+    const char *h = cfg->host;
+    char name[256];
+    if (h[0] == '\0' || strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0) {
+        if (gethostname(name, sizeof name - 1) != 0)
+            snprintf(name, sizeof name, "localhost");
+        name[sizeof name - 1] = '\0';
+        h = name;
+    }
+    if (strchr(h, ':'))
+        return jd_xasprintf("http://[%s]:%u", h, port);
+    return jd_xasprintf("http://%s:%u", h, port);
 }
 
 static void cluster_off(struct cluster_ctx *x)
@@ -187,6 +222,7 @@ int main(int argc, char **argv)
     struct jd_jobs *jobs = NULL;
     struct jd_schedules *schedules = NULL;
     struct jd_http *http = NULL;
+    struct jd_forward *fwd = NULL;
     int status = 1;
     char *db_shown = NULL;
     static struct cluster_ctx cctx = {.lock = PTHREAD_RWLOCK_INITIALIZER};
@@ -289,6 +325,25 @@ int main(int argc, char **argv)
         goto out;
     }
     jd_http_attach_schedules(http, schedules);
+    if (jd_store_clustered(store)) {
+        /* Remote tasks from any node (api/forward.h): this node's URL in
+         * its node row, then the forwarding threads. */
+        char *url = advertise_url(&cfg, jd_http_port(http));
+        struct jd_forward_config fcfg = {.store = store, .token = cfg.token};
+        if ((rc = jd_store_node_advertise(store, url)) != 0 ||
+            (rc = jd_forward_start(&fcfg, &fwd)) != 0) {
+            jd_log(JD_LOG_ERROR, "cannot advertise this node for remote tasks", "url", url, "error",
+                   jd_strerror(rc), NULL);
+            free(url);
+            goto out;
+        }
+        jd_log(JD_LOG_INFO, "advertised for remote tasks", "url", url, NULL);
+        free(url);
+        jd_http_attach_forward(http, fwd);
+        struct jd_task_remote remote;
+        jd_forward_task_remote(fwd, &remote);
+        jd_jobs_set_task_remote(jobs, &remote);
+    }
     jd_http_attach(http, jobs);
     jd_jobs_set_claim_alive(jobs, jd_http_claim_alive);
     if (jd_store_clustered(store)) {
@@ -301,6 +356,7 @@ int main(int argc, char **argv)
             .requests = hook_requests,
             .claimable = hook_claimable,
             .lease_lost = hook_lease_lost,
+            .tasks_waiting = hook_tasks_waiting,
             .arg = &cctx,
         };
         if ((rc = jd_jobs_cluster_start(jobs)) != 0 ||
@@ -342,6 +398,7 @@ out:
             jd_log(JD_LOG_WARN, "grace period over with work left; it resumes on the next start",
                    NULL);
     }
+    jd_forward_stop(fwd); /* queued relays answer 503; the job layer's hooks refuse from now */
     if (http != NULL)
         jd_http_stop(http, 2000);
     cluster_off(&cctx); /* no hook reaches the layers freed below */
@@ -349,6 +406,7 @@ out:
         jd_schedules_destroy(schedules);
     if (jobs != NULL)
         jd_jobs_destroy(jobs);
+    jd_forward_free(fwd); /* after the job layer, which holds its hooks */
     if (store != NULL)
         jd_store_close(store);
     free(db_shown);

@@ -41,6 +41,13 @@
 #define JD_TASK_MAX_COMMANDS 1000      /* remote commands registered at once */
 #define JD_TASK_MAX_CLAIM_COMMANDS 32  /* commands named in one claim */
 #define JD_TASK_MAX_BATCH 1000         /* ends in one batch request */
+#define JD_TASK_ID_MAX 52              /* "<node id>.<32 hex>": 19 + 1 + 32 */
+
+/* Whether id has the shape of a task id this server makes: 32 lowercase
+ * hex digits (SQLite, one node), or "<node>.<32 hex>" (a cluster node:
+ * node is the id of the incarnation that made it and answers for it;
+ * 1 to 2^63-1, no leading zero). *node is 0 for the first shape. */
+bool jd_task_id_parse(const char *id, int64_t *node);
 
 /* PUT /v1/commands/{name}: body {"timeout_ms": N, "description": "..."}
  * (both optional; {} or an empty body is fine). JD_EINVAL for a bad name
@@ -66,12 +73,50 @@ int jd_jobs_commands_json(struct jd_jobs *j, char **json);
  * arrives or wait_ms ends (then empty), or when the layer drains. */
 int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
                        void *arg, struct jd_error *err);
+/* As jd_jobs_task_claim, but only this node's tasks: the claim another
+ * node forwarded (one hop; wait_ms is then 0). */
+int jd_jobs_task_claim_here(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                            void *arg, struct jd_error *err);
 /* How the layer asks whether a parked claim's client is still there
  * (alive(arg), arg as given to jd_jobs_task_claim; must not block): a
  * claim whose client left is never handed tasks, which would otherwise
  * sit claimed by nobody until their lease ran out. Set once, before
  * claims arrive; NULL (the default): every claim is taken as alive. */
 void jd_jobs_set_claim_alive(struct jd_jobs *j, bool (*alive)(void *arg));
+/* Claims across cluster nodes (README "Running a cluster"). A node with
+ * tasks waiting that no local parked claim takes announces their commands
+ * (at once when one arrives, at most every JD_TASK_ANNOUNCE_MIN_MS per
+ * command, and about once a second while they wait); other nodes keep
+ * who announced what for JD_TASK_ANNOUNCE_TTL_MS. A claim that took fewer
+ * local tasks than it wants forwards a non-waiting claim (the rest of its
+ * max, its worker and lease) to each announcing node in turn and answers
+ * with everything it got; a parked claim does the same when an announcement
+ * for one of its commands arrives. The owner records the claim before it
+ * answers, so a task claimed by a forward whose answer is lost (the worker
+ * left, a timeout) is simply held until its lease runs out, as when a
+ * claim's own answer is lost. */
+#define JD_TASK_ANNOUNCE_MIN_MS 100
+#define JD_TASK_ANNOUNCE_TTL_MS 3000
+struct jd_task_remote {
+    /* Send a non-waiting claim (body as POST /v1/tasks/claim takes it) to
+     * node; done(cbarg, json) later, exactly once, on another thread: json
+     * is that node's 200 answer ({"tasks":[...]}) or NULL (none from
+     * there). Must not block. Nonzero: refused (done is not called). */
+    int (*claim)(void *arg, int64_t node, const char *body,
+                 void (*done)(void *cbarg, const char *json), void *cbarg);
+    /* Best effort, must not block: tell the other nodes payload
+     * ("<this node> <command>:<tasks waiting> ...", at most
+     * JD_STORE_ANNOUNCE_MAX bytes). */
+    void (*announce)(void *arg, const char *payload);
+    void *arg;
+};
+/* Set once on a cluster node, before claims arrive (copied); NULL clears
+ * (claims then stay local). */
+void jd_jobs_set_task_remote(struct jd_jobs *j, const struct jd_task_remote *r);
+/* The store's tasks_waiting hook (storage/store.h): another node announced
+ * waiting tasks. Must not block; payloads from this node are ignored. */
+void jd_jobs_tasks_announced(struct jd_jobs *j, const char *payload);
+
 /* POST /v1/tasks/{id}/complete {"result": any}; done's json {"ok":true}. */
 int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, size_t len,
                           jd_action_done_fn done, void *arg, const char **reason,
@@ -88,6 +133,10 @@ int jd_jobs_task_fail(struct jd_jobs *j, const char *id, const char *body, size_
  * the commit. */
 int jd_jobs_task_end_batch(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
                            void *arg, struct jd_error *err);
+/* Only the checks of jd_jobs_task_end_batch (nothing is ended): 0 or its
+ * JD_EPARSE / JD_EINVAL / JD_ETOOBIG with the pointer. For a batch whose
+ * items a cluster node splits among their nodes (api/forward.c). */
+int jd_jobs_task_batch_check(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err);
 
 /* POST /v1/tasks/{id}/heartbeat {"lease_ms": n, "progress": any}: the
  * lease runs lease_ms (default: the claim's) from now, recorded before

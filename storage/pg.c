@@ -187,6 +187,7 @@ int jd_pg_open(struct jd_store *s, const struct jd_store_config *cfg, struct jd_
     pthread_mutex_init(&pg->id_mu, NULL);
     pthread_mutex_init(&pg->cl_mu, NULL);
     pthread_mutex_init(&pg->claim_mu, NULL);
+    pthread_mutex_init(&pg->node_mu, NULL);
     pthread_cond_init(&pg->cl_cv, NULL);
 
     pg->wconn = jd_pg_connect(pg->url, pg->display, cfg->sync_full, err);
@@ -237,6 +238,8 @@ void jd_pg_close(struct jd_store *s)
     pthread_mutex_destroy(&pg->cl_mu);
     pthread_mutex_destroy(&pg->claim_mu);
     PQfinish(pg->cconn);
+    pthread_mutex_destroy(&pg->node_mu);
+    PQfinish(pg->nconn);
     pthread_cond_destroy(&pg->cl_cv);
     free(pg->url);
     free(pg->display);

@@ -81,6 +81,8 @@ struct jd_pg {
     atomic_bool hooks_ready;     /* hooks are set (jd_pg_cluster_start) */
     pthread_t hb_thr, ln_thr;
     int wake[2];              /* a pipe: close wakes the listener's poll */
+    pthread_mutex_t node_mu;  /* guards nconn (pg_nodes.c) */
+    PGconn *nconn;            /* node URLs and task announcements (pg_nodes.c) */
     pthread_mutex_t claim_mu; /* guards cconn */
     PGconn *cconn;            /* claims and adoptions (readers are read-only) */
     unsigned passes;          /* takeover passes (heartbeat thread) */
@@ -227,6 +229,7 @@ int jd_pg_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_
  * (storage/store.h, "the cluster"). */
 #define JD_PG_LEASE_MS 10000 /* a node's lease when the config says 0 */
 #define JD_PG_NOTIFY_CHANNEL "jd_changes"
+#define JD_PG_TASKS_CHANNEL "jd_tasks" /* remote tasks waiting on a node (pg_nodes.c) */
 /* The transaction-scoped advisory lock of the singleton chores (retention,
  * the orphan sweep): "JDWKCHOR". */
 #define JD_PG_CHORE_LOCK 0x4a44574b43484f52LL

@@ -567,6 +567,10 @@ static PGconn *listen_connect(struct jd_pg *pg)
     if (!c)
         return NULL;
     PGresult *r = q(c, "LISTEN " JD_PG_NOTIFY_CHANNEL, 0, NULL);
+    if (r) {
+        PQclear(r);
+        r = q(c, "LISTEN " JD_PG_TASKS_CHANNEL, 0, NULL); /* remote tasks (pg_nodes.c) */
+    }
     if (!r) {
         PQfinish(c);
         return NULL;
@@ -615,7 +619,10 @@ static void *listener_main(void *arg)
             PGnotify *nt;
             while ((nt = PQnotifies(c)) != NULL) {
                 atomic_fetch_add_explicit(&pg->st_notices, 1, memory_order_relaxed);
-                dispatch(pg, nt->extra, buf);
+                if (strcmp(nt->relname, JD_PG_TASKS_CHANNEL) != 0)
+                    dispatch(pg, nt->extra, buf);
+                else if (h->tasks_waiting)
+                    h->tasks_waiting(h->arg, nt->extra);
                 PQfreemem(nt);
             }
         }

@@ -219,6 +219,9 @@ static const char *const migrations[] = {
      * a lower bound of the event ids a node's open transaction may take;
      * the stream returns only ids below the smallest. */
     "ALTER TABLE jd_nodes ADD COLUMN pending_event_id BIGINT;",
+    /* 5: remote tasks across nodes (issue 16; storage/pg_nodes.c): the
+     * base URL other nodes forward a task's requests to its owner at. */
+    "ALTER TABLE jd_nodes ADD COLUMN url TEXT;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

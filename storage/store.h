@@ -618,6 +618,10 @@ struct jd_store_cluster_hooks {
      * past it, or its row was taken over). Its job writes are refused from
      * now on; the server's answer is to start over as a new incarnation. */
     void (*lease_lost)(void *arg);
+    /* On the listener thread; must not block; may be NULL. Another node
+     * announced waiting remote tasks (jd_store_tasks_announce): payload is
+     * its text as sent, "<node id> <command>:<waiting> ..." (borrowed). */
+    void (*tasks_waiting)(void *arg, const char *payload);
     void *arg;
 };
 /* Start the heartbeat, takeover and listener threads (after recovery).
@@ -652,6 +656,27 @@ struct jd_job_request {
 int jd_store_requests(struct jd_store *s, int64_t after_id, unsigned limit,
                       struct jd_job_request **rows, size_t *n);
 void jd_job_requests_free(struct jd_job_request *rows, size_t n);
+
+/* Remote tasks across nodes (storage/pg_nodes.c; server/tasks.h). Each node
+ * advertises the base URL other nodes reach it at in its node row; the
+ * node that owns a task answers for it. For SQLite all three return
+ * JD_EINVAL. Any thread; each may block on the database (a dedicated
+ * connection under its own mutex), so never an HTTP event thread's.
+ *
+ * Set this incarnation's URL (after its row exists): 0 or JD_EIO. */
+int jd_store_node_advertise(struct jd_store *s, const char *url);
+/* The URL of live node `node` (caller frees *url): 0; JD_ENOENT when it
+ * has no live row (it closed, died and was taken over, its lease lapsed,
+ * or never was) or advertised none; JD_EIO. */
+int jd_store_node_url(struct jd_store *s, int64_t node, char **url);
+/* The live nodes that advertised a URL, by id (ids[i], urls[i]; caller
+ * frees with jd_store_nodes_free): 0 or JD_EIO. At most limit. */
+int jd_store_nodes_live(struct jd_store *s, unsigned limit, int64_t **ids, char ***urls, size_t *n);
+void jd_store_nodes_free(int64_t *ids, char **urls, size_t n);
+/* One NOTIFY to every node's tasks_waiting hook (payload: at most
+ * JD_STORE_ANNOUNCE_MAX bytes, as that hook receives it): 0 or JD_EIO. */
+#define JD_STORE_ANNOUNCE_MAX 7900 /* NOTIFY payloads end at 8000 bytes */
+int jd_store_tasks_announce(struct jd_store *s, const char *payload);
 
 struct jd_cluster_stats {
     uint64_t claims, takeovers, fenced, requests, notices, lease_lost;

@@ -159,3 +159,40 @@ location_id() { printf '%s\n' "$HDRS" | sed -n 's|^[Ll]ocation: /v1/jobs/||p'; }
 json_post() { req POST "$1" -H 'Content-Type: application/json' --data-binary "$2" "${@:3}"; }
 # Wait (long-poll) until job $1 is terminal; BODY is the job.
 wait_job() { req GET "/v1/jobs/$1?wait=${2:-20s}"; }
+
+# Cluster nodes on one PostgreSQL (PG_URL: tests/pg/pg.sh's pg_start):
+#   start_node NAME [PORT]   a node on 127.0.0.1:PORT (default 0: any) with
+#                            the caller's NODE_FLAGS; sets BASE_NAME and
+#                            PID_NAME, adds its pid to NODES, its log is
+#                            $WORK/node.NAME.log
+#   on NAME cmd...           run cmd (req, json_post, ...) against node NAME
+NODES=()
+NODE_FLAGS=()
+start_node() {
+    local n=$1 log=$WORK/node.$1.log addr=
+    : >"$log"
+    "$JACKDAWD" --listen "127.0.0.1:${2:-0}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" \
+        "${NODE_FLAGS[@]}" 2>"$log" &
+    local pid=$!
+    NODES+=("$pid")
+    for _ in $(seq 1 200); do
+        addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$log" | head -n 1 | cut -d'"' -f8)
+        [ -n "$addr" ] && break
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    printf -v "BASE_$n" '%s' "http://$addr"
+    printf -v "PID_$n" '%s' "$pid"
+    for _ in $(seq 1 200); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/readyz")" = 200 ] && return 0
+        sleep 0.05
+    done
+    notok "node $n becomes ready" "$(tail -n 5 "$log")"
+    return 1
+}
+on() {
+    local v="BASE_$1"
+    BASE=${!v}
+    shift
+    "$@"
+}

@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib.sh"
 start_server || exit 1
 
 J='Content-Type: application/json'
-py() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); $1" <<<"$BODY"; }
+py() { python3 -c "import json,re,sys; j=json.loads(sys.stdin.read()); $1" <<<"$BODY"; }
 jq_() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); print($1)" <<<"$BODY"; }
 submit() { req POST /v1/jobs -H "$J" --data-binary "$1"; JOB=$(jq_ "j['id']" 2>/dev/null); }
 claim() { req POST /v1/tasks/claim -H "$J" --data-binary "$1" "${@:2}"; }
@@ -39,7 +39,7 @@ check "GET an unknown command: 404" is_problem 404
 submit '{"handler":"resize","args":{"w":640}}'
 J1=$JOB
 claim '{"commands":["resize"],"worker":"t/1","max":10,"lease_ms":30000}'
-check "claim answers the task with its fields" py "t=j['tasks'][0]; assert len(j['tasks'])==1 and t['command']=='resize' and t['args']=={'w':640} and t['job_id']=='$J1' and t['attempt']==1 and t['idempotency_key']=='$J1:1' and len(t['id'])==32 and t['lease_expires_at']"
+check "claim answers the task with its fields" py "t=j['tasks'][0]; assert len(j['tasks'])==1 and t['command']=='resize' and t['args']=={'w':640} and t['job_id']=='$J1' and t['attempt']==1 and t['idempotency_key']=='$J1:1' and re.fullmatch(r'([1-9][0-9]*[.])?[0-9a-f]{32}', t['id']) and t['lease_expires_at']"
 T1=$(task_id)
 req GET /v1/commands/resize
 check "the command shows one in flight" py "assert j['in_flight']==1 and j['waiting']==0"

@@ -366,6 +366,20 @@ int jd_jobs_task_claim(struct jd_jobs *j, const char *body, size_t len, jd_actio
 {
     return JD_EINTERNAL;
 }
+int jd_jobs_task_claim_here(struct jd_jobs *j, const char *body, size_t len, jd_action_done_fn done,
+                            void *arg, struct jd_error *err)
+{
+    return JD_EINTERNAL;
+}
+int jd_jobs_task_batch_check(struct jd_jobs *j, const char *body, size_t len, struct jd_error *err)
+{
+    return 0;
+}
+bool jd_task_id_parse(const char *id, int64_t *node)
+{
+    *node = 0;
+    return false;
+}
 int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, size_t len,
                           jd_action_done_fn done, void *arg, const char **reason,
                           struct jd_error *err)

@@ -8,7 +8,9 @@
  * never share a job; an inbox request is recorded once; a commit's notice
  * reaches the other node's hooks; a conditional fire commits once; the
  * event stream never shows an event before one an open writer of another
- * node may still commit with a smaller id. These
+ * node may still commit with a smaller id; a node's advertised URL is
+ * found only while it is alive, and a task announcement reaches the other
+ * node. These
  * need JD_TEST_PG_URL (tests/integration/test_store_pg.sh sets it) and
  * skip without it; SQLite's answers (a cluster of one) are checked always.
  */
@@ -801,6 +803,75 @@ static void test_the_event_stream_waits_for_an_open_writer(void **state)
         sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 0);
 }
 
+struct announced {
+    pthread_mutex_t mu;
+    char payload[128];
+};
+
+static void on_tasks_waiting(void *arg, const char *payload)
+{
+    struct announced *a = arg;
+    pthread_mutex_lock(&a->mu);
+    snprintf(a->payload, sizeof a->payload, "%s", payload);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Remote tasks across nodes (storage/pg_nodes.c): a node's advertised URL
+ * is found by its id only while its row is alive; an announcement reaches
+ * the other node's tasks_waiting hook as sent. */
+static void test_node_urls_and_task_announcements(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    int64_t a = jd_store_node_id(f->a), b = jd_store_node_id(f->b);
+    char *url = NULL;
+    assert_int_equal(jd_store_node_url(f->b, a, &url), JD_ENOENT); /* none advertised yet */
+    assert_int_equal(jd_store_node_advertise(f->a, "http://node-a:8080"), 0);
+    assert_int_equal(jd_store_node_url(f->b, a, &url), 0);
+    assert_string_equal(url, "http://node-a:8080");
+    free(url);
+    assert_int_equal(jd_store_node_url(f->b, b + 1000000, &url), JD_ENOENT);
+    assert_null(url);
+    assert_int_equal(jd_store_node_url(f->b, 0, &url), JD_ENOENT);
+    assert_int_equal(jd_store_node_url(f->b, -5, &url), JD_ENOENT);
+
+    struct announced an = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    struct jd_store_cluster_hooks hooks = {.tasks_waiting = on_tasks_waiting, .arg = &an};
+    assert_int_equal(jd_store_cluster_start(f->b, &hooks), 0);
+    sleep_ms(200); /* the listener is listening */
+    char payload[64];
+    snprintf(payload, sizeof payload, "%lld resize:3", (long long)a);
+    assert_int_equal(jd_store_tasks_announce(f->a, payload), 0);
+    bool heard = false;
+    for (int w = 0; w < WAIT_MS && !heard; w += 20) {
+        pthread_mutex_lock(&an.mu);
+        heard = strcmp(an.payload, payload) == 0;
+        pthread_mutex_unlock(&an.mu);
+        if (!heard)
+            sleep_ms(20);
+    }
+    assert_true(heard);
+    char *big = malloc(JD_STORE_ANNOUNCE_MAX + 2);
+    memset(big, 'x', JD_STORE_ANNOUNCE_MAX + 1);
+    big[JD_STORE_ANNOUNCE_MAX + 1] = '\0';
+    assert_int_equal(jd_store_tasks_announce(f->a, big), JD_EINVAL);
+    free(big);
+
+    /* a's lease lapses: its URL is no longer given out (the owner is gone) */
+    jd_pg_test_pause_heartbeat(f->a, true);
+    int rc = 0;
+    for (int w = 0; w < WAIT_MS; w += 50) {
+        rc = jd_store_node_url(f->b, a, &url);
+        free(url);
+        url = NULL;
+        if (rc == JD_ENOENT)
+            break;
+        sleep_ms(50);
+    }
+    assert_int_equal(rc, JD_ENOENT);
+}
+
 static void test_sqlite_answers_as_one_node(void **state)
 {
     (void)state;
@@ -835,6 +906,11 @@ static void test_sqlite_answers_as_one_node(void **state)
     struct jd_cluster_stats st;
     jd_store_cluster_stats(s1, &st);
     assert_int_equal(st.claims + st.heartbeats, 0);
+    char *url = NULL;
+    assert_int_equal(jd_store_node_advertise(s1, "http://x"), JD_EINVAL);
+    assert_int_equal(jd_store_node_url(s1, 1, &url), JD_EINVAL);
+    assert_null(url);
+    assert_int_equal(jd_store_tasks_announce(s1, "1 x:1"), JD_EINVAL);
     jd_store_close(s1);
     rm_tree(dir);
     free(dir);
@@ -861,6 +937,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_stale_retry_cannot_reopen_a_job, setup, teardown),
         cmocka_unit_test_setup_teardown(test_the_event_stream_waits_for_an_open_writer, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_node_urls_and_task_announcements, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_commit_lost_in_flight_gives_the_node_up, setup,
                                         teardown),
     };

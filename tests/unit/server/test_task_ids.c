@@ -1,0 +1,71 @@
+/*
+ * Task ids (server/tasks.h, jd_task_id_parse): the two shapes this server
+ * makes, 32 lowercase hex digits on one node and "<node>.<32 hex>" on a
+ * cluster node, and everything else refused, so that a forged id can never
+ * name a node it does not spell exactly (api/forward.c routes by it).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "server/tasks.h"
+
+#define HEX "0123456789abcdef0123456789abcdef"
+
+static void test_the_shapes_made_here(void **state)
+{
+    (void)state;
+    int64_t node = -1;
+    assert_true(jd_task_id_parse(HEX, &node));
+    assert_int_equal(node, 0);
+    assert_true(jd_task_id_parse("7." HEX, &node));
+    assert_int_equal(node, 7);
+    assert_true(jd_task_id_parse("9223372036854775807." HEX, &node));
+    assert_int_equal(node, INT64_MAX);
+}
+
+static void test_everything_else_is_refused(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "",
+        ".",
+        "7.",
+        "." HEX,
+        "07." HEX,                      /* a leading zero: two spellings of one node */
+        "0." HEX,                       /* no node 0 */
+        "-7." HEX,                      /* a sign */
+        "+7." HEX,                      /* a sign */
+        " 7." HEX,                      /* space */
+        "9223372036854775808." HEX,     /* past INT64_MAX */
+        "99999999999999999999999." HEX, /* far past it */
+        "7.7." HEX,                     /* two dots */
+        "7."
+        "0123456789ABCDEF0123456789abcdef", /* upper case */
+        "7."
+        "0123456789abcdef0123456789abcde", /* 31 digits */
+        "7." HEX "0",                      /* 33 digits */
+        "7."
+        "0123456789abcdef0123456789abcdeg",
+        "7/../x." HEX,
+        "7%2e" HEX,
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t node = -1;
+        if (jd_task_id_parse(bad[i], &node))
+            fail_msg("accepted \"%s\"", bad[i]);
+    }
+    int64_t node;
+    assert_false(jd_task_id_parse(NULL, &node));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_the_shapes_made_here),
+        cmocka_unit_test(test_everything_else_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
