@@ -90,6 +90,9 @@ int jd_cli_request(const struct jd_cli_conn *c, const char *method, const char *
     int ret = 0;
     if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && b.truncated)) {
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status);
+        curl_off_t ra = 0;
+        if (curl_easy_getinfo(h, CURLINFO_RETRY_AFTER, &ra) == CURLE_OK && ra > 0)
+            resp->retry_after_s = ra > 3600 ? 3600 : (long)ra;
         if (b.truncated)
             snprintf(resp->err, sizeof resp->err, "response larger than %u bytes", JD_CLI_BODY_MAX);
     } else {

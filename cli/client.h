@@ -23,8 +23,9 @@ struct jd_cli_resp {
     long status; /* HTTP status, 0 when no answer came */
     char *body;  /* NUL-terminated, caller frees with free() */
     size_t len;
-    int truncated; /* the body went past JD_CLI_BODY_MAX */
-    char err[256]; /* curl's error text when status is 0 */
+    int truncated;      /* the body went past JD_CLI_BODY_MAX */
+    char err[256];      /* curl's error text when status is 0 */
+    long retry_after_s; /* the answer's Retry-After in seconds, 0 when none */
 };
 
 /* Make one request. body may be NULL (no body). timeout_s 0 = none.

@@ -20,6 +20,17 @@
  * acquire). A slot stops claiming, finishes its running task, and returns;
  * a claim is a long-poll of at most JD_WORK_CLAIM_WAIT_MS, which bounds how
  * long a drain waits for an idle slot.
+ *
+ * Retries: a heartbeat, complete or fail that gets no answer (a restarting
+ * server) or a 5xx (in a cluster, 503 with Retry-After: the node that owns
+ * the task did not answer) is tried again after the server's Retry-After, or
+ * else a jittered pause from 250 ms doubling to 8 s (both capped at 8 s),
+ * until the task's lease would have run out: then the task is coming back
+ * as attempt + 1 anyway, so the slot logs it and moves on. A 4xx (409: the
+ * task is no longer ours) is final. The lease's end is measured on this
+ * host's monotonic clock from when the claim answered (then from each
+ * heartbeat that was answered): no parse of lease_expires_at, and no trust
+ * in the two hosts' wall clocks agreeing.
  */
 #include "cli/work.h"
 
@@ -45,6 +56,8 @@ extern char **environ;
 #define JD_WORK_CLAIM_WAIT_MS 5000 /* long-poll per claim; also the drain bound for idle slots */
 #define JD_WORK_STDERR_TAIL 2048   /* enough for a traceback's last lines */
 #define JD_WORK_KILL_GRACE_MS 5000 /* SIGTERM, then SIGKILL after this */
+#define JD_WORK_RETRY_MIN_MS 250   /* first pause after a failed report */
+#define JD_WORK_RETRY_MAX_MS 8000  /* longest pause, Retry-After included */
 
 static atomic_int stopping;
 
@@ -72,6 +85,27 @@ static long post(const struct work_cfg *w, const char *path, cJSON *body, long t
     return r->status;
 }
 
+/* Worth another try: no answer at all, or a 5xx (503: not now). */
+static int retryable(long st)
+{
+    return st == 0 || st >= 500;
+}
+
+/* The pause before the next try: the answer's Retry-After when it has one,
+ * else *backoff jittered to between half and all of it (so a fleet does not
+ * come back in step), which then doubles; capped at JD_WORK_RETRY_MAX_MS. */
+static int64_t retry_pause(const struct jd_cli_resp *r, int64_t *backoff)
+{
+    int64_t p;
+    if (r->status && r->retry_after_s > 0) {
+        p = (int64_t)r->retry_after_s * 1000;
+    } else {
+        p = *backoff / 2 + (int64_t)(jd_now_ns() % (uint64_t)(*backoff / 2 + 1));
+        *backoff = *backoff * 2 < JD_WORK_RETRY_MAX_MS ? *backoff * 2 : JD_WORK_RETRY_MAX_MS;
+    }
+    return p < JD_WORK_RETRY_MAX_MS ? p : JD_WORK_RETRY_MAX_MS;
+}
+
 cJSON *jd_work_result(const char *out, size_t len)
 {
     cJSON *j = cJSON_ParseWithLength(out, len);
@@ -93,8 +127,9 @@ struct run {
     int out_over;
     char tail[JD_WORK_STDERR_TAIL];
     size_t tail_len;
-    int status;    /* waitpid status */
-    int abandoned; /* the server said the task is no longer ours */
+    int status;        /* waitpid status */
+    int abandoned;     /* the server said the task is no longer ours */
+    int64_t lease_end; /* now_ms() by which the lease runs out, if not renewed */
 };
 
 static void tail_add(struct run *r, const char *d, size_t n)
@@ -197,6 +232,8 @@ static int run_task(const struct work_cfg *w, const char *tid, const char *args,
     size_t args_len = strlen(args), args_off = 0;
     int64_t every = w->lease_ms / 3 > 0 ? w->lease_ms / 3 : 1;
     int64_t next_hb = now_ms() + every, kill_at = 0;
+    int64_t hb_backoff = JD_WORK_RETRY_MIN_MS;
+    int hb_failing = 0; /* 1: the last heartbeat got no answer or a 5xx; 2: and the lease ran out */
     char *hb_path = jd_xasprintf("/v1/tasks/%s/heartbeat", tid);
     while (out[0] >= 0 || err[0] >= 0) {
         struct pollfd p[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {in[1], POLLOUT, 0}};
@@ -232,11 +269,33 @@ static int run_task(const struct work_cfg *w, const char *tid, const char *args,
             kill_at = 0;
         }
         if (now_ms() >= next_hb) {
-            next_hb = now_ms() + every;
+            int64_t sent = now_ms();
+            next_hb = sent + every;
             cJSON *b = cJSON_CreateObject();
             cJSON_AddNumberToObject(b, "lease_ms", (double)w->lease_ms);
             struct jd_cli_resp hr;
             long st = post(w, hb_path, b, every / 1000 + 5, &hr);
+            if (st >= 200 && st < 300) {
+                r->lease_end = sent + w->lease_ms; /* the server renewed it after we sent */
+                hb_backoff = JD_WORK_RETRY_MIN_MS;
+                hb_failing = 0;
+            } else if (retryable(st) && hb_failing < 2 && now_ms() < r->lease_end) {
+                if (!hb_failing)
+                    fprintf(stderr, "jackdaw work: task %s: heartbeat answered %ld %s; retrying\n",
+                            tid, st, st ? hr.body : hr.err);
+                hb_failing = 1;
+                int64_t retry_at = now_ms() + retry_pause(&hr, &hb_backoff);
+                if (retry_at > r->lease_end)
+                    retry_at = r->lease_end;
+                if (retry_at < next_hb)
+                    next_hb = retry_at;
+            } else if (retryable(st) && hb_failing < 2) {
+                fprintf(stderr,
+                        "jackdaw work: task %s: no heartbeat answered before its lease ran out "
+                        "(last: %ld); it may come back as the next attempt\n",
+                        tid, st);
+                hb_failing = 2; /* back to one try per third of the lease */
+            }
             if (st == 409 && !r->abandoned) {
                 /* Cancelled, lease lost or already done: the task is no
                  * longer ours; stop the program and report nothing. */
@@ -295,12 +354,40 @@ static void report_task(const struct work_cfg *w, const char *tid, struct run *r
         cJSON_AddBoolToObject(e, "retryable", retry);
         path = jd_xasprintf("/v1/tasks/%s/fail", tid);
     }
-    struct jd_cli_resp resp;
-    long st = post(w, path, b, 60, &resp);
-    if (st < 200 || st >= 300)
-        fprintf(stderr, "jackdaw work: task %s: reporting it answered %ld %s\n", tid, st,
-                st ? resp.body : resp.err);
-    free(resp.body);
+    /* Tried at least once; again after a retryable answer while the lease
+     * lasts (the last try is at its end). */
+    char *body = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    int64_t backoff = JD_WORK_RETRY_MIN_MS;
+    for (int tries = 1;; tries++) {
+        struct jd_cli_resp resp;
+        int64_t left = r->lease_end - now_ms();
+        long timeout_s = left / 1000 + 5 < 60 ? left / 1000 + 5 : 60;
+        jd_cli_request(w->conn, "POST", path, body, timeout_s > 5 ? timeout_s : 5, &resp);
+        long st = resp.status;
+        if (st >= 200 && st < 300) {
+            if (tries > 1)
+                fprintf(stderr, "jackdaw work: task %s: reported on try %d\n", tid, tries);
+            free(resp.body);
+            break;
+        }
+        int again = retryable(st) && now_ms() < r->lease_end;
+        fprintf(stderr, "jackdaw work: task %s: reporting it answered %ld %s%s\n", tid, st,
+                st ? resp.body : resp.err,
+                again           ? " (retrying)"
+                : retryable(st) ? " (giving up: its lease has run out; it may come back as the "
+                                  "next attempt)"
+                                : "");
+        int64_t p = again ? retry_pause(&resp, &backoff) : 0;
+        free(resp.body);
+        if (!again)
+            break;
+        left = r->lease_end - now_ms();
+        p = p < left ? p : left;
+        if (p > 0)
+            usleep((useconds_t)(p * 1000));
+    }
+    free(body);
     free(path);
 }
 
@@ -319,6 +406,7 @@ static void *slot_main(void *arg)
         struct jd_cli_resp r;
         int64_t t0 = now_ms();
         long st = post(w, claim_path, b, JD_WORK_CLAIM_WAIT_MS / 1000 + 30, &r);
+        int64_t t_ans = now_ms(); /* the lease began before this */
         cJSON *j = st == 200 ? cJSON_Parse(r.body) : NULL;
         if (st != 200) {
             fprintf(stderr, "jackdaw work: claim answered %ld %s\n", st, st ? r.body : r.err);
@@ -340,7 +428,7 @@ static void *slot_main(void *arg)
             char *etid = jd_cli_escape(tid);
             const cJSON *a = cJSON_GetObjectItem(t, "args");
             char *args = a ? cJSON_PrintUnformatted(a) : jd_xstrdup("null");
-            struct run run = {0};
+            struct run run = {.lease_end = t_ans + w->lease_ms};
             char **env = task_env(t);
             int started = run_task(w, etid, args, env, &run) == 0;
             env_free(env);
