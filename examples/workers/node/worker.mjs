@@ -48,9 +48,11 @@ const sleep = (ms, signal) =>
 class Backoff {
   constructor(signal) { this.signal = signal; this.reset(); }
   reset() { this.delay = 250; }
-  async wait() {
-    await sleep(this.delay * (0.5 + Math.random() / 2), this.signal);
+  async wait() { await sleep(this.next(), this.signal); }
+  next() { // the next pause (ms); the one after doubles
+    const d = this.delay * (0.5 + Math.random() / 2);
     this.delay = Math.min(this.delay * 2, 8000);
+    return d;
   }
 }
 
@@ -137,7 +139,8 @@ class Worker {
     this.stop = new AbortController();
   }
 
-  // [status, parsed JSON or null]; status 0 when the server is away.
+  // [status, parsed JSON or null, Retry-After in ms or 0]; status 0 when
+  // the server is away.
   async call(method, path, body, timeoutMs = 30000) {
     const headers = { "Content-Type": "application/json" };
     if (this.token) headers.Authorization = `Bearer ${this.token}`;
@@ -150,9 +153,10 @@ class Worker {
       const text = await r.text();
       let json = null;
       try { json = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
-      return [r.status, json];
+      const ra = Number(r.headers.get("retry-after"));
+      return [r.status, json, Number.isInteger(ra) && ra > 0 ? ra * 1000 : 0];
     } catch {
-      return [0, null];
+      return [0, null, 0];
     }
   }
 
@@ -172,20 +176,36 @@ class Worker {
     }
   }
 
-  async runOne(t) {
+  async runOne(t, claimedAt) {
     // where a traced worker starts its span (see the top)
     if (t.traceparent) log(`task ${t.id} ${t.command} traceparent ${t.traceparent}`);
     const ac = new AbortController();
     const task = { ...t, signal: ac.signal, progress: undefined };
-    const beat = setInterval(async () => {
+    // When the lease runs out unless renewed (the claim's began before
+    // claimedAt; a heartbeat's after it was sent).
+    let leaseEnd = claimedAt + this.leaseMs;
+    const every = Math.max(this.leaseMs / 3, 200), hbBack = new Backoff();
+    let beat, ended = false;
+    const heartbeat = async () => {
       const body = { lease_ms: this.leaseMs };
       if (task.progress !== undefined) body.progress = task.progress;
-      const [st, p] = await this.call("POST", `/v1/tasks/${t.id}/heartbeat`, body);
+      const sent = performance.now();
+      const [st, p, ra] = await this.call("POST", `/v1/tasks/${t.id}/heartbeat`, body);
+      let pause = every;
+      if (st === 200) {
+        leaseEnd = sent + this.leaseMs;
+        hbBack.reset();
+      } else if ((st === 0 || st >= 500) && sent < leaseEnd) { // try again sooner
+        pause = Math.min(ra ? Math.min(ra, 8000) : hbBack.next(), every,
+                         Math.max(leaseEnd - performance.now(), 50));
+      }
       if (st === 409) { // cancelled, lease lost or completed: no longer ours
         log(`task ${t.id} is no longer ours: ${p?.reason}`);
         ac.abort();
       }
-    }, Math.max(this.leaseMs / 3, 200));
+      if (!ended) beat = setTimeout(heartbeat, pause);
+    };
+    beat = setTimeout(heartbeat, every);
     let path, body;
     try {
       const args = t.args && typeof t.args === "object" ? t.args : {};
@@ -197,23 +217,27 @@ class Worker {
         ? { error: { message: e.message, kind: e.kind, retryable: true, details: e.details } }
         : { error: { message: `${e.name}: ${e.message}`, kind: "exception", retryable: false } };
     }
-    clearInterval(beat);
+    ended = true;
+    clearTimeout(beat);
     if (ac.signal.aborted) return;
-    // The server may be restarting: keep trying for up to about a minute.
-    // If it did restart, the task was offered again as a new attempt and
-    // this id answers 409; if we give up, the lease runs out and the same
-    // happens. Either way the job's history has one result.
+    // The server may be restarting, or (in a cluster, 503) the node that
+    // holds the task does not answer: keep trying, after its Retry-After (at
+    // most 8 s) or a growing pause, while the lease lasts. When the lease
+    // has run out the task comes back as the next attempt and this id
+    // answers 409 anyway. Either way the job's history has one result.
     const back = new Backoff();
-    for (let i = 0; i < 12; i++) {
-      const [st, p] = await this.call("POST", `/v1/tasks/${t.id}/${path}`, body);
+    for (;;) {
+      const [st, p, ra] = await this.call("POST", `/v1/tasks/${t.id}/${path}`, body);
       if (st === 200) return;
       if (st >= 400 && st < 500) { // 409: no longer ours (see the problem's reason)
         log(`task ${t.id} ${path} answered ${st} ${p?.reason ?? ""}`);
         return;
       }
-      await back.wait();
+      const left = leaseEnd - performance.now();
+      if (left <= 0) break;
+      await sleep(Math.min(ra ? Math.min(ra, 8000) : back.next(), left));
     }
-    log(`could not report task ${t.id}`);
+    log(`could not report task ${t.id} before its lease ran out`);
   }
 
   async slot() {
@@ -229,7 +253,8 @@ class Worker {
         continue;
       }
       back.reset();
-      for (const t of b.tasks ?? []) await this.runOne(t);
+      const claimedAt = performance.now(); // the lease began before this
+      for (const t of b.tasks ?? []) await this.runOne(t, claimedAt);
     }
   }
 

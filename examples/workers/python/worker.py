@@ -71,6 +71,7 @@ class Task:
         self.traceparent = t.get("traceparent")  # the job's W3C trace context, or None
         self.cancelled = threading.Event()  # the job was cancelled, or the lease lost
         self.progress = None  # set it; the next heartbeat reports it
+        self.lease_end = None  # time.monotonic() by which the lease runs out
 
 
 # ---- example commands ----
@@ -125,6 +126,10 @@ class Client:
 
     def call(self, method, path, body=None, timeout=30):
         """(status, parsed JSON or None); status 0 when the server is away."""
+        return self.call3(method, path, body, timeout)[:2]
+
+    def call3(self, method, path, body=None, timeout=30):
+        """(status, parsed JSON or None, Retry-After in seconds or None)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
@@ -133,15 +138,17 @@ class Client:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read()
-                return r.status, json.loads(raw) if raw else None
+                return r.status, json.loads(raw) if raw else None, None
         except urllib.error.HTTPError as e:
             raw = e.read()
+            ra = e.headers.get("Retry-After", "")
+            ra = int(ra) if ra.isdigit() else None
             try:
-                return e.code, json.loads(raw)
+                return e.code, json.loads(raw), ra
             except ValueError:
-                return e.code, None
+                return e.code, None, ra
         except (urllib.error.URLError, OSError, ValueError):
-            return 0, None
+            return 0, None, None
 
 
 def log(*a):
@@ -156,8 +163,13 @@ class Backoff:
         self.delay, self.stop = 0.25, stop or threading.Event()
 
     def wait(self):
-        self.stop.wait(self.delay * random.uniform(0.5, 1.0))
+        self.stop.wait(self.next())
+
+    def next(self):
+        """The next pause (seconds), and the one after doubles."""
+        d = self.delay * random.uniform(0.5, 1.0)
         self.delay = min(self.delay * 2, 8.0)
+        return d
 
     def reset(self):
         self.delay = 0.25
@@ -188,18 +200,28 @@ class Worker:
 
     def heartbeat(self, task, done):
         every = max(self.lease_ms / 3000.0, 0.2)
-        while not done.wait(every):
+        back, pause = Backoff(), every
+        while not done.wait(pause):
             body = {"lease_ms": self.lease_ms}
             if task.progress is not None:
                 body["progress"] = task.progress
-            st, p = self.c.call("POST", "/v1/tasks/%s/heartbeat" % task.id, body)
+            sent = time.monotonic()
+            st, p, ra = self.c.call3("POST", "/v1/tasks/%s/heartbeat" % task.id, body)
+            pause = every
+            if st == 200:  # renewed from (after) the moment we sent it
+                task.lease_end = sent + self.lease_ms / 1000.0
+                back.reset()
+            elif (st == 0 or st >= 500) and sent < task.lease_end:  # try again sooner
+                pause = min(min(ra, 8) if ra else back.next(), every,
+                            max(task.lease_end - time.monotonic(), 0.05))
             if st == 409:  # cancelled, lease lost or already completed: not ours now
                 log("task", task.id, "is no longer ours:", (p or {}).get("reason"))
                 task.cancelled.set()
                 return
 
-    def run_one(self, t):
+    def run_one(self, t, claimed_at):
         task = Task(t)
+        task.lease_end = claimed_at + self.lease_ms / 1000.0
         fn = COMMANDS[task.command][0]
         if task.traceparent:  # where a traced worker starts its span (see the top)
             log("task", task.id, task.command, "traceparent", task.traceparent)
@@ -221,20 +243,24 @@ class Worker:
         hb.join()
         if task.cancelled.is_set():
             return
-        # The server may be restarting: keep trying for about a minute. If
-        # it did restart, the task was offered again as a new attempt and
-        # this id answers 409; if we give up, the lease runs out and the
-        # same happens. Either way the job's history has one result.
+        # The server may be restarting, or (in a cluster, 503) the node that
+        # holds the task does not answer: keep trying, after its Retry-After
+        # (at most 8 s) or a growing pause, while the lease lasts. When the
+        # lease has run out the task comes back as the next attempt and this
+        # id answers 409 anyway. Either way the job's history has one result.
         back = Backoff()
-        for _ in range(12):
-            st, p = self.c.call("POST", "/v1/tasks/%s/%s" % (task.id, path), body)
+        while True:
+            st, p, ra = self.c.call3("POST", "/v1/tasks/%s/%s" % (task.id, path), body)
             if st == 200:
                 return
             if 400 <= st < 500:  # 409: no longer ours (see the problem's reason)
                 log("task", task.id, path, "answered", st, (p or {}).get("reason", ""))
                 return
-            back.wait()
-        log("could not report task", task.id)
+            left = task.lease_end - time.monotonic()
+            if left <= 0:
+                log("could not report task", task.id, "before its lease ran out (last:", st, ")")
+                return
+            time.sleep(min(min(ra, 8) if ra else back.next(), left))
 
     def slot(self):
         back = Backoff(self.stopping)
@@ -248,8 +274,9 @@ class Worker:
                 back.wait()  # the server is away or refusing: do not spin
                 continue
             back.reset()
+            claimed_at = time.monotonic()  # the lease began before this
             for t in body.get("tasks", []):
-                self.run_one(t)
+                self.run_one(t, claimed_at)
 
     def run(self):
         self.register()
