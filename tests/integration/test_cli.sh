@@ -226,50 +226,6 @@ check "work drains and exits 0 on SIGTERM" [ $? = 0 ]
 # complete are retried (Retry-After honoured) until one is answered, within
 # the lease; a 409 is final; a report still refused when the lease runs out
 # is given up (logged), and the worker goes on claiming.
-cat >"$WORK/fake.py" <<'PY'
-import http.server, json, sys, threading, time
-log = open(sys.argv[2], "a", buffering=1)
-# by the claim's lease_ms: t1 and t2 for the first worker, t3 for the second
-tasks = {12000: [("t1", {"slow": 1}), ("t2", {"n": 2})], 2000: [("t3", {"n": 3})]}
-# path -> [answers]: 503 (with Retry-After: 1) until used up, then the last
-plan = {"/v1/tasks/t1/heartbeat": [503, 503, 200], "/v1/tasks/t1/complete": [503, 503, 503, 200],
-        "/v1/tasks/t2/complete": [409], "/v1/tasks/t3/complete": [503]}
-lock = threading.Lock()
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def answer(self, st, body):
-        b = json.dumps(body).encode()
-        self.send_response(st)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(b)))
-        if st == 503:
-            self.send_header("Retry-After", "1")
-        self.end_headers()
-        self.wfile.write(b)
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        if self.path == "/v1/tasks/claim":
-            with lock:
-                q = tasks.get(json.loads(body).get("lease_ms"), [])
-                t = q.pop(0) if q else None
-            if not t:
-                time.sleep(1)
-                return self.answer(200, {"tasks": []})
-            log.write("claim %s\n" % t[0])
-            return self.answer(200, {"tasks": [{"id": t[0], "command": "fake", "args": t[1],
-                                                "job_id": "1", "tag": 1, "attempt": 1,
-                                                "idempotency_key": "1:1"}]})
-        with lock:
-            seq = plan.get(self.path, [200])
-            st = seq.pop(0) if len(seq) > 1 else seq[0]
-        log.write("%s %d %s\n" % (self.path, st, body.decode()))
-        self.answer(st, {"status": st, "reason": "lease_lost"} if st == 409 else {"status": st})
-s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-open(sys.argv[1], "w").write(str(s.server_address[1]))
-threading.Timer(90, s.shutdown).start()  # stops by itself
-s.serve_forever()
-PY
 cat >"$WORK/prog2.sh" <<'SH'
 #!/bin/sh
 in=$(cat)
@@ -277,7 +233,7 @@ case "$in" in *slow*) sleep 7 ;; esac
 echo "$in"
 SH
 chmod +x "$WORK/prog2.sh"
-python3 "$WORK/fake.py" "$WORK/fake.port" "$WORK/fake.log" &
+python3 tests/integration/fake_tasks.py "$WORK/fake.port" "$WORK/fake.log" fake '{"slow":1}' '{"n":2}' &
 FPID=$!
 for _ in $(seq 50); do [ -s "$WORK/fake.port" ] && break; sleep 0.1; done
 FURL=http://127.0.0.1:$(cat "$WORK/fake.port")

@@ -8,7 +8,8 @@
 # offered again after the lease (attempt 2, served by another worker), a
 # server SIGKILLed while workers hold tasks and restarted on the same
 # database loses nothing and re-runs no recorded result (the workers ride
-# out the restart), and SIGTERM drains a worker to exit 0.
+# out the restart), SIGTERM drains a worker to exit 0, and against a fake
+# server answering 503 they retry a report (Retry-After) while the lease lasts.
 # shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -241,5 +242,39 @@ for p in "${EFF_PIDS[@]}"; do
 done
 for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
 wait "${PIDS[@]}" 2>/dev/null
+# ---- retries against a node that answers 503 (a cluster's stalled owner) ----
+# fake_tasks.py: t1's complete answers 503 (Retry-After: 1) three times,
+# t2's 409, t3's (for a worker with a 2 s lease) always 503.
+# fake_run NAME COMMAND WORKER...: both workers against a fake of their own
+fake_run() {
+    local n=$1 c=$2 f p
+    shift 2
+    python3 tests/integration/fake_tasks.py "$WORK/$n.port" "$WORK/$n.fake" "$c" '{"text":"ab"}' '{"text":"ab"}' &
+    f=$!
+    until_ok 10 test -s "$WORK/$n.port"
+    local u=http://127.0.0.1:$(cat "$WORK/$n.port")
+    "$@" --url "$u" --commands "$c" --concurrency 1 --lease-ms 12000 2>"$WORK/$n.w12" &
+    local a=$!
+    "$@" --url "$u" --commands "$c" --concurrency 1 --lease-ms 2000 2>"$WORK/$n.w2" &
+    local b=$!
+    until_ok 40 grep -q "could not report task t3" "$WORK/$n.w2"
+    until_ok 40 grep -q "t2/complete" "$WORK/$n.fake"
+    sleep 1 # room for a wrong retry of the 409
+    kill -TERM "$a" "$b"
+    wait "$a" "$b"
+    kill "$f" 2>/dev/null
+    wait "$f" 2>/dev/null
+    p=$WORK/$n.fake
+    check "$n: a complete answered 503 three times is delivered on the fourth try" \
+        eval '[ "$(grep -c "^/v1/tasks/t1/complete 503" "$p")" = 3 ] && grep -q "^/v1/tasks/t1/complete 200" "$p"'
+    check "$n: a 409 on complete is final (one try)" eval '[ "$(grep -c "^/v1/tasks/t2/complete" "$p")" = 1 ]'
+    local n3
+    n3=$(grep -c "^/v1/tasks/t3/complete 503" "$p")
+    check "$n: still 503 when the lease runs out: retried, then given up and logged" \
+        eval '[ "$n3" -ge 2 ] && [ "$n3" -le 6 ] && grep -q "could not report task t3" "$WORK/$n.w2"'
+}
+fake_run python py.upper python3 "$PYW"
+[ $HAVE_NODE = 1 ] && fake_run node node.reverse node "$NODEW"
+
 stop_server
 finish
