@@ -262,6 +262,7 @@ for _ in $(seq 100); do grep -q "giving up" "$WORK/work3.err" && break; sleep 0.
 sleep 1.5 # one more (empty) claim
 kill -TERM "$WPID"
 wait "$WPID"
+# shellcheck disable=SC2034 # used in the eval below
 N3=$(grep -c "^/v1/tasks/t3/complete 503" "$WORK/fake.log")
 check "work: a report still refused when the lease runs out is retried, then given up and logged" \
     eval '[ "$N3" -ge 2 ] && [ "$N3" -le 6 ] && grep -q "t3: .*giving up" "$WORK/work3.err"'

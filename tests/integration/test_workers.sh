@@ -252,7 +252,8 @@ fake_run() {
     python3 tests/integration/fake_tasks.py "$WORK/$n.port" "$WORK/$n.fake" "$c" '{"text":"ab"}' '{"text":"ab"}' &
     f=$!
     until_ok 10 test -s "$WORK/$n.port"
-    local u=http://127.0.0.1:$(cat "$WORK/$n.port")
+    local u
+    u=http://127.0.0.1:$(cat "$WORK/$n.port")
     "$@" --url "$u" --commands "$c" --concurrency 1 --lease-ms 12000 2>"$WORK/$n.w12" &
     local a=$!
     "$@" --url "$u" --commands "$c" --concurrency 1 --lease-ms 2000 2>"$WORK/$n.w2" &
