@@ -1051,10 +1051,13 @@ static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *const *js, in
             break;
         struct jd_job job;
         row_to_job(js[pick], &job);
-        sqlite3_bind_int64(es, 1, job.id);
         size_t k = 0;
-        int erc;
-        while ((erc = sqlite3_step(es)) == SQLITE_ROW) {
+        int erc = SQLITE_DONE;
+        /* Version 1 is the insert's own event (kind 0) and nothing else: no
+         * probe of events (most of a page of queued jobs: a backlog drain). */
+        if (job.version > 1)
+            sqlite3_bind_int64(es, 1, job.id);
+        while (job.version > 1 && (erc = sqlite3_step(es)) == SQLITE_ROW) {
             if (k == cap) {
                 cap *= 2;
                 ev = jd_xrealloc(ev, cap * sizeof *ev);
