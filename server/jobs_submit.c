@@ -98,6 +98,7 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
         r->w.unique_expires_ms = until;
         jobs_unique_hold_locked(j, jb, d->unique_key, d->unique_while_queued, until);
     }
+    jobs_window_submit_locked(j, jb, &r->w);
     j->st.submitted++;
     return r;
 }

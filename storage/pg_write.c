@@ -245,20 +245,22 @@ static const struct {
      * events and labels, as PS_JOB_INSERT_LABELS does one by one. $15 is
      * each job's "labels" member as the writer found it in the definition
      * (NULL: none), so PostgreSQL parses only that; or, where $16 is true,
-     * the whole definition (it did not scan). */
+     * the whole definition (it did not scan). Where $17 is true the job is
+     * inserted with no owner (jd_write.unowned: the queued-job window). */
     [PS_JOB_INSERTS] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
          " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
          " $9::text[], $10::text[], $11::text[], $12::text[], $15::text[],"
-         " $16::bool[]) AS v(id, queue, priority, state, run_at_ms, created_ms,"
-         " finished_ms, idem, schedule_id, handler, definition, data, lbl,"
-         " lwhole)),"
+         " $16::bool[], $17::bool[]) AS v(id, queue, priority, state, run_at_ms,"
+         " created_ms, finished_ms, idem, schedule_id, handler, definition, data,"
+         " lbl, lwhole, unowned)),"
          " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
          " version, created_ms, updated_ms, started_ms, finished_ms,"
          " idempotency_key, schedule_id, handler, owner_node)"
          " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
-         " created_ms, 0, finished_ms, idem, schedule_id, handler, " NODE_ALIVE(
-             "$13") " FROM v),"
+         " created_ms, 0, finished_ms, idem, schedule_id, handler,"
+         " CASE WHEN v.unowned THEN NULL ELSE " NODE_ALIVE(
+             "$13") " END FROM v),"
                     " d AS (INSERT INTO job_definitions(job_id, definition)"
                     " SELECT id, definition FROM v),"
                     " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
@@ -271,7 +273,7 @@ static const struct {
                     " ELSE '{}'::jsonb END) AS x(k, v)"
                     " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                     " SELECT count(*) FROM v",
-         "ITIIIIITTTTTiiTB"},
+         "ITIIIIITTTTTiiTBB"},
     /* History appends (changes that set no field) of a pipelined batch in
      * one statement: per job, the version goes up by its number of appends
      * (fenced on $6, this node), and each event's seq is the old version
@@ -393,7 +395,7 @@ struct jd_pg_wscratch {
     size_t capids;
     struct pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
-    struct abuf arr[14]; /* PS_JOB_INSERTS's array parameters, reused */
+    struct abuf arr[15]; /* PS_JOB_INSERTS's array parameters, reused */
     /* emit_appends: per job of the batch (open addressing on id), and per
      * record whether it went in the grouped statement and its rank there */
     struct jslot *jt;
@@ -754,7 +756,7 @@ static int apply_insert(struct ctx *c, struct jd_write *w)
     p_text(&p, j->idempotency_key);
     p_text(&p, j->schedule_id);
     p_text(&p, j->handler);
-    p_int(&p, s->pg->node_id);
+    p_int(&p, w->unowned ? 0 : s->pg->node_id); /* node 0 is none: unowned */
     p_text(&p, j->definition);
     p_int(&p, c->now);
     p_text(&p, data);
@@ -1319,6 +1321,8 @@ static int emit_inserts(struct ctx *c)
             ab_textn(&ws->arr[12], lm ? lat : NULL, llen);
         ab_sep(&ws->arr[13]);
         ab_put(&ws->arr[13], lm < 0 ? "t" : "f", 1);
+        ab_sep(&ws->arr[14]);
+        ab_put(&ws->arr[14], w->unowned ? "t" : "f", 1); /* the queued-job window */
         if (!first)
             first = w;
     }

@@ -239,6 +239,11 @@ struct jd_write {
      * expired (unique_expires_ms, wall ms; 0: never). */
     const char *unique_key;
     int64_t unique_expires_ms;
+    /* Cluster (PostgreSQL) only: insert the job with no owner node, so it
+     * waits in the database until some node claims it (jd_store_claim):
+     * the queued-job window of a node that holds enough queued jobs
+     * already. SQLite ignores it. */
+    bool unowned;
 
     /* JD_W_JOB_CHANGE: fields to update (JD_SET_*), then one event appended */
     unsigned set;

@@ -30,26 +30,7 @@ trap 'kill_nodes; pg_stop; cleanup' EXIT
 
 # start_node NAME [PORT]: a node on the shared database; sets BASE_NAME, PID_NAME.
 start_node() {
-    local n=$1 log=$WORK/node.$1.log addr=
-    : >"$log"
-    "$JACKDAWD" --listen "127.0.0.1:${2:-0}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" --lease 2s \
-        --exec-allow /usr/bin/mktemp,/bin/sleep 2>"$log" &
-    local pid=$!
-    NODES+=("$pid")
-    for _ in $(seq 1 200); do
-        addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$log" | head -n 1 | cut -d'"' -f8)
-        [ -n "$addr" ] && break
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    printf -v "BASE_$n" '%s' "http://$addr"
-    printf -v "PID_$n" '%s' "$pid"
-    for _ in $(seq 1 200); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/readyz")" = 200 ] && return 0
-        sleep 0.05
-    done
-    notok "node $n becomes ready" "$(tail -n 5 "$log")"
-    return 1
+    pg_node "$1" --listen "127.0.0.1:${2:-0}" --lease 2s --exec-allow /usr/bin/mktemp,/bin/sleep
 }
 # on NAME args...: a request (req) to node NAME.
 on() {
