@@ -39,7 +39,11 @@ static int live_job(struct jd_jobs *j, int64_t id, struct job **out, bool *remot
         int rc = jobs_window_load_locked(j, id, out);
         if (rc == 0 || !j->cl)
             return rc;
-        /* Cluster: not this node's queued job (the load reads only ours). */
+        /* Cluster: not this node's queued job (the load reads only ours).
+         * One waiting unowned (past some node's window) has no owner to
+         * take an inbox request: it becomes this node's, then is read in. */
+        if (jd_store_claim_id(j->store, id) == 0)
+            return jobs_window_load_locked(j, id, out);
     }
     struct jd_job row = {0};
     int rc = jd_store_job_get(j->store, id, &row);

@@ -1552,6 +1552,11 @@ int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void 
     return s->pg ? jd_pg_claim(s, limit, fn, arg, n) : 0;
 }
 
+int jd_store_claim_id(struct jd_store *s, int64_t id)
+{
+    return s->pg ? jd_pg_claim_id(s, id) : JD_EINVAL;
+}
+
 int jd_store_requests(struct jd_store *s, int64_t after_id, unsigned limit,
                       struct jd_job_request **rows, size_t *n)
 {

@@ -635,6 +635,11 @@ bool jd_store_healthy(struct jd_store *s);
  * lapsed had its crash count raised by the takeover that unowned it (not
  * when a node closed cleanly and gave it back). *n: jobs claimed. */
 int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+/* Make job id this node's if it is unowned and queued (while this node's
+ * lease is valid): 0, JD_ENOENT when it is not (someone's, started,
+ * finished or missing), JD_ESTALE after the lease was lost, JD_EIO; JD_EINVAL for
+ * SQLite. Only the row's owner changes: read the job in afterwards. */
+int jd_store_claim_id(struct jd_store *s, int64_t id);
 
 /* Inbox requests for jobs this node owns, ascending id after after_id, at
  * most limit (1..1000). Free with jd_job_requests_free. */
