@@ -176,6 +176,10 @@ static void render_jobs(struct buf *b, const struct jd_jobs_stats *j)
            j->window_in);
     scalar(b, "jackdaw_window_jobs_out_total", "counter",
            "Queued jobs left to the store only, ranked past their queue's window.", j->window_out);
+    scalar(b, "jackdaw_window_jobs_unowned_total", "counter",
+           "Cluster: submits past this node's queued-job window, left in the database with no "
+           "owner for any node to claim.",
+           j->window_unowned);
     scalar(b, "jackdaw_heap_trims_total", "counter",
            "Times freed heap was given back to the system while a large backlog drained.",
            j->heap_trims);

@@ -28,6 +28,11 @@
 #                         server's CPU per job during the drain (utime+stime
 #                         from /proc), which a busy machine disturbs less
 #                         than the wall-clock rate
+#   same, w default       min(N, 50000) again with the default window,
+#                         restarted before its drain like the N run: the
+#                         ratio of the N run to it is what the larger
+#                         database costs; its own ratio to the baseline is
+#                         what the window and the restart cost
 #
 # RSS is VmRSS from /proc/PID/status. Environment: JD_BUILD (build dir),
 # N (jobs, default 200000; `make bench-backlog BIG=1` runs 1000000),
@@ -202,6 +207,8 @@ INVERSIONS=$(inversions "$WORK/jd.db")
 
 BASE_MS=0
 BASE_CPU=0
+BASEW_MS=0
+BASEW_CPU=0
 BASE_INV=-
 if [ "$BASE_N" -gt 0 ]; then
     DBNAME=base start --queue-window 0
@@ -209,6 +216,14 @@ if [ "$BASE_N" -gt 0 ]; then
     read -r BASE_MS BASE_CPU <<<"$(drain_ms)"
     stop
     BASE_INV=$(inversions "$WORK/base.db")
+    # The same BASE_N with the window, restarted as above: what N alone
+    # costs (a larger database) beside what the window and the restart do.
+    DBNAME=basew start
+    submit_all "$BASE_N"
+    stop
+    DBNAME=basew start
+    read -r BASEW_MS BASEW_CPU <<<"$(drain_ms)"
+    stop
 fi
 
 echo "backlog: $N queued echo jobs (~130-byte args, priorities 0-3), --sync $SYNC," \
@@ -230,9 +245,15 @@ if [ "$BASE_N" -gt 0 ]; then
     printf '%-28s %14s %10s\n' "  server CPU per job" \
         "$(awk -v n="$BASE_N" -v c="$BASE_CPU" 'BEGIN {printf "%.1f us", c * 1000 / n}')" \
         "$(awk -v n="$N" -v c="$DRAIN_CPU" -v bn="$BASE_N" -v bc="$BASE_CPU" 'BEGIN {printf "%.2fx", (c / n) / (bc / bn)}')"
+    printf '%-28s %14s %10s\n' "same, w default, restarted" \
+        "$(awk -v n="$BASE_N" -v ms="$BASEW_MS" 'BEGIN {printf "%.0f jobs/s", n * 1000 / ms}')" \
+        "$(awk -v n="$BASE_N" -v ms="$BASEW_MS" -v bn="$BASE_N" -v bms="$BASE_MS" 'BEGIN {printf "%.2fx", (n / ms) / (bn / bms)}')"
+    printf '%-28s %14s %10s\n' "  server CPU per job" \
+        "$(awk -v n="$BASE_N" -v c="$BASEW_CPU" 'BEGIN {printf "%.1f us", c * 1000 / n}')" \
+        "$(awk -v n="$BASE_N" -v c="$BASEW_CPU" -v bn="$BASE_N" -v bc="$BASE_CPU" 'BEGIN {printf "%.2fx", (c / n) / (bc / bn)}')"
 fi
 printf '%-28s %14s %10s\n' "started out of priority" "$INVERSIONS jobs" "base $BASE_INV"
 echo "RESULT backlog n=$N idle_kb=$IDLE queued_kb=$QUEUED restarted_kb=$RESTARTED drained_kb=$DRAINED" \
     "submit_ms=$SUBMIT_MS restart_ms=$RESTART_MS drain_ms=$DRAIN_MS drain_cpu_ms=$DRAIN_CPU" \
-    "base_n=$BASE_N base_ms=$BASE_MS base_cpu_ms=$BASE_CPU" \
+    "base_n=$BASE_N base_ms=$BASE_MS base_cpu_ms=$BASE_CPU basew_ms=$BASEW_MS basew_cpu_ms=$BASEW_CPU" \
     "inversions=$INVERSIONS base_inversions=$BASE_INV"

@@ -306,7 +306,8 @@ int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struc
         /* A new incarnation owns no job: they come in by claims, which the
          * node's room bounds (so the queued-job window is not used). */
         jobs_cluster_init(j);
-        j->window = 0;
+        if (j->window)
+            jobs_window_cluster_start(j);
     } else if ((rc = jobs_recover(j, err))) {
         goto fail;
     }

@@ -405,8 +405,9 @@ struct jd_jobs_stats {
     uint64_t def_bytes;   /* what live jobs' definitions and outputs hold (max_job_memory) */
     uint64_t def_refused; /* submits refused because of max_job_memory */
     /* The queued-job window (--queue-window): pages read from the store,
-     * queued jobs read in by them (or for an action), and left to the store */
-    uint64_t window_pages, window_in, window_out;
+     * queued jobs read in by them (or for an action), and left to the store;
+     * in a cluster, submits past the window inserted with no owner */
+    uint64_t window_pages, window_in, window_out, window_unowned;
 };
 void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out);
 

@@ -35,8 +35,16 @@ static int live_job(struct jd_jobs *j, int64_t id, struct job **out, bool *remot
         *out = jb;
         return 0;
     }
-    if (j->window) /* queued, but only in the store: read it in */
-        return jobs_window_load_locked(j, id, out);
+    if (j->window) { /* queued, but only in the store: read it in */
+        int rc = jobs_window_load_locked(j, id, out);
+        if (rc == 0 || !j->cl)
+            return rc;
+        /* Cluster: not this node's queued job (the load reads only ours).
+         * One waiting unowned (past some node's window) has no owner to
+         * take an inbox request: it becomes this node's, then is read in. */
+        if (jd_store_claim_id(j->store, id) == 0)
+            return jobs_window_load_locked(j, id, out);
+    }
     struct jd_job row = {0};
     int rc = jd_store_job_get(j->store, id, &row);
     bool live = rc == 0 && !jd_job_state_terminal(row.state);

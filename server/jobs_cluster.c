@@ -254,7 +254,14 @@ static int claim_one(void *arg, const struct jd_job *row, const struct jd_job_ev
     struct jd_jobs *j = cx->j;
     struct job *jb = jobs_job_from_row(j, row, ev, n);
     pthread_mutex_lock(&j->mu);
-    if (jobs_job_find(j, row->id)) { /* cannot be: it was nobody's */
+    struct job *have = jobs_job_find(j, row->id);
+    if (have && have->unowned) { /* our own submit past the window, not yet placed */
+        have->unowned = false;   /* its commit callback places it as ours */
+        pthread_mutex_unlock(&j->mu);
+        jobs_job_free(jb);
+        return 0;
+    }
+    if (have) { /* cannot be: it was nobody's */
         pthread_mutex_unlock(&j->mu);
         jd_logf(JD_LOG_WARN, "job %" PRId64 ": claimed but already held here", row->id);
         jobs_job_free(jb);
@@ -279,6 +286,8 @@ static bool claim_some(struct jd_jobs *j)
     pthread_mutex_lock(&j->mu);
     unsigned room =
         j->draining || j->live >= j->max_running ? 0 : j->max_running - (unsigned)j->live;
+    unsigned wroom = jobs_window_claim_room_locked(j); /* queued jobs held: the window */
+    room = wroom < room ? wroom : room;
     pthread_mutex_unlock(&j->mu);
     unsigned limit = room < CLAIM_MAX ? room : CLAIM_MAX;
     if (limit == 0)

@@ -183,6 +183,9 @@ struct queue {
     /* A due job left memory while a page was read: the best ranked such */
     bool drop_seen;
     struct jd_queued_pos drop_min;
+    /* Its jobs whose insert is being committed (counted against the
+     * window in a cluster: jobs_window_submit_locked). */
+    unsigned inserting;
 };
 
 /* The argument of a job-level timer; lives inside struct job. */
@@ -219,6 +222,9 @@ struct job {
      * left memory for the store; later, waits for run_at (counted in
      * jd_jobs.later_mem). */
     bool parked, transient, dropped, later;
+    /* Cluster: inserted with no owner (past the node's window); it leaves
+     * memory once its insert commits, unless this node claimed it first. */
+    bool unowned;
     /* Cluster: a write for it was fenced (JD_ESTALE: another node owns it
      * now); it is dropped here without recording anything more. */
     bool lost;
@@ -427,6 +433,18 @@ int jobs_window_recover(struct jd_jobs *j, struct jd_error *err);
 void jobs_window_gone_locked(struct jd_jobs *j, struct job *jb);
 /* Stop and join the pager thread (destroy, after drain; without mu). */
 void jobs_window_fini(struct jd_jobs *j);
+/* Cluster (window on): at create, the pager and the delayed jobs' timer (a
+ * new incarnation owns no job, so no page is read). */
+void jobs_window_cluster_start(struct jd_jobs *j);
+/* Under mu, at submit (insert record r->w of jb): count the insert against
+ * its queue's window; in a cluster, a job past the window is inserted with
+ * no owner (w->unowned). */
+void jobs_window_submit_locked(struct jd_jobs *j, struct job *jb, struct jd_write *w);
+/* Under mu, in an insert's commit callback (any rc): no longer counted. */
+void jobs_window_inserted_locked(struct jd_jobs *j, struct job *jb);
+/* Under mu (cluster): how many unowned jobs a claim may take now, as far
+ * as the window goes. */
+unsigned jobs_window_claim_room_locked(struct jd_jobs *j);
 /* Build a job from a stored row and its events (recovery and paging;
  * touches no shared state). */
 struct job *jobs_job_from_row(struct jd_jobs *j, const struct jd_job *row,

@@ -384,6 +384,8 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         jobs_admit_locked(j, &start);
         break;
     case AFTER_QUEUED:
+        if (w->op == JD_W_JOB_INSERT)
+            jobs_window_inserted_locked(j, jb);
         if (rc == 0 && !jb->finished && !j->draining) {
             jobs_window_place_locked(j, jb);
             jobs_admit_locked(j, &start);

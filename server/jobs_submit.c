@@ -98,6 +98,7 @@ static struct wrec *insert_rec(struct jd_jobs *j, struct jd_jobdef *d, int64_t i
         r->w.unique_expires_ms = until;
         jobs_unique_hold_locked(j, jb, d->unique_key, d->unique_while_queued, until);
     }
+    jobs_window_submit_locked(j, jb, &r->w);
     j->st.submitted++;
     return r;
 }
@@ -259,6 +260,7 @@ int jd_jobs_submit_traced(struct jd_jobs *j, const char *body, size_t len,
         if (idempotency_key)
             jobs_idem_forget(j, idempotency_key);
         jb->finished = true;
+        jobs_window_inserted_locked(j, jb);
         jobs_job_remove(j, jb);
         jobs_job_unref(jb);
         jobs_wrec_free(r);
@@ -310,6 +312,7 @@ int jd_jobs_submit_with(struct jd_jobs *j, const char *body, size_t len,
     if (rc) {
         struct job *jb = r->job;
         jb->finished = true;
+        jobs_window_inserted_locked(j, jb);
         jobs_job_remove(j, jb);
         jobs_job_unref(jb);
         jobs_wrec_free(r);
@@ -388,6 +391,7 @@ int jd_jobs_submit_batch_traced(struct jd_jobs *j, const char *body, size_t len,
             for (size_t k = 0; k < n; k++) {
                 struct job *jb = b->recs[k]->job;
                 jb->finished = true;
+                jobs_window_inserted_locked(j, jb);
                 jobs_job_remove(j, jb);
                 jobs_job_unref(jb);
                 jobs_wrec_free(b->recs[k]);

@@ -49,6 +49,7 @@
 #include "common/log.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -69,6 +70,7 @@ struct page {
 };
 
 static void request_page_locked(struct jd_jobs *j, struct queue *q);
+static size_t window_start(struct jd_jobs *j);
 
 /* Is jb ranked up to f (priority desc, then id asc)? */
 static bool up_to(const struct job *jb, struct jd_queued_pos f)
@@ -176,6 +178,13 @@ void jobs_window_due_locked(struct jd_jobs *j, struct job *jb)
 void jobs_window_place_locked(struct jd_jobs *j, struct job *jb)
 {
     jb->transient = false;
+    if (jb->unowned) { /* any node claims it from the database */
+        jb->unowned = false;
+        jb->dropped = true;
+        j->st.window_unowned++;
+        jobs_job_remove(j, jb);
+        return;
+    }
     if (!j->window) {
         jobs_enqueue_locked(j, jb);
         return;
@@ -527,6 +536,22 @@ int jobs_window_recover(struct jd_jobs *j, struct jd_error *err)
         queue_page(j, q, 0, false);
     }
     jd_queue_counts_free(rows, n);
+    size_t in_mem = window_start(j);
+    if (queued)
+        jd_logf(JD_LOG_INFO, "%zu queued jobs, %zu of them read into memory (--queue-window %u)",
+                queued, in_mem, j->window);
+    return 0;
+}
+
+void jobs_window_cluster_start(struct jd_jobs *j)
+{
+    window_start(j);
+}
+
+/* The delayed jobs' first page, the pager thread and the later timer;
+ * returns the queued jobs then in memory. */
+static size_t window_start(struct jd_jobs *j)
+{
     pthread_mutex_lock(&j->mu);
     j->later_run_at = INT64_MIN;
     j->later_id = 0;
@@ -546,8 +571,46 @@ int jobs_window_recover(struct jd_jobs *j, struct jd_error *err)
     later_arm_locked(j);
     size_t in_mem = j->st.queued_mem + j->later_mem;
     pthread_mutex_unlock(&j->mu);
-    if (queued)
-        jd_logf(JD_LOG_INFO, "%zu queued jobs, %zu of them read into memory (--queue-window %u)",
-                queued, in_mem, j->window);
-    return 0;
+    return in_mem;
+}
+
+void jobs_window_submit_locked(struct jd_jobs *j, struct job *jb, struct jd_write *w)
+{
+    if (!j->window)
+        return;
+    struct queue *q = jobs_job_queue(j, jb);
+    /* A unique key's holder stays in memory (its index answers conflicts),
+     * so it is never handed to another node this way. */
+    if (j->cl && !jb->ukey) {
+        bool later = jb->run_at_ms > jd_wall_ms() + 1;
+        if (q->partial || q->nready + q->inserting >= j->window ||
+            (later && j->later_mem >= j->window)) {
+            jb->unowned = true;
+            w->unowned = true;
+        }
+    }
+    q->inserting++;
+}
+
+void jobs_window_inserted_locked(struct jd_jobs *j, struct job *jb)
+{
+    struct queue *q = j->window ? jobs_job_queue(j, jb) : NULL;
+    if (q && q->inserting)
+        q->inserting--;
+}
+
+unsigned jobs_window_claim_room_locked(struct jd_jobs *j)
+{
+    if (!j->window)
+        return UINT_MAX;
+    /* Not while a queue's own backlog waits in the store: what it claimed
+     * would rank past the floor and stay there, this node's, so claims
+     * would pull the whole unowned backlog into this node's. */
+    size_t held = j->st.queued_mem + j->later_mem;
+    for (struct queue *q = j->queues; q; q = q->next) {
+        if (q->partial)
+            return 0;
+        held += q->inserting;
+    }
+    return held < j->window ? j->window - (unsigned)held : 0;
 }

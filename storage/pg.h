@@ -252,6 +252,7 @@ bool jd_pg_lease_ok(struct jd_store *s);
 bool jd_pg_is_leader(struct jd_store *s);
 bool jd_pg_healthy(struct jd_store *s);
 int jd_pg_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+int jd_pg_claim_id(struct jd_store *s, int64_t id);
 int jd_pg_requests(struct jd_store *s, int64_t after_id, unsigned limit,
                    struct jd_job_request **rows, size_t *n);
 void jd_pg_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out);

@@ -337,6 +337,38 @@ int jd_pg_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *ar
     return rc;
 }
 
+/* The queued-job window (server/jobs_window.c): a cancel or message for
+ * a queued job waiting unowned takes that job for this node first. */
+int jd_pg_claim_id(struct jd_store *s, int64_t id)
+{
+    struct jd_pg *pg = s->pg;
+    if (atomic_load(&pg->lease_lost))
+        return JD_ESTALE;
+    char me[24], jid[24];
+    ll(me, sizeof me, pg->node_id);
+    ll(jid, sizeof jid, id);
+    const char *v[] = {me, jid};
+    pthread_mutex_lock(&pg->claim_mu);
+    PGconn *c = claim_conn(pg);
+    PGresult *r = c ? q(c,
+                        "UPDATE jobs SET owner_node = $1 WHERE id = $2 AND owner_node IS NULL"
+                        " AND state = 0" /* queued: a started one is resumed by a claim */
+                        " AND EXISTS (SELECT 1 FROM jd_nodes WHERE id = $1 AND expires_at > now())"
+                        " RETURNING id",
+                        2, v)
+                    : NULL;
+    if (!r)
+        warn(pg, "storage: claiming a job failed", c);
+    pthread_mutex_unlock(&pg->claim_mu);
+    if (!r)
+        return JD_EIO;
+    int rc = PQntuples(r) == 1 ? 0 : JD_ENOENT;
+    PQclear(r);
+    if (rc == 0)
+        atomic_fetch_add_explicit(&pg->st_claims, 1, memory_order_relaxed);
+    return rc;
+}
+
 /* ---- the inbox ---- */
 
 int jd_pg_requests(struct jd_store *s, int64_t after_id, unsigned limit,

@@ -1107,24 +1107,30 @@ static int hand_jobs(struct jd_store *s, struct jd_pg_rconn *c, struct jd_job *j
     while (at < nj && rc == 0 && !*stop_rc) {
         size_t m = nj - at < PG_JOB_PAGE ? nj - at : PG_JOB_PAGE;
         int64_t ids[PG_JOB_PAGE];
+        size_t nid = 0;
         for (size_t i = 0; i < m; i++)
-            ids[i] = jobs[at + i].id;
-        char *arr = id_array(ids, m);
-        struct params p = {0};
-        p_text(&p, arr);
-        PGresult *r = run(s, c, PR_EVENTS_OF_JOBS, NULL, &p, &rc);
-        free(arr);
-        if (!r)
-            break;
-        size_t ne = (size_t)PQntuples(r);
-        struct jd_job_event *ev = jd_xcalloc(ne ? ne : 1, sizeof *ev);
-        for (size_t i = 0; i < ne; i++)
-            row_to_event(r, (int)i, &ev[i]);
-        PQclear(r);
+            if (jobs[at + i].version > 1) /* version 1: the insert's event only */
+                ids[nid++] = jobs[at + i].id;
+        size_t ne = 0;
+        struct jd_job_event *ev = NULL;
+        if (nid) {
+            char *arr = id_array(ids, nid);
+            struct params p = {0};
+            p_text(&p, arr);
+            PGresult *r = run(s, c, PR_EVENTS_OF_JOBS, NULL, &p, &rc);
+            free(arr);
+            if (!r)
+                break;
+            ne = (size_t)PQntuples(r);
+            ev = jd_xcalloc(ne ? ne : 1, sizeof *ev);
+            for (size_t i = 0; i < ne; i++)
+                row_to_event(r, (int)i, &ev[i]);
+            PQclear(r);
+        }
         /* ev is in (job_id, seq) order; each job's run is found by search. */
         for (size_t i = 0; i < m && !*stop_rc; i++) {
             struct jd_job_event key = {.job_id = jobs[at + i].id};
-            struct jd_job_event *hit = bsearch(&key, ev, ne, sizeof *ev, cmp_event_job);
+            struct jd_job_event *hit = ne ? bsearch(&key, ev, ne, sizeof *ev, cmp_event_job) : NULL;
             size_t lo = 0, hi = 0;
             if (hit) {
                 lo = hi = (size_t)(hit - ev);
@@ -1134,7 +1140,7 @@ static int hand_jobs(struct jd_store *s, struct jd_pg_rconn *c, struct jd_job *j
                     hi++;
             }
             (*count)++;
-            *stop_rc = fn(arg, &jobs[at + i], ev + lo, hi - lo);
+            *stop_rc = fn(arg, &jobs[at + i], ne ? ev + lo : NULL, hi - lo);
         }
         jd_job_events_free(ev, ne);
         at += m;

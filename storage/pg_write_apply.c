@@ -194,7 +194,7 @@ static int apply_insert(struct jd_pgw_ctx *c, struct jd_write *w)
     p_text(&p, j->idempotency_key);
     p_text(&p, j->schedule_id);
     p_text(&p, j->handler);
-    p_int(&p, s->pg->node_id);
+    p_int(&p, w->unowned ? 0 : s->pg->node_id); /* node 0 is none: unowned */
     p_text(&p, j->definition);
     p_int(&p, c->now);
     p_text(&p, data);

@@ -180,7 +180,7 @@ static int emit_inserts(struct jd_pgw_ctx *c)
         nins += c->b[i]->op == JD_W_JOB_INSERT;
     if (nins == 0)
         return 0;
-    const size_t na = 14; /* PS_JOB_INSERTS's array parameters */
+    const size_t na = 15; /* PS_JOB_INSERTS's array parameters */
     for (size_t k = 0; k < na; k++) {
         ws->arr[k].len = 0;
         ab_put(&ws->arr[k], "{", 1);
@@ -219,6 +219,8 @@ static int emit_inserts(struct jd_pgw_ctx *c)
             ab_textn(&ws->arr[12], lm ? lat : NULL, llen);
         ab_sep(&ws->arr[13]);
         ab_put(&ws->arr[13], lm < 0 ? "t" : "f", 1);
+        ab_sep(&ws->arr[14]);
+        ab_put(&ws->arr[14], w->unowned ? "t" : "f", 1); /* the queued-job window */
         if (!first)
             first = w;
     }

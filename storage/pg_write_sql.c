@@ -186,20 +186,22 @@ static const struct {
      * events and labels, as PS_JOB_INSERT_LABELS does one by one. $15 is
      * each job's "labels" member as the writer found it in the definition
      * (NULL: none), so PostgreSQL parses only that; or, where $16 is true,
-     * the whole definition (it did not scan). */
+     * the whole definition (it did not scan). Where $17 is true the job is
+     * inserted with no owner (jd_write.unowned: the queued-job window). */
     [PS_JOB_INSERTS] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[],"
          " $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],"
          " $9::text[], $10::text[], $11::text[], $12::text[], $15::text[],"
-         " $16::bool[]) AS v(id, queue, priority, state, run_at_ms, created_ms,"
-         " finished_ms, idem, schedule_id, handler, definition, data, lbl,"
-         " lwhole)),"
+         " $16::bool[], $17::bool[]) AS v(id, queue, priority, state, run_at_ms,"
+         " created_ms, finished_ms, idem, schedule_id, handler, definition, data,"
+         " lbl, lwhole, unowned)),"
          " j AS (INSERT INTO jobs(id, queue, priority, state, run_at_ms, attempts,"
          " version, created_ms, updated_ms, started_ms, finished_ms,"
          " idempotency_key, schedule_id, handler, owner_node)"
          " SELECT id, queue, priority, state, run_at_ms, 0, 1, created_ms,"
-         " created_ms, 0, finished_ms, idem, schedule_id, handler, " NODE_ALIVE(
-             "$13") " FROM v),"
+         " created_ms, 0, finished_ms, idem, schedule_id, handler,"
+         " CASE WHEN v.unowned THEN NULL ELSE " NODE_ALIVE(
+             "$13") " END FROM v),"
                     " d AS (INSERT INTO job_definitions(job_id, definition)"
                     " SELECT id, definition FROM v),"
                     " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
@@ -212,7 +214,7 @@ static const struct {
                     " ELSE '{}'::jsonb END) AS x(k, v)"
                     " WHERE jsonb_typeof(x.v) = 'string' ON CONFLICT DO NOTHING)"
                     " SELECT count(*) FROM v",
-         "ITIIIIITTTTTiiTB"},
+         "ITIIIIITTTTTiiTBB"},
     /* The job changes of a pipelined batch in one statement (see
      * pg_write_pipe.c): per record ($1-$4, in batch order) its event; per
      * job ($7-$17) its records folded into one update: $8 records, $9 the

@@ -1053,10 +1053,13 @@ static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *const *js, in
             break;
         struct jd_job job;
         row_to_job(js[pick], &job);
-        sqlite3_bind_int64(es, 1, job.id);
         size_t k = 0;
-        int erc;
-        while ((erc = sqlite3_step(es)) == SQLITE_ROW) {
+        int erc = SQLITE_DONE;
+        /* Version 1 is the insert's own event (kind 0) and nothing else: no
+         * probe of events (most of a page of queued jobs: a backlog drain). */
+        if (job.version > 1)
+            sqlite3_bind_int64(es, 1, job.id);
+        while (job.version > 1 && (erc = sqlite3_step(es)) == SQLITE_ROW) {
             if (k == cap) {
                 cap *= 2;
                 ev = jd_xrealloc(ev, cap * sizeof *ev);
@@ -1549,6 +1552,11 @@ int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void 
     if (limit < 1 || limit > 256)
         return JD_EINVAL;
     return s->pg ? jd_pg_claim(s, limit, fn, arg, n) : 0;
+}
+
+int jd_store_claim_id(struct jd_store *s, int64_t id)
+{
+    return s->pg ? jd_pg_claim_id(s, id) : JD_EINVAL;
 }
 
 int jd_store_requests(struct jd_store *s, int64_t after_id, unsigned limit,

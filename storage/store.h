@@ -245,6 +245,11 @@ struct jd_write {
      * expired (unique_expires_ms, wall ms; 0: never). */
     const char *unique_key;
     int64_t unique_expires_ms;
+    /* Cluster (PostgreSQL) only: insert the job with no owner node, so it
+     * waits in the database until some node claims it (jd_store_claim):
+     * the queued-job window of a node that holds enough queued jobs
+     * already. SQLite ignores it. */
+    bool unowned;
 
     /* JD_W_JOB_CHANGE: fields to update (JD_SET_*), then one event appended */
     unsigned set;
@@ -645,6 +650,11 @@ bool jd_store_healthy(struct jd_store *s);
  * lapsed had its crash count raised by the takeover that unowned it (not
  * when a node closed cleanly and gave it back). *n: jobs claimed. */
 int jd_store_claim(struct jd_store *s, unsigned limit, jd_store_job_fn fn, void *arg, size_t *n);
+/* Make job id this node's if it is unowned and queued (while this node's
+ * lease is valid): 0, JD_ENOENT when it is not (someone's, started,
+ * finished or missing), JD_ESTALE after the lease was lost, JD_EIO; JD_EINVAL for
+ * SQLite. Only the row's owner changes: read the job in afterwards. */
+int jd_store_claim_id(struct jd_store *s, int64_t id);
 
 /* Inbox requests for jobs this node owns, ascending id after after_id, at
  * most limit (1..1000). Free with jd_job_requests_free. */

@@ -82,3 +82,30 @@ pg_stop() {
     [ -n "${PG_DIR:-}" ] && rm -rf "$PG_DIR"
     PG_DIR=""
 }
+
+# pg_node NAME FLAGS...: a jackdawd node on PG_URL (integration scripts:
+# lib.sh's JACKDAWD, BUILD, WORK), its log in $WORK/node.NAME.log, ready
+# when it returns 0; sets BASE_NAME and PID_NAME and appends the pid to
+# NODES. FLAGS must include --listen.
+pg_node() {
+    local n=$1 log=$WORK/node.$1.log addr=
+    shift
+    : >"$log"
+    "$JACKDAWD" --db "$PG_URL" --plugin-dir "$BUILD/plugins" "$@" 2>"$log" &
+    local pid=$!
+    NODES+=("$pid")
+    for _ in $(seq 1 200); do
+        addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$log" | head -n 1 | cut -d'"' -f8)
+        [ -n "$addr" ] && break
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    printf -v "BASE_$n" '%s' "http://$addr"
+    printf -v "PID_$n" '%s' "$pid"
+    for _ in $(seq 1 200); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/readyz")" = 200 ] && return 0
+        sleep 0.05
+    done
+    notok "node $n becomes ready" "$(tail -n 5 "$log")"
+    return 1
+}
