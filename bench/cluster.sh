@@ -11,7 +11,8 @@
 #
 # Per PostgreSQL row also: database writes per job (pg_stat_database deltas
 # of xact_commit and tup_inserted+tup_updated+tup_deleted, read after the
-# nodes stopped so every backend has flushed its counters) and the
+# nodes stopped so every backend has flushed its counters), the WAL it
+# wrote per job (pg_current_wal_insert_lsn before and after) and the
 # PostgreSQL server's CPU per job (user+system of the postmaster, its live
 # children and its reaped children, from /proc); for every row the nodes'
 # own CPU per job. Each run gets a fresh
@@ -71,7 +72,8 @@ pg_cpu_ticks() {
     pm=$(head -n1 "$PG_DIR/data/postmaster.pid")
     t=$(sed 's/.*) //' "/proc/$pm/stat" | awk '{print $12 + $13 + $14 + $15}')
     # one pass over every process: the postmaster's children
-    t=$((t + $(cat /proc/[0-9]*/stat 2>/dev/null | sed 's/.*) //' |
+    # (a process may exit between the glob and cat: not a failure)
+    t=$((t + $({ cat /proc/[0-9]*/stat 2>/dev/null || true; } | sed 's/.*) //' |
         awk -v pm="$pm" '$2 == pm {t += $12 + $13} END {print t + 0}')))
     echo "$t"
 }
@@ -90,6 +92,11 @@ pg_writes() {
     pg_psql -At -F ' ' -c "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted
         FROM pg_stat_database WHERE datname = '$1'"
 }
+
+# pg_wal_lsn: the server's WAL insert position (one database runs at a time,
+# so the difference over a run is that run's WAL: every row version and
+# index entry a job costs, in bytes).
+pg_wal_lsn() { pg_psql -At -c "SELECT pg_current_wal_insert_lsn()"; }
 
 start_node() { # DB_URL_OR_PATH LOG: appends to PIDS, sets ADDR
     local extra=()
@@ -113,7 +120,7 @@ start_node() { # DB_URL_OR_PATH LOG: appends to PIDS, sets ADDR
 
 run=0
 run_one() { # CONFIG
-    local cfg=$1 nodes db url addrs=() line w0 w1 c0 c1 n0 n1 i
+    local cfg=$1 nodes db url addrs=() line w0 w1 c0 c1 n0 n1 l0 l1 i
     run=$((run + 1))
     echo "[$cfg] run $run" >&2
     if [ "$cfg" = sqlite ]; then
@@ -134,6 +141,7 @@ run_one() { # CONFIG
     # the first node creates the schema; then the others
     read -r w0 < <(pg_writes "$db" | tr ' ' ':')
     c0=$(pg_cpu_ticks)
+    l0=$(pg_wal_lsn)
     for i in $(seq 1 "$nodes"); do
         start_node "$url" "$WORK/run$run.$i.log"
         addrs+=(--addr "$ADDR")
@@ -144,13 +152,15 @@ run_one() { # CONFIG
     stop_nodes
     sleep 1 # the backends' exit flushes their counters
     c1=$(pg_cpu_ticks)
+    l1=$(pg_wal_lsn)
     read -r w1 < <(pg_writes "$db" | tr ' ' ':')
-    local done_jobs xacts tups
+    local done_jobs xacts tups wal
+    wal=$(pg_psql -At -c "SELECT pg_wal_lsn_diff('$l1', '$l0')::bigint")
     done_jobs=$(sed -n 's/.*"completed":\([0-9]*\).*/\1/p' <<<"$line")
     done_jobs=${done_jobs:-0}
     xacts=$((${w1%:*} - ${w0%:*}))
     tups=$((${w1#*:} - ${w0#*:}))
-    echo "{\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
+    echo "{\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_wal_bytes\":$wal,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
     pg_psql -c "DROP DATABASE $db" >/dev/null
 }
 
@@ -174,8 +184,8 @@ by = {}
 for r in rows:
     by.setdefault(r["config"], []).append(r)
 med = lambda xs: statistics.median(xs) if xs else 0
-print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG CPU us/job | nodes' CPU us/job | runs |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG WAL B/job | PG CPU us/job | nodes' CPU us/job | runs |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 jps = {}
 for cfg in ("sqlite", "pg1", "pg2", "pg3"):
     rs = by.get(cfg)
@@ -188,7 +198,7 @@ for cfg in ("sqlite", "pg1", "pg2", "pg3"):
         return f"{med(v):.2f}" if v else "-"
     bad = sum(1 for r in rs if r.get("completed", 0) != r.get("jobs"))
     print(f"| {cfg} | {rs[0]['nodes']} | {jps[cfg]:.0f} | {p99:.1f} | {per('pg_xacts')} | "
-          f"{per('pg_tuples')} | {per('pg_cpu_us')} | {per('node_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
+          f"{per('pg_tuples')} | {per('pg_wal_bytes')} | {per('pg_cpu_us')} | {per('node_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
 print()
 def ratio(a, b, target):
     if jps.get(a) and jps.get(b):

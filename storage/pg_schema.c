@@ -222,6 +222,14 @@ static const char *const migrations[] = {
     /* 5: remote tasks across nodes (issue 16; storage/pg_nodes.c): the
      * base URL other nodes forward a task's requests to its owner at. */
     "ALTER TABLE jd_nodes ADD COLUMN url TEXT;",
+    /* 6: fewer index entries per job version (issue 16, pgidx): a state
+     * change is never HOT, so each new row version of a job adds an entry
+     * to every jobs index whose predicate it meets. jobs_active (id, where
+     * state < 3) served nothing jobs_owned (owner_node, id, where state <
+     * 3) does not: recovery reads one node's unfinished jobs and takeovers
+     * pick them by owner, both on jobs_owned (test_pg_read checks the
+     * plans), so a queued or running version paid for it in vain. */
+    "DROP INDEX IF EXISTS jobs_active;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
