@@ -30,7 +30,7 @@ static int live_job(struct jd_jobs *j, int64_t id, struct job **out, bool *remot
     if (jb) {
         if (!jb->inserted)
             return JD_ENOENT;
-        if (jb->finished || jb->lost)
+        if (jb->finished || jb->end_folded || jb->lost)
             return JD_ECONFLICT;
         *out = jb;
         return 0;

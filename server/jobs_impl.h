@@ -215,6 +215,9 @@ struct job {
     uint32_t messages;    /* messages recorded in this run (they stay until it ends) */
     size_t message_bytes; /* and their event text together */
     bool admitted, spawned, finished, cancel_requested, cancel_sent, timed_out;
+    /* The end was recorded with the step's completion (jobs_record.c,
+     * fold_end_locked): the process's finish records nothing. */
+    bool end_folded;
     bool slot_free; /* admitted, but waiting for a message: not counted in running */
     /* The queued-job window (jobs_window.c): parked, queued past its
      * queue's floor but kept (it holds a unique key); transient, read from
@@ -347,8 +350,10 @@ struct wrec {
     bool no_json; /* submit_done does not need the job rendered */
     struct jd_job row;
     struct jd_token token;
-    char *res, *res_err; /* AFTER_COMPLETE / AFTER_MESSAGE payloads */
-    unsigned tries;      /* AFTER_COMPLETE / AFTER_FINAL: earlier failed attempts */
+    char *res, *res_err;          /* AFTER_COMPLETE / AFTER_MESSAGE payloads */
+    unsigned tries;               /* AFTER_COMPLETE / AFTER_FINAL: earlier failed attempts */
+    bool folded;                  /* AFTER_FINAL: submitted with its completion, one group */
+    enum jd_job_state prev_state; /* folded: the state before it, if the group fails */
     /* user callbacks */
     jd_action_done_fn action_done;
     jd_submit_done_fn submit_done;

@@ -8,7 +8,10 @@
  * Invariants: a process sees a completion or message only after its record
  * committed, in commit order (the job's delivery queue, struct dlv); a job
  * leaves the table only once its final state is durable. Each wrec holds a
- * reference on its job until wrec_done is done with it.
+ * reference on its job until wrec_done is done with it. A task's completion
+ * that decides its end is submitted with the end as one all-or-nothing
+ * group (record_completion_try): one transaction, not two, and the end is
+ * still acted on only in its own wrec_done.
  *
  * Threading: the record builders run under jd_jobs.mu (store submission
  * only enqueues). wrec_done runs on the store's completion thread, one
@@ -327,7 +330,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     case AFTER_COMPLETE:
         if (rc != 0) {
             /* Not durable: the process must not act on it. Record it again
-             * later (a full disk frees up); it is delivered once it commits. */
+             * later (a full disk frees up); it is delivered once it commits.
+             * An end folded with it failed too: the retry goes alone, and
+             * the process reports the end as usual. */
+            jb->end_folded = false;
             if (!j->stopping && !fenced)
                 retry_record_locked(j, jb, r, rc);
         } else if (!j->stopping && !jb->dlv) {
@@ -363,6 +369,12 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     case AFTER_FINAL:
         if (fenced) { /* its end is the new owner's to record */
             jobs_job_remove(j, jb);
+            break;
+        }
+        if (rc != 0 && r->folded && !jb->finished) {
+            /* Its completion failed with it and is recorded again: the
+             * process, still running, reports the end once it gets it. */
+            jb->state = r->prev_state;
             break;
         }
         if (rc != 0 && !j->stopping) {
@@ -494,9 +506,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     }
 }
 
-/* Under mu: record the job's end. Takes ownership of output and error. */
-void jobs_record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
-                       char *error, int64_t finished_ms, unsigned tries)
+/* Under mu: the job's end record (not yet submitted). Takes ownership of
+ * output and error. */
+static struct wrec *final_rec(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
+                              char *error, int64_t finished_ms, unsigned tries)
 {
     jobs_crashes_reset(j, jb); /* a manual retry starts a new run of crashes */
     struct wrec *r = jobs_state_rec(j, jb, s, AFTER_FINAL);
@@ -507,7 +520,40 @@ void jobs_record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, c
     r->w.error = r->error;
     r->w.finished_ms = finished_ms;
     r->tries = tries;
-    jobs_record(r);
+    return r;
+}
+
+/* Under mu: record the job's end. Takes ownership of output and error. */
+void jobs_record_final(struct jd_jobs *j, struct job *jb, enum jd_job_state s, char *output,
+                       char *error, int64_t finished_ms, unsigned tries)
+{
+    jobs_record(final_rec(j, jb, s, output, error, finished_ms, tries));
+}
+
+/* Under mu: the end a task's process will report once it gets this
+ * completion of its one call (workflow.c: on_complete, wf_step; jobs_run.c:
+ * jobs_hook_finished), when nothing else can come first: the job is not
+ * being cancelled and nothing recorded waits to be delivered ahead of it.
+ * Sets *state and the output or error text (caller frees); false when the
+ * outcome is not decided by the completion alone. */
+static bool task_end_decided(const struct job *jb, uint32_t tag, const char *result,
+                             const char *error, enum jd_job_state *state, char **output, char **err)
+{
+    const struct jd_jobdef *d = jb->def;
+    if (!d || d->shape != JD_JOBDEF_TASK || tag != 1 || !jb->spawned || jb->finished ||
+        jb->end_folded || jb->cancel_requested || jb->dlv || jb->state != JD_JOB_RUNNING)
+        return false;
+    cJSON *v = cJSON_Parse(error ? error : result ? result : "null");
+    if (!v && error)
+        return false; /* the process words an unparsable error itself */
+    char *text = v ? jd_json_print(v) : jd_xstrdup("null");
+    cJSON_Delete(v);
+    if (!text)
+        return false;
+    *state = error ? JD_JOB_FAILED : JD_JOB_SUCCEEDED;
+    *output = error ? NULL : text;
+    *err = error ? text : NULL;
+    return true;
 }
 
 /* Under mu: record a completion; the process gets it once it is durable.
@@ -529,7 +575,33 @@ static void record_completion_try(struct jd_jobs *j, struct job *jb, uint32_t ta
     r->res = error ? NULL : jd_xstrdup(result ? result : "null");
     r->res_err = error ? jd_xstrdup(error) : NULL;
     r->tries = tries;
-    jobs_record(r);
+    enum jd_job_state end;
+    char *output = NULL, *err = NULL;
+    if (tries > 0 || !task_end_decided(jb, tag, result, error, &end, &output, &err)) {
+        jobs_record(r);
+        return;
+    }
+    /* The completion decides the end: record the end with it, one group
+     * (the same transaction, or neither), instead of one more batch after
+     * the completion's commit. Nothing acts on the end before it commits:
+     * wrec_done does, as for any end; the process still gets the
+     * completion and finishes, and records nothing then. */
+    enum jd_job_state prev = jb->state;
+    struct wrec *f = final_rec(j, jb, end, output, err, jd_wall_ms(), 0);
+    f->folded = true;
+    f->prev_state = prev;
+    jb->end_folded = true;
+    struct jd_write *ws[2] = {&r->w, &f->w};
+    int rc = jd_store_submit_many(j->store, ws, 2);
+    if (rc) {
+        jd_logf(JD_LOG_WARN, "job %" PRId64 ": record dropped: %s", jb->id, jd_strerror(rc));
+        jb->end_folded = false;
+        jb->state = prev;
+        jobs_job_unref(jb);
+        jobs_job_unref(jb);
+        jobs_wrec_free(r);
+        jobs_wrec_free(f);
+    }
 }
 
 void jobs_record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag, struct jd_token token,

@@ -279,7 +279,7 @@ void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status s
     struct job *jb = user;
     (void)pid;
     pthread_mutex_lock(&j->mu);
-    bool record_it = !jb->finished && !j->stopping;
+    bool record_it = !jb->finished && !j->stopping && !jb->end_folded;
     jb->finished = true;
     if (jb->admitted) {
         if (!jb->slot_free)
