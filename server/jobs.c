@@ -399,6 +399,22 @@ int jd_jobs_drain(struct jd_jobs *j, int64_t grace_ms)
     return rc == JD_ETIMEOUT ? 0 : rc;
 }
 
+/* At destroy: a job with its timers and calls, whatever its refs. */
+static void job_free_all(struct job *jb)
+{
+    for (struct jtimer *t = jb->timers, *tn; t; t = tn) {
+        tn = t->next;
+        jobs_jtimer_free(t);
+    }
+    for (struct call *c = jb->calls, *cn; c; c = cn) {
+        cn = c->next;
+        free(c->command);
+        free(c->args);
+        free(c);
+    }
+    jobs_job_free(jb);
+}
+
 void jd_jobs_destroy(struct jd_jobs *j)
 {
     if (!j)
@@ -415,19 +431,14 @@ void jd_jobs_destroy(struct jd_jobs *j)
         struct job *jb = j->table[b];
         while (jb) {
             struct job *n = jb->hnext;
-            for (struct jtimer *t = jb->timers, *tn; t; t = tn) {
-                tn = t->next;
-                jobs_jtimer_free(t);
-            }
-            for (struct call *c = jb->calls, *cn; c; c = cn) {
-                cn = c->next;
-                free(c->command);
-                free(c->args);
-                free(c);
-            }
-            jobs_job_free(jb);
+            job_free_all(jb);
             jb = n;
         }
+    }
+    /* Ended (folded) jobs whose process never finished: out of the table. */
+    for (struct job *jb = j->ending, *n; jb; jb = n) {
+        n = jb->enext;
+        job_free_all(jb);
     }
     for (unsigned b = 0; b < NBUCKETS; b++) /* drain fired them all; none left running */
         while (j->watches[b]) {

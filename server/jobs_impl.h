@@ -238,6 +238,9 @@ struct job {
     struct call *calls;
     struct jtimer *timers;
     struct job *hnext;
+    /* Out of the table with its end durable while its process (a folded
+     * end) still finishes: on jd_jobs.ending, for jd_jobs_destroy. */
+    struct job *enext, **eprevp;
     struct job *qprev, *qnext;
     bool in_ready;
     struct queue *qp; /* its queue, once looked up (queues live until destroy) */
@@ -266,6 +269,7 @@ struct watch {
 };
 
 struct jd_jobs {
+    struct job *ending; /* see struct job's enext (under mu) */
     struct jd_store *store;
     struct jd_sched *sched;
     struct jd_registry *reg;

@@ -389,6 +389,14 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
             notify_state = w->state;
             notify_url = jd_xstrdup(jb->def->notify_url);
         }
+        if (r->folded && jb->spawned && !jb->finished && !jb->eprevp) {
+            /* Its process still finishes (jobs_hook_finished unlinks it). */
+            jb->enext = j->ending;
+            if (j->ending)
+                j->ending->eprevp = &jb->enext;
+            j->ending = jb;
+            jb->eprevp = &j->ending;
+        }
         jobs_job_remove(j, jb);
         trim = jobs_trim_due_locked(j);
         release = trim && j->release_due;

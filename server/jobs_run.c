@@ -281,6 +281,13 @@ void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status s
     pthread_mutex_lock(&j->mu);
     bool record_it = !jb->finished && !j->stopping && !jb->end_folded;
     jb->finished = true;
+    if (jb->eprevp) { /* off jd_jobs.ending: its end committed before this */
+        *jb->eprevp = jb->enext;
+        if (jb->enext)
+            jb->enext->eprevp = jb->eprevp;
+        jb->enext = NULL;
+        jb->eprevp = NULL;
+    }
     if (jb->admitted) {
         if (!jb->slot_free)
             jobs_slot_give_locked(j, jb);
