@@ -1494,10 +1494,72 @@ static bool writer_wait(struct jd_store *s)
     return stop;
 }
 
+/* Group commit on PostgreSQL: a COMMIT there costs a round trip and a WAL
+ * flush (~3 ms on a busy VM) whatever it carries, and with several nodes
+ * each writer sees a share of the load, so its batches come out small and
+ * the flushes (and PostgreSQL's CPU per transaction) multiply. When the
+ * records waiting are fewer than JD_PG_GROUP_MIN and the last commit took
+ * longer than JD_PG_GROUP_SLOW_US, the writer waits up to a quarter of that
+ * commit (at most JD_PG_GROUP_MAX_US) for more before it cuts the batch.
+ * Never when enough records wait or commits are fast; SQLite never waits. */
+#define JD_PG_GROUP_MIN 64
+#define JD_PG_GROUP_SLOW_US 1000
+#define JD_PG_GROUP_MAX_US 2000
+#define JD_PG_GROUP_POLL_US 200
+
+/* Move whatever producers pushed onto the end of *pend (FIFO). */
+static void take_pushed(struct jd_store *s, struct jd_write **pend, struct jd_write **pend_tail)
+{
+    /* acquire: see the records' contents written before their push. */
+    struct jd_write *taken = atomic_exchange_explicit(&s->head, NULL, memory_order_acquire);
+    if (!taken)
+        return;
+    struct jd_write *rev = NULL, *last = taken;
+    while (taken) {
+        struct jd_write *nx = taken->next_;
+        taken->next_ = rev;
+        rev = taken;
+        taken = nx;
+    }
+    if (*pend_tail)
+        (*pend_tail)->next_ = rev;
+    else
+        *pend = rev;
+    *pend_tail = last;
+}
+
+/* Records in pend, counting up to cap. */
+static size_t pend_count(const struct jd_write *pend, size_t cap)
+{
+    size_t n = 0;
+    for (; pend && n < cap; pend = pend->next_)
+        n++;
+    return n;
+}
+
+/* The group-commit wait (see JD_PG_GROUP_MIN): returns when enough records
+ * are pending or the wait's bound (at most JD_PG_GROUP_MAX_US) passed. */
+static void group_wait(struct jd_store *s, struct jd_write **pend, struct jd_write **pend_tail,
+                       uint64_t last_us)
+{
+    if (last_us <= JD_PG_GROUP_SLOW_US || pend_count(*pend, JD_PG_GROUP_MIN) >= JD_PG_GROUP_MIN)
+        return;
+    uint64_t wait_us = last_us / 4 < JD_PG_GROUP_MAX_US ? last_us / 4 : JD_PG_GROUP_MAX_US;
+    uint64_t end = jd_now_ns() + wait_us * 1000;
+    while (jd_now_ns() < end) {
+        struct timespec ts = {0, JD_PG_GROUP_POLL_US * 1000L};
+        nanosleep(&ts, NULL);
+        take_pushed(s, pend, pend_tail);
+        if (pend_count(*pend, JD_PG_GROUP_MIN) >= JD_PG_GROUP_MIN)
+            return;
+    }
+}
+
 static void *writer_main(void *arg)
 {
     struct jd_store *s = arg;
     struct jd_write *pend = NULL, *pend_tail = NULL; /* taken, not yet committed, FIFO */
+    uint64_t pg_last_us = 0; /* PostgreSQL: how long the last batch's commit took */
     size_t cap = 0;
     struct jd_write **b = NULL;
     int *rcs = NULL;
@@ -1506,22 +1568,7 @@ static void *writer_main(void *arg)
     struct vcache vc = {.qc = &qc, .known = jd_xcalloc(JD_KNOWN_SLOTS, sizeof *vc.known)};
 
     for (;;) {
-        /* acquire: see the records' contents written before their push. */
-        struct jd_write *taken = atomic_exchange_explicit(&s->head, NULL, memory_order_acquire);
-        if (taken) {
-            struct jd_write *rev = NULL, *last = taken;
-            while (taken) {
-                struct jd_write *nx = taken->next_;
-                taken->next_ = rev;
-                rev = taken;
-                taken = nx;
-            }
-            if (pend_tail)
-                pend_tail->next_ = rev;
-            else
-                pend = rev;
-            pend_tail = last;
-        }
+        take_pushed(s, &pend, &pend_tail);
         if (!pend) {
             if (maybe_retention(s))
                 known_clear(&vc);
@@ -1536,6 +1583,9 @@ static void *writer_main(void *arg)
                 break;
             continue;
         }
+
+        if (s->pg)
+            group_wait(s, &pend, &pend_tail, pg_last_us);
 
         /* Cut one batch: whole groups, up to max_batch records (a group
          * larger than max_batch goes alone). */
@@ -1555,9 +1605,11 @@ static void *writer_main(void *arg)
         }
         if (!pend)
             pend_tail = NULL;
-        if (s->pg)
+        if (s->pg) {
+            uint64_t t0 = jd_now_ns();
             commit_batch_pg(s, b, rcs, n);
-        else
+            pg_last_us = (jd_now_ns() - t0) / 1000;
+        } else
             commit_batch(s, b, rcs, ids, n, &vc);
         bool stale = maybe_retention(s);
         if (qc_drop(&qc, JD_QC_NAMES_KEPT))
