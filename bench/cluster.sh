@@ -101,6 +101,7 @@ pg_wal_lsn() { pg_psql -At -c "SELECT pg_current_wal_insert_lsn()"; }
 start_node() { # DB_URL_OR_PATH LOG: appends to PIDS, sets ADDR
     local extra=()
     [ "$HAVE_LEASE" = 1 ] && [[ "$1" == postgres://* ]] && extra=(--lease "${LEASE:-10s}")
+    : >"$2" # the log exists before the wait loop reads it (the node opens it in the background)
     "$JACKDAWD" --listen 127.0.0.1:0 --db "$1" --plugin-dir "$BUILD/plugins" --sync full \
         --max-parked 4096 --max-connections 4096 --log-level info "${extra[@]}" >/dev/null 2>"$2" &
     PIDS+=($!)
