@@ -168,27 +168,8 @@ wait_job() { req GET "/v1/jobs/$1?wait=${2:-20s}"; }
 #   on NAME cmd...           run cmd (req, json_post, ...) against node NAME
 NODES=()
 NODE_FLAGS=()
-start_node() {
-    local n=$1 log=$WORK/node.$1.log addr=
-    : >"$log"
-    "$JACKDAWD" --listen "127.0.0.1:${2:-0}" --db "$PG_URL" --plugin-dir "$BUILD/plugins" \
-        "${NODE_FLAGS[@]}" 2>"$log" &
-    local pid=$!
-    NODES+=("$pid")
-    for _ in $(seq 1 200); do
-        addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$log" | head -n 1 | cut -d'"' -f8)
-        [ -n "$addr" ] && break
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    printf -v "BASE_$n" '%s' "http://$addr"
-    printf -v "PID_$n" '%s' "$pid"
-    for _ in $(seq 1 200); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/readyz")" = 200 ] && return 0
-        sleep 0.05
-    done
-    notok "node $n becomes ready" "$(tail -n 5 "$log")"
-    return 1
+start_node() { # the node itself: pg_node (tests/pg/pg.sh)
+    pg_node "$1" --listen "127.0.0.1:${2:-0}" "${NODE_FLAGS[@]}"
 }
 on() {
     local v="BASE_$1"
