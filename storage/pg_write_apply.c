@@ -121,25 +121,12 @@ static int missing_or_fenced(struct jd_store *s, int64_t id)
 
 #define JD_PG_SCHED_TRIM_EVERY 64 /* trim a schedule's history once per this many events */
 
-int jd_pgw_insert_check(const struct jd_pgw_ctx *c, struct jd_write *w, int64_t *created)
-{
-    const struct jd_job *j = w->job;
-    if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
-        return JD_EINVAL;
-    int64_t id = j->id ? j->id : w->job_id;
-    if (id <= 0)
-        return JD_EINVAL;
-    w->job_id = id;
-    *created = j->created_ms ? j->created_ms : c->now;
-    return 0;
-}
-
 static int apply_insert(struct jd_pgw_ctx *c, struct jd_write *w)
 {
     struct jd_store *s = c->s;
     const struct jd_job *j = w->job;
     int64_t created = 0;
-    int rc = jd_pgw_insert_check(c, w, &created);
+    int rc = jd_write_insert_check(w, c->now, &created);
     if (rc)
         return rc;
     int64_t id = w->job_id;

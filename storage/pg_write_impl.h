@@ -218,9 +218,6 @@ int jd_pgw_take(struct jd_pgw_ctx *c, struct jd_write *w, int kind, const PGresu
  * use (never inside a pipeline); NULL when it cannot be prepared. */
 const char *jd_pgw_change_stmt(struct jd_store *s, unsigned set);
 bool jd_pgw_change_valid(const struct jd_write *w);
-/* A job insert's checks: its id (set into w->job_id) and *created, or
- * JD_EINVAL for a record that cannot be inserted. */
-int jd_pgw_insert_check(const struct jd_pgw_ctx *c, struct jd_write *w, int64_t *created);
 /* A record's own failure (its savepoint is rolled back, the rest commits)
  * rather than the transaction's. */
 bool jd_pgw_record_fault(int rc);

@@ -191,7 +191,7 @@ static int emit_inserts(struct jd_pgw_ctx *c)
         if (w->op != JD_W_JOB_INSERT)
             continue;
         int64_t created = 0;
-        if (jd_pgw_insert_check(c, w, &created) != 0)
+        if (jd_write_insert_check(w, c->now, &created) != 0)
             return JD_EINVAL;
         const struct jd_job *j = w->job;
         int64_t id = w->job_id;

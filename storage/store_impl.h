@@ -14,6 +14,7 @@
 #include "storage/store.h"
 
 #include "common/alloc.h"
+#include "common/error.h"
 
 #include <pthread.h>
 #include <sqlite3.h>
@@ -228,6 +229,22 @@ static inline void *jd_idtab_reset(void *t, size_t *cap, size_t slot_size, size_
 static inline size_t jd_idtab_home(int64_t id, size_t cap)
 {
     return (size_t)((uint64_t)id * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+}
+
+/* A job insert's checks, shared by both backends: its id (set into
+ * w->job_id) and *created (the job's own time, else now), or JD_EINVAL for
+ * a record that cannot be inserted. */
+static inline int jd_write_insert_check(struct jd_write *w, int64_t now, int64_t *created)
+{
+    const struct jd_job *j = w->job;
+    if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
+        return JD_EINVAL;
+    int64_t id = j->id ? j->id : w->job_id;
+    if (id <= 0)
+        return JD_EINVAL;
+    w->job_id = id;
+    *created = j->created_ms ? j->created_ms : now;
+    return 0;
 }
 
 /* writer.c, shared by both backends: account for a finished batch (stats)

@@ -528,14 +528,12 @@ static int take_unique(struct jd_store *s, struct jd_write *w, int64_t id, int64
 static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, struct vcache *vc,
                         struct qcounts *qc)
 {
+    int64_t created;
+    int rc0 = jd_write_insert_check(w, now, &created);
+    if (rc0 != 0)
+        return rc0;
     const struct jd_job *j = w->job;
-    if (!j || !j->queue || !j->definition || (unsigned)j->state >= JD_JOB_NSTATES)
-        return JD_EINVAL;
-    int64_t id = j->id ? j->id : w->job_id;
-    if (id <= 0)
-        return JD_EINVAL;
-    w->job_id = id;
-    int64_t created = j->created_ms ? j->created_ms : now;
+    int64_t id = w->job_id;
 
     if (j->idempotency_key) {
         sqlite3_stmt *st = s->wst[JD_WS_IDEM_INSERT];
