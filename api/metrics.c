@@ -359,6 +359,29 @@ static void render_cluster(struct buf *b, const struct jd_metrics_cluster *c)
     family(b, "jackdaw_cluster_heartbeat_seconds_max", "gauge", "The slowest lease heartbeat.");
     put(b, "jackdaw_cluster_heartbeat_seconds_max{node=\"%lld\"} %.6f\n", (long long)c->node,
         (double)c->heartbeat_us_max / 1e6);
+    /* The read pool: waits say --db-readers is too small for the load
+     * before the timeouts (503s) do. */
+    family(b, "jackdaw_db_read_waits_total", "counter",
+           "Reads that waited for a free PostgreSQL read connection (--db-readers).");
+    put(b, "jackdaw_db_read_waits_total{node=\"%lld\"} %llu\n", (long long)c->node,
+        (unsigned long long)c->read_waits);
+    family(b, "jackdaw_db_read_wait_seconds_total", "counter",
+           "Time reads spent waiting for a read connection, summed.");
+    put(b, "jackdaw_db_read_wait_seconds_total{node=\"%lld\"} %.3f\n", (long long)c->node,
+        (double)c->read_wait_us / 1e6);
+    family(b, "jackdaw_db_read_timeouts_total", "counter",
+           "Reads that found every read connection busy past the wait (5 s) and failed (503).");
+    put(b, "jackdaw_db_read_timeouts_total{node=\"%lld\"} %llu\n", (long long)c->node,
+        (unsigned long long)c->read_timeouts);
+    family(b, "jackdaw_db_read_connections", "gauge",
+           "PostgreSQL read connections open (idle and in use) and idle.");
+    put(b, "jackdaw_db_read_connections{node=\"%lld\",state=\"open\"} %u\n", (long long)c->node,
+        c->read_open);
+    put(b, "jackdaw_db_read_connections{node=\"%lld\",state=\"idle\"} %u\n", (long long)c->node,
+        c->read_idle);
+    family(b, "jackdaw_db_read_connections_max", "gauge",
+           "Read connections allowed at most (--db-readers).");
+    put(b, "jackdaw_db_read_connections_max{node=\"%lld\"} %u\n", (long long)c->node, c->read_max);
 }
 
 static void render_calls(struct buf *b, const struct jd_jobs_call_stats *r)

@@ -51,6 +51,9 @@ struct jd_metrics_cluster {
     int64_t node;
     uint64_t claims, takeovers, fenced, requests_applied, lease_lost;
     uint64_t heartbeats, heartbeat_us_sum, heartbeat_us_max;
+    /* The PostgreSQL read pool (struct jd_cluster_stats). */
+    uint64_t read_waits, read_wait_us, read_timeouts;
+    unsigned read_open, read_idle, read_max;
     /* Remote tasks across nodes (api/forward.h). */
     uint64_t fwd_relays, fwd_relay_failures, fwd_relays_gone, fwd_claims, fwd_claim_failures,
         fwd_claimed, fwd_announces, fwd_refused;

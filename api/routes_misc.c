@@ -85,7 +85,13 @@ enum MHD_Result route_metrics(struct jd_req *r)
                                          .lease_lost = cs2.lease_lost,
                                          .heartbeats = cs2.heartbeats,
                                          .heartbeat_us_sum = cs2.heartbeat_us_sum,
-                                         .heartbeat_us_max = cs2.heartbeat_us_max};
+                                         .heartbeat_us_max = cs2.heartbeat_us_max,
+                                         .read_waits = cs2.read_waits,
+                                         .read_wait_us = cs2.read_wait_us,
+                                         .read_timeouts = cs2.read_timeouts,
+                                         .read_open = cs2.read_open,
+                                         .read_idle = cs2.read_idle,
+                                         .read_max = cs2.read_max};
         struct jd_forward_stats fs;
         jd_forward_stats(h->fwd, &fs);
         mc.fwd_relays = fs.relays;

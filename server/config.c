@@ -114,6 +114,10 @@ static const struct opt opts[] = {
      "that finds them all busy for 5s gets 503"},
     {"--db-reader-idle", "JACKDAW_DB_READER_IDLE", OPT_DURATION, F(db_reader_idle_ms), "DURATION",
      "PostgreSQL: close a read connection idle this long, keeping 2 (default 60s)"},
+    {"--db-connect-wait", "JACKDAW_DB_CONNECT_WAIT", OPT_DURATION, F(db_connect_wait_ms),
+     "DURATION",
+     "PostgreSQL: at start, keep retrying a database that cannot be reached this long, "
+     "with backoff, before giving up (default 30s, 0: do not retry)"},
     {"--advertise-url", "JACKDAW_ADVERTISE_URL", OPT_STR, F(advertise_url), "URL",
      "cluster (PostgreSQL): the base URL other nodes reach this one at, for remote tasks "
      "(default http://<--listen>; a 0.0.0.0 or [::] listen uses the host name)"},
@@ -322,8 +326,9 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     c->exec_timeout_ms = 10 * 60 * 1000; /* a hung child cannot hold a blocking thread forever */
     c->http_timeout_ms = 60 * 1000;      /* as common HTTP clients' total timeouts */
     c->lease_ms = 10000;                 /* a dead node's jobs move within ~1.5 leases */
-    c->db_readers = 16;           /* x nodes: within PostgreSQL's default max_connections (100) */
-    c->db_reader_idle_ms = 60000; /* a burst's connections go within a minute */
+    c->db_readers = 16;            /* x nodes: within PostgreSQL's default max_connections (100) */
+    c->db_reader_idle_ms = 60000;  /* a burst's connections go within a minute */
+    c->db_connect_wait_ms = 30000; /* PostgreSQL starting beside the node (compose) is up by then */
 
     for (size_t i = 0; i < NOPTS; i++) {
         const char *v = getenv(opts[i].env);
@@ -365,6 +370,8 @@ int jd_config_parse(struct jd_config *c, int argc, char **argv, const char *defa
     if (c->db_readers < 2 || c->db_readers > 1000 || c->db_reader_idle_ms < 1000)
         return jd_error_set(err, JD_EINVAL, NULL,
                             "--db-readers must be from 2 to 1000 and --db-reader-idle at least 1s");
+    if (c->db_connect_wait_ms < 0 || c->db_connect_wait_ms > 3600000)
+        return jd_error_set(err, JD_EINVAL, NULL, "--db-connect-wait must be from 0 to 1h");
     if (c->token != NULL && c->token[0] == '\0') {
         free(c->token); /* an empty token means "no auth", as an unset variable */
         c->token = NULL;

@@ -52,6 +52,7 @@ struct jd_config {
     int64_t lease_ms;              /* --lease; a cluster node's lease (PostgreSQL), default 10 s */
     unsigned db_readers;           /* --db-readers; PostgreSQL read connections at most, 16 */
     int64_t db_reader_idle_ms;     /* --db-reader-idle; close an idle one after, default 60 s */
+    int64_t db_connect_wait_ms;    /* --db-connect-wait; retry an unreachable database, 30 s */
     bool ui;                       /* --ui on|off; serve the dashboard, default on */
     bool help;                     /* --help was given: print usage, exit 0 */
 };

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The built-in plugins live in plugins/ next to the binary (build/plugins). */
@@ -214,6 +215,48 @@ static void ensure_db_dir(const char *db)
     free(copy);
 }
 
+#define DB_RETRY_FIRST_MS 250 /* a database starting beside us is often up within a second */
+#define DB_RETRY_MAX_MS 5000  /* the longest pause between two attempts */
+
+/* Open the store; a PostgreSQL database that cannot be reached (JD_EIO:
+ * not up yet, or unreachable) is tried again with backoff until wait_ms
+ * have passed since the first attempt, each failure logged. A refusal
+ * (foreign or newer schema) is not retried. SIGTERM/SIGINT (in sigs,
+ * blocked) while waiting ends it with JD_ESHUTDOWN. HTTP is not up yet:
+ * the port opens only once the database is reached. */
+static int store_open_retrying(const struct jd_store_config *scfg, int64_t wait_ms,
+                               const sigset_t *sigs, struct jd_store **store, struct jd_error *err)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t pause = DB_RETRY_FIRST_MS;
+    for (unsigned attempt = 1;; attempt++) {
+        jd_error_clear(err);
+        int rc = jd_store_open(scfg, store, err);
+        if (rc != JD_EIO || !strstr(scfg->path, "://"))
+            return rc;
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t spent = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+                        (int64_t)(now.tv_nsec - t0.tv_nsec) / 1000000;
+        if (spent + pause > wait_ms)
+            return rc; /* the caller logs the last failure */
+        char n[16], in[32];
+        snprintf(n, sizeof n, "%u", attempt);
+        snprintf(in, sizeof in, "%lldms", (long long)pause);
+        jd_log(JD_LOG_WARN, "the database cannot be reached yet; retrying", "attempt", n,
+               "retry_in", in, "error", err->message[0] ? err->message : jd_strerror(rc), NULL);
+        struct timespec ts = {.tv_sec = (time_t)(pause / 1000),
+                              .tv_nsec = (long)(pause % 1000) * 1000000L};
+        int sig = sigtimedwait(sigs, NULL, &ts);
+        if (sig == SIGTERM || sig == SIGINT) {
+            jd_log(JD_LOG_INFO, "stopped before the database could be reached", NULL);
+            return JD_ESHUTDOWN;
+        }
+        pause = pause * 2 > DB_RETRY_MAX_MS ? DB_RETRY_MAX_MS : pause * 2;
+    }
+}
+
 int main(int argc, char **argv)
 {
     struct jd_config cfg;
@@ -264,7 +307,11 @@ int main(int argc, char **argv)
         .read_max = cfg.db_readers,
         .read_idle_ms = cfg.db_reader_idle_ms,
     };
-    if ((rc = jd_store_open(&scfg, &store, &err)) != 0) {
+    if ((rc = store_open_retrying(&scfg, cfg.db_connect_wait_ms, &sigs, &store, &err)) != 0) {
+        if (rc == JD_ESHUTDOWN) {
+            status = 0; /* stopped on request before the database came up */
+            goto out;
+        }
         jd_log(JD_LOG_ERROR, "cannot open the database", "db", db_shown, "error",
                err.message[0] ? err.message : jd_strerror(rc), NULL);
         goto out;

@@ -97,7 +97,9 @@ struct jd_pg {
     unsigned pool_max;        /* read connections at most (set at open) */
     int64_t pool_idle_ms;     /* close an idle one past this (keeping JD_PG_READ_MIN_IDLE) */
     int64_t pool_wait_ms;     /* a reader waits this long for one, then fails (JD_EBUSY) */
-    atomic_uint_least64_t st_read_waits, st_read_timeouts;
+    /* /metrics: reads that waited for a connection, the time they waited
+     * (microseconds, summed) and those that gave up (503). */
+    atomic_uint_least64_t st_read_waits, st_read_wait_us, st_read_timeouts;
     bool readers_opened; /* jd_pg_readers_open succeeded (pg.c) */
 };
 

@@ -739,4 +739,10 @@ void jd_pg_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out)
     out->heartbeats = atomic_load_explicit(&pg->st_hb, memory_order_relaxed);
     out->heartbeat_us_sum = atomic_load_explicit(&pg->st_hb_us_sum, memory_order_relaxed);
     out->heartbeat_us_max = atomic_load_explicit(&pg->st_hb_us_max, memory_order_relaxed);
+    out->read_waits = atomic_load_explicit(&pg->st_read_waits, memory_order_relaxed);
+    out->read_wait_us = atomic_load_explicit(&pg->st_read_wait_us, memory_order_relaxed);
+    out->read_timeouts = atomic_load_explicit(&pg->st_read_timeouts, memory_order_relaxed);
+    if (pg->readers_opened)
+        jd_pg_read_pool_count(s, &out->read_open, &out->read_idle);
+    out->read_max = pg->pool_max;
 }

@@ -375,8 +375,12 @@ int jd_pg_rconn_get(struct jd_store *s, struct jd_pg_rconn **out)
     }
     pthread_mutex_unlock(&pg->pool_mu);
     free_list(stale);
-    if (waited)
+    if (waited) { /* relaxed: counters read for /metrics */
         atomic_fetch_add_explicit(&pg->st_read_waits, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pg->st_read_wait_us,
+                                  (uint64_t)(now - (deadline - pg->pool_wait_ms)) * 1000u,
+                                  memory_order_relaxed);
+    }
     if (timed_out) {
         atomic_fetch_add_explicit(&pg->st_read_timeouts, 1, memory_order_relaxed);
         char max[16];

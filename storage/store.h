@@ -691,6 +691,11 @@ int jd_store_tasks_announce(struct jd_store *s, const char *payload);
 struct jd_cluster_stats {
     uint64_t claims, takeovers, fenced, requests, notices, lease_lost;
     uint64_t heartbeats, heartbeat_us_sum, heartbeat_us_max;
+    /* The read pool (--db-readers): reads that waited for a connection,
+     * their waits summed (microseconds), reads that gave up waiting (503),
+     * and the connections open, idle and allowed now. */
+    uint64_t read_waits, read_wait_us, read_timeouts;
+    unsigned read_open, read_idle, read_max;
 };
 void jd_store_cluster_stats(struct jd_store *s, struct jd_cluster_stats *out);
 

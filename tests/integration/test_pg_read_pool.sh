@@ -6,7 +6,8 @@
 # still completes; once the node goes quiet its read sessions fall to the
 # 2 it keeps (--db-reader-idle 1s). When every read connection stays
 # busy (reads blocked behind a table lock), a read waits 5 s and gets 503
-# "busy", not a 404 or a 17th connection. Flags out of range are refused. TAP.
+# "busy", not a 404 or a 17th connection, and /metrics counts the waits,
+# the time waited and the timeout. Flags out of range are refused. TAP.
 # shellcheck disable=SC2016,SC2119
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -120,6 +121,24 @@ check "the reads held behind the lock answer 200 or 503, nothing else ($codes)" 
 check "the node logged the busy pool" grep -q 'read connection stayed busy' "$LOG"
 req GET "/v1/jobs/${ids[0]}/events"
 check "reads go on once the lock is gone" status_is 200
+
+# /metrics shows the pool: the waits, the time waited (the 503 alone
+# waited its full 5 s) and the timeouts; and the cap and open connections.
+req GET /metrics
+metric() { sed -n "s/^$1{node=\"[0-9]*\"[^}]*} //p" <<<"$BODY" | head -n 1; }
+timeouts=$(metric jackdaw_db_read_timeouts_total)
+waits=$(metric jackdaw_db_read_waits_total)
+waited=$(metric jackdaw_db_read_wait_seconds_total)
+check "/metrics counts the read that timed out ($timeouts)" test "${timeouts:-0}" -ge 1
+check "/metrics counts reads that waited, at least the timeouts ($waits)" \
+    test "${waits:-0}" -ge "${timeouts:-1}"
+check "/metrics sums the time waited: at least the 5 s of the 503 ($waited s)" \
+    awk -v w="${waited:-0}" 'BEGIN { exit !(w >= 4.9) }'
+check "/metrics shows the cap, --db-readers 3" \
+    grep -q '^jackdaw_db_read_connections_max{node="[0-9]*"} 3$' <<<"$BODY"
+open_now=$(sed -n 's/^jackdaw_db_read_connections{node="[0-9]*",state="open"} //p' <<<"$BODY")
+check "/metrics shows the open read connections, 1 to 3 ($open_now)" \
+    test "${open_now:-0}" -ge 1 -a "${open_now:-9}" -le 3
 
 stop_server
 check "the node stops cleanly" test "$SERVER_RC" = 0

@@ -8,7 +8,9 @@
 # equal to the rows, nothing owned by a dead node); the database restarting
 # under the node is survived. A second node joins the database (the
 # cluster) and leaves cleanly. Also: an unreachable database is a clear
-# error without the password, a foreign database is refused. Prints TAP.
+# error without the password, a foreign database is refused. A node started
+# while PostgreSQL is down retries (--db-connect-wait) and starts once it is
+# up; it gives up after the wait, or at once with 0. Prints TAP.
 # shellcheck disable=SC2016,SC2034,SC2119
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -147,12 +149,80 @@ check "the second node stops cleanly (exit $rc) and its row goes" \
 stop_server
 check "clean stop: the node row is gone" eval '[ "$(sql "SELECT count(*) FROM jd_nodes")" = 0 ]'
 
+# ---- a node started before its database (--db-connect-wait) ----
+# PostgreSQL down: the node retries with backoff, logging each failure,
+# and opens no port until it reaches the database; PostgreSQL comes back
+# on the same port and the node becomes ready and runs jobs.
+pg_up() {
+    pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w start \
+        -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR -c fsync=off" >/dev/null
+}
+pg_down() { pg_as "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1; }
+pg_down
+LOG=$WORK/early.log
+"$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" --plugin-dir "$BUILD/plugins" \
+    --db-connect-wait 60s 2>"$LOG" &
+SERVER_PID=$!
+for _ in $(seq 1 100); do
+    [ "$(grep -c 'cannot be reached yet' "$LOG")" -ge 3 ] && break
+    sleep 0.1
+done
+check "with the database down, the node logs each failed attempt and retries" \
+    eval '[ "$(grep -c "cannot be reached yet; retrying" "$LOG")" -ge 3 ] && grep -q "\"attempt\":\"2\"" "$LOG"'
+check "... and opens no port meanwhile" eval '! grep -q "\"msg\":\"listening\"" "$LOG"'
+pg_up
+addr=
+for _ in $(seq 1 200); do
+    addr=$(grep -o '"msg":"listening","addr":"[^"]*"' "$LOG" | head -n 1 | cut -d'"' -f8)
+    [ -n "$addr" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$addr/readyz")" = 200 ] &&
+        break
+    sleep 0.05
+done
+BASE=http://$addr
+check "once the database is up the node listens and is ready" \
+    eval '[ "$(curl -s -o /dev/null -w "%{http_code}" "$BASE/readyz")" = 200 ]'
+json_post /v1/jobs '{"handler":"echo","args":{"late":"db"}}'
+wait_job "$(location_id)"
+check "... and runs jobs" body_has '"output":{"late":"db"}'
+stop_server
+check "... and stops cleanly" test "$SERVER_RC" = 0
+
+pg_down
+"$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" --plugin-dir "$BUILD/plugins" \
+    --db-connect-wait 60s >"$WORK/sigterm.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do
+    grep -q 'cannot be reached yet' "$WORK/sigterm.log" && break
+    sleep 0.1
+done
+kill -TERM "$pid"
+t0=$(date +%s%N)
+wait "$pid"
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "SIGTERM while it waits for the database stops it at once (exit $rc, ${ms} ms)" \
+    eval '[ "$rc" = 0 ] && [ "$ms" -lt 2000 ]'
+t0=$(date +%s%N)
+"$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" --plugin-dir "$BUILD/plugins" \
+    --db-connect-wait 2s >"$WORK/giveup.log" 2>&1
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+check "--db-connect-wait 2s: gives up within it (exit $rc, ${ms} ms) naming the database" \
+    eval '[ "$rc" = 1 ] && [ "$ms" -lt 4000 ] && grep -q "cannot open the database" "$WORK/giveup.log"'
+check "... after retrying in between" grep -q 'cannot be reached yet; retrying' "$WORK/giveup.log"
+JACKDAW_DB_CONNECT_WAIT=0 "$JACKDAWD" --listen 127.0.0.1:0 --db "$DB" \
+    --plugin-dir "$BUILD/plugins" >"$WORK/noretry.log" 2>&1
+rc=$?
+check "JACKDAW_DB_CONNECT_WAIT=0: no retry, the error at once (exit $rc)" \
+    eval '[ "$rc" = 1 ] && ! grep -q "retrying" "$WORK/noretry.log"'
+pg_up
+
 bad="postgres://jackdaw:s3cret@127.0.0.1:1/jackdaw"
 timeout 20 "$JACKDAWD" --listen 127.0.0.1:0 --db "$bad" --plugin-dir "$BUILD/plugins" \
-    >"$WORK/bad.log" 2>&1
+    --db-connect-wait 1s >"$WORK/bad.log" 2>&1
 rc=$?
 check "an unreachable database: exit $rc, the URL named without its password" \
-    eval '[ "$rc" != 0 ] && grep -qF "postgres://jackdaw:***@127.0.0.1:1/jackdaw" "$WORK/bad.log" && ! grep -q s3cret "$WORK/bad.log"'
+    eval '[ "$rc" = 1 ] && grep -qF "postgres://jackdaw:***@127.0.0.1:1/jackdaw" "$WORK/bad.log" && ! grep -q s3cret "$WORK/bad.log"'
 
 sql "CREATE DATABASE other" >/dev/null
 psql -X -q "${PG_URL%/*}/other" -c "CREATE TABLE accounts(id int)" >/dev/null

@@ -49,6 +49,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.lease_ms, 10000); /* a cluster node's lease */
     assert_int_equal(c.db_readers, 16);  /* PostgreSQL read connections per node */
     assert_int_equal(c.db_reader_idle_ms, 60000);
+    assert_int_equal(c.db_connect_wait_ms, 30000); /* a node started before its database */
     assert_false(c.help);
     jd_config_free(&c);
 }
@@ -100,6 +101,15 @@ static void test_bad_values(void **state)
         assert_true(strlen(err.message) > 0);
         jd_config_free(&c);
     }
+    const char *waits[] = {"2h", "-1s", "soon"}; /* at most an hour of retrying */
+    for (size_t i = 0; i < 3; i++) {
+        struct jd_config c;
+        struct jd_error err = {0};
+        char *argv[] = {"jackdawd", "--db-connect-wait", (char *)waits[i], NULL};
+        if (jd_config_parse(&c, 3, argv, NULL, &err) != JD_EINVAL)
+            fail_msg("--db-connect-wait %s accepted", waits[i]);
+        jd_config_free(&c);
+    }
     struct jd_config c;
     struct jd_error err = {0};
     char *argv[] = {"jackdawd", "--db", NULL};
@@ -113,11 +123,14 @@ static void test_plugin_limits(void **state)
 {
     setenv("JACKDAW_EXEC_ENV_ALLOW", "LANG,APP_*", 1);
     setenv("JACKDAW_HTTP_TIMEOUT", "5s", 1);
+    setenv("JACKDAW_DB_CONNECT_WAIT", "0", 1);
     struct jd_config c;
     struct jd_error err = {0};
     char *argv[] = {"jackdawd", "--exec-timeout", "2m", "--lease", "2s", NULL};
     assert_int_equal(jd_config_parse(&c, 5, argv, NULL, &err), 0);
+    unsetenv("JACKDAW_DB_CONNECT_WAIT");
     assert_int_equal(c.lease_ms, 2000);
+    assert_int_equal(c.db_connect_wait_ms, 0); /* 0: no retry, exit at once */
     assert_string_equal(c.exec_env_allow, "LANG,APP_*");
     assert_int_equal(c.exec_timeout_ms, 120000);
     assert_int_equal(c.http_timeout_ms, 5000);
