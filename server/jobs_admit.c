@@ -10,6 +10,9 @@
  * or with an empty rate bucket; for the latter a timer (one per queue)
  * re-runs admission when the next token is due, so nothing polls.
  * Resumed jobs (replay) take slots but no tokens: the rate is on starts.
+ * On a cluster node a queue with max_running or a rate admits only jobs
+ * the database granted (jobs_cluster.c, jd_store_queue_grant), so both
+ * hold for the cluster; its local cap and bucket are not used then.
  *
  * Threading: the *_locked functions and the ready-list helpers run under
  * jd_jobs.mu. jobs_start_list and jobs_admit take mu themselves and start
@@ -91,9 +94,13 @@ static void rate_timer_arm_locked(struct jd_jobs *j, struct queue *q, int64_t no
     }
 }
 
-/* Under mu: may q start a job now (its own cap and rate)? */
+/* Under mu: may q start a job now (its own cap and rate)? A limited
+ * queue on a cluster node starts only jobs the database granted: the
+ * grant already counted its slot and token cluster-wide. */
 static bool queue_may_start(struct jd_jobs *j, struct queue *q, int64_t *now)
 {
+    if (jobs_queue_pooled(j, q))
+        return q->ngranted > 0;
     if (q->ctl.max_running && q->running >= q->ctl.max_running)
         return false;
     if (!q->ctl.rate_limit)
@@ -128,6 +135,10 @@ void jobs_ready_push(struct jd_jobs *j, struct job *jb)
     jb->refs++;
     j->st.queued_mem++;
     q->nready++;
+    if (jb->granted)
+        q->ngranted++;
+    else if (jobs_queue_pooled(j, q))
+        jobs_cluster_grants_wanted_locked(j);
 }
 
 void jobs_ready_remove(struct jd_jobs *j, struct job *jb)
@@ -147,6 +158,8 @@ void jobs_ready_remove(struct jd_jobs *j, struct job *jb)
     jb->in_ready = false;
     j->st.queued_mem--;
     q->nready--;
+    if (jb->granted && q->ngranted)
+        q->ngranted--;
     jobs_job_unref(jb);
     jobs_window_low_locked(j, q);
 }
@@ -162,6 +175,11 @@ void jobs_admit_locked(struct jd_jobs *j, struct job **start)
             if (q->paused || !q->head || !queue_may_start(j, q, &now))
                 continue;
             struct job *h = q->head;
+            if (q->ngranted) /* pooled: its best granted job */
+                while (h && !h->granted)
+                    h = h->qnext;
+            if (!h)
+                continue;
             if (!best || h->priority > best->priority ||
                 (h->priority == best->priority && h->id < best->id))
                 best = h;
@@ -171,7 +189,10 @@ void jobs_admit_locked(struct jd_jobs *j, struct job **start)
         best->refs++; /* for the start list */
         jobs_ready_remove(j, best);
         best->admitted = true;
-        jd_bucket_take(&jobs_job_queue(j, best)->rate);
+        if (best->granted) /* used: the job's state now counts it */
+            best->granted = false;
+        else
+            jd_bucket_take(&jobs_job_queue(j, best)->rate);
         jobs_slot_take_locked(j, best);
         best->qnext = *start;
         *start = best;

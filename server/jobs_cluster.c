@@ -1,7 +1,7 @@
 /*
  * The job layer in a cluster (a clustered store: storage/store.h, "the
  * cluster"; jobs.h's jd_jobs_cluster_*). A node starts with no jobs: one
- * thread, the cluster thread, does four chores, each on its hint from the
+ * thread, the cluster thread, does five chores, each on its hint from the
  * store and once a second as a fallback:
  *
  *   claim     jd_store_claim as many unowned jobs as the node has room for
@@ -16,6 +16,13 @@
  *             them (?wait=, SSE) fire from change notices, after a re-read
  *             of the row; every second all such watched jobs are re-read.
  *             Watches on any job (/v1/events) wake on every notice.
+ *
+ *   grants    a queue with max_running or a rate holds it cluster-wide: its
+ *             ready jobs start only once the database granted them
+ *             (jd_store_queue_grant), asked for when such a job becomes
+ *             ready, when one ends, on a claim notice (another node left a
+ *             slot to this node's jobs), once a second, and when a rate's
+ *             next token is due;
  *
  * Requests are read after a cursor (the highest id handed on), so one being
  * committed is not taken twice; the cursor goes back to 0 when none is in
@@ -54,7 +61,9 @@ struct jobs_cluster {
     pthread_t thread;
     bool on, stop;
     bool want_claim, want_requests, want_all;
-    int64_t *ids; /* noticed changes of jobs (ids), for watches */
+    bool want_grants;  /* a limited queue has ready jobs without grants */
+    uint64_t grant_at; /* jd_now_ns: ask again then (a rate's next token); 0: no */
+    int64_t *ids;      /* noticed changes of jobs (ids), for watches */
     size_t nids, cap;
     /* Requests: the cursor and how many are being committed. */
     int64_t req_after;
@@ -307,6 +316,151 @@ static bool claim_some(struct jd_jobs *j)
     return rc == 0 && n == limit;
 }
 
+/* ---- grants: cluster-wide queue limits ---- */
+
+#define GRANT_ASK_MAX 64  /* ready jobs of one queue offered in one ask */
+#define GRANT_TURN_MS 500 /* how long a node leaves free slots to the nodes whose jobs are next */
+#define GRANT_GAP_MS 20   /* asks of one queue on hints at most this often (notices echo) */
+
+void jobs_cluster_grants_wanted_locked(struct jd_jobs *j)
+{
+    struct jobs_cluster *c = j->cl;
+    if (!c) /* lock order: jd_jobs.mu before cl->mu, never the reverse */
+        return;
+    pthread_mutex_lock(&c->mu);
+    if (!c->want_grants) {
+        c->want_grants = true;
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+struct grant_ask {
+    struct queue *q;
+    char *config;
+    struct jd_queue_grant_ask a;
+    int64_t ids[GRANT_ASK_MAX];
+};
+
+/* Ask the database for grants for every limited queue with ready jobs not
+ * granted yet, within the node's free slots; start what they let in.
+ * Returns when to ask again for a rate (jd_now_ns; 0: on a hint). */
+static uint64_t grant_some(struct jd_jobs *j)
+{
+    if (!jd_store_lease_ok(j->store))
+        return 0;
+    struct grant_ask *asks = NULL;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&j->mu);
+    unsigned granted = 0;
+    for (struct queue *q = j->queues; q; q = q->next)
+        granted += q->ngranted;
+    unsigned room = j->draining || j->running + granted >= j->max_running
+                        ? 0
+                        : j->max_running - j->running - granted;
+    int64_t now = jd_wall_ms(), mono = jobs_mono_ms();
+    uint64_t again = 0;
+    for (struct queue *q = j->queues; q; q = q->next) {
+        bool freed = q->freed;
+        q->freed = false;
+        if (!jobs_queue_pooled(j, q) || ((q->paused || q->nready <= q->ngranted) && !freed))
+            continue;
+        if (mono - q->grant_asked_ms < GRANT_GAP_MS && !freed) { /* asked just now */
+            uint64_t at = jd_now_ns() + (uint64_t)GRANT_GAP_MS * 1000000u;
+            if (!again || at < again)
+                again = at;
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 4;
+            asks = jd_xrealloc(asks, cap * sizeof *asks);
+        }
+        struct grant_ask *g = &asks[n];
+        memset(g, 0, sizeof *g);
+        size_t k = 0;
+        struct job *first = NULL;
+        for (struct job *jb = q->paused ? NULL : q->head; jb && k < GRANT_ASK_MAX && k < room;
+             jb = jb->qnext)
+            if (!jb->granted) {
+                first = first ? first : jb;
+                g->ids[k++] = jb->id;
+            }
+        if (k == 0 && !freed)
+            continue; /* (a freed slot with none of its own ready still asks: that tells
+                       * the nodes whose jobs are next) */
+        room -= (unsigned)k;
+        g->q = q;
+        g->config = jobs_queue_controls_text_locked(q);
+        g->a = (struct jd_queue_grant_ask){.queue = q->name, /* queues live until destroy */
+                                           .config = g->config,
+                                           .max_running = q->ctl.max_running,
+                                           .rate_limit = q->ctl.rate_limit,
+                                           .rate_per_ms = q->ctl.rate_per_ms,
+                                           .ids = g->ids,
+                                           .nids = k,
+                                           .head_priority = first ? first->priority : 0,
+                                           .head_created_ms = first ? first->created_ms : 0,
+                                           .now_ms = now,
+                                           .take_any = q->grant_blocked_ms &&
+                                                       mono - q->grant_blocked_ms >= GRANT_TURN_MS};
+        q->grant_asked_ms = mono;
+        n++;
+    }
+    pthread_mutex_unlock(&j->mu);
+    bool stale = false, any = false;
+    for (size_t i = 0; i < n; i++) {
+        struct grant_ask *g = &asks[i];
+        int64_t got[GRANT_ASK_MAX], retry_ms = 0;
+        size_t ng = 0;
+        bool others = false;
+        int rc = jd_store_queue_grant(j->store, &g->a, got, &ng, &retry_ms, &others);
+        free(g->config);
+        if (rc == JD_ESTALE) {
+            stale = true; /* the controls changed elsewhere, or the lease lapsed */
+            continue;
+        }
+        if (rc) {
+            again = jd_now_ns() + 1000000000u; /* logged by the store */
+            continue;
+        }
+        pthread_mutex_lock(&j->mu);
+        /* Other nodes' jobs were next and they were told: their turn. If
+         * they do not take it (a stalled node, one with no room), this node
+         * takes the free slots for its own GRANT_TURN_MS later. */
+        if (others && ng < g->a.nids) {
+            if (!g->q->grant_blocked_ms)
+                g->q->grant_blocked_ms = jobs_mono_ms();
+            uint64_t at = jd_now_ns() + (uint64_t)GRANT_TURN_MS * 1000000u;
+            if (!again || at < again)
+                again = at;
+        } else if (g->a.nids) {
+            g->q->grant_blocked_ms = 0;
+        }
+        if (retry_ms > 0) {
+            g->q->rate_waits++;
+            uint64_t at = jd_now_ns() + (uint64_t)retry_ms * 1000000u;
+            if (!again || at < again)
+                again = at;
+        }
+        for (size_t k = 0; k < ng; k++) {
+            struct job *jb = jobs_job_find(j, got[k]);
+            if (!jb || jb->granted || jb->admitted || jb->finished)
+                continue; /* gone meanwhile: the grant lapses with its state */
+            jb->granted = true;
+            if (jb->in_ready)
+                g->q->ngranted++;
+            any = true;
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    free(asks);
+    if (stale)
+        jobs_queue_controls_sync(j);
+    if (any)
+        jobs_admit(j);
+    return again;
+}
+
 /* ---- the inbox ---- */
 
 static void request_done(void *arg, int rc, const char *json)
@@ -399,10 +553,13 @@ static void *cluster_main(void *arg)
     while (!c->stop) {
         uint64_t now = jd_now_ns();
         bool tick = now >= next_tick;
-        if (!tick && !c->want_claim && !c->want_requests && !c->want_all && !c->nids) {
+        bool grant_due = c->grant_at && now >= c->grant_at;
+        if (!tick && !grant_due && !c->want_claim && !c->want_requests && !c->want_all &&
+            !c->want_grants && !c->nids) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t wait = next_tick - now;
+            uint64_t until = c->grant_at && c->grant_at < next_tick ? c->grant_at : next_tick;
+            uint64_t wait = until - now;
             ts.tv_sec += (time_t)(wait / 1000000000u);
             ts.tv_nsec += (long)(wait % 1000000000u);
             if (ts.tv_nsec >= 1000000000L) {
@@ -418,8 +575,12 @@ static void *cluster_main(void *arg)
             if (c->req_inflight == 0)
                 c->req_after = 0; /* left-over requests are tried again */
         }
+        /* A claim notice also says a limited queue's slot may be free. */
+        bool grants = tick || grant_due || c->want_grants || c->want_claim;
         bool claim = c->want_claim, requests = c->want_requests, all = c->want_all;
-        c->want_claim = c->want_requests = c->want_all = false;
+        c->want_claim = c->want_requests = c->want_all = c->want_grants = false;
+        if (grants)
+            c->grant_at = 0;
         int64_t *ids = c->ids;
         size_t n = c->nids;
         c->ids = NULL;
@@ -436,8 +597,11 @@ static void *cluster_main(void *arg)
         free(ids);
         bool more_requests = requests && apply_requests(j);
         bool more_claims = claim && claim_some(j);
+        uint64_t grant_again = grants ? grant_some(j) : 0;
 
         pthread_mutex_lock(&c->mu);
+        if (grant_again && (!c->grant_at || grant_again < c->grant_at))
+            c->grant_at = grant_again;
         c->want_requests |= more_requests;
         c->want_claim |= more_claims;
     }

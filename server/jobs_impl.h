@@ -186,6 +186,14 @@ struct queue {
     /* Its jobs whose insert is being committed (counted against the
      * window in a cluster: jobs_window_submit_locked). */
     unsigned inserting;
+    /* Cluster (a queue with max_running or a rate: jobs_queue_pooled):
+     * ready jobs holding a grant from the database (jd_store_queue_grant),
+     * the only ones admission starts. */
+    unsigned ngranted;
+    bool freed; /* one of its jobs ended here: other nodes may use the slot */
+    /* Asks (monotonic ms): the last one, and since when other nodes' jobs
+     * have been next while this node's waited (0: they are not). */
+    int64_t grant_asked_ms, grant_blocked_ms;
 };
 
 /* The argument of a job-level timer; lives inside struct job. */
@@ -231,6 +239,9 @@ struct job {
     /* Cluster: a write for it was fenced (JD_ESTALE: another node owns it
      * now); it is dropped here without recording anything more. */
     bool lost;
+    /* Cluster, a limited queue: the database granted it a start (a slot
+     * and a token) that admission has not used yet. */
+    bool granted;
     jd_pid pid;
     uint64_t run_at_timer, timeout_timer, grace_timer;
     struct rec *recs;
@@ -473,6 +484,11 @@ void jobs_queue_controls_load(struct jd_jobs *j);                   /* at create
 /* A cluster node, once a second (takes mu): controls another node set. */
 void jobs_queue_controls_sync(struct jd_jobs *j);
 void jobs_queue_controls_committed_locked(struct jd_jobs *j, const char *queue, const char *text);
+/* Whether q's limits hold cluster-wide through grants: a cluster node and
+ * a queue with max_running or a rate. */
+bool jobs_queue_pooled(const struct jd_jobs *j, const struct queue *q);
+/* The stored text of q's controls (caller frees; NULL: none set). */
+char *jobs_queue_controls_text_locked(const struct queue *q);
 
 /* jobs_unique.c: unique keys (under mu). */
 /* The live job holding key at wall time now, or NULL. */
@@ -569,6 +585,10 @@ void jobs_cluster_lease_wait(struct jd_jobs *j);
 /* Under mu: a write for jb was fenced (JD_ESTALE). *kill: its process,
  * for the caller to end (jd_sched_kill, without mu), or 0. */
 void jobs_cluster_fenced_locked(struct jd_jobs *j, struct job *jb, jd_pid *kill);
+/* Under mu: a job of a limited queue (jobs_queue_pooled) became ready, or
+ * ended (its slot is free once that commits): ask the database for grants
+ * soon (the cluster thread does). */
+void jobs_cluster_grants_wanted_locked(struct jd_jobs *j);
 /* jobs_act.c: a cancel or message from this node's inbox, applied through
  * the local path with the request deleted in the same commit. 0, or
  * JD_ENOENT (not here) / JD_ECONFLICT (ended, or over its message limits). */

@@ -13,6 +13,10 @@
  * rate across it. Admission (jobs_admit.c) reads max_running and the
  * bucket; the store's retention pass reads the retention columns.
  *
+ * On a cluster node max_running and the rate hold for the whole cluster:
+ * jobs_queue_pooled says so, and admission then starts only jobs the
+ * database granted (jobs_cluster.c), so the bucket here is not used.
+ *
  * Threading: entry points from any thread; struct queue fields under
  * jd_jobs.mu.
  */
@@ -178,6 +182,19 @@ static cJSON *qctl_render(const struct qctl *c)
     return o;
 }
 
+bool jobs_queue_pooled(const struct jd_jobs *j, const struct queue *q)
+{
+    return j->cl && (q->ctl.max_running || q->ctl.rate_limit);
+}
+
+char *jobs_queue_controls_text_locked(const struct queue *q)
+{
+    cJSON *o = qctl_render(&q->ctl);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
 struct queue *jobs_queue_find(struct jd_jobs *j, const char *name)
 {
     for (struct queue *q = j->queues; q; q = q->next)
@@ -305,10 +322,12 @@ static void decorate_locked(struct jd_jobs *j, cJSON *o)
     }
     cJSON_Delete(c);
     /* Jobs of the queue holding a running slot now (a job waiting for a
-     * message holds none), what max_running caps. */
+     * message holds none), what max_running caps; on a cluster node, the
+     * ones this node runs. */
     cJSON_AddNumberToObject(o, "active", q ? q->running : 0);
-    if (q && q->ctl.rate_limit) {
-        /* Whole starts the bucket allows now. */
+    if (q && q->ctl.rate_limit && !jobs_queue_pooled(j, q)) {
+        /* Whole starts the bucket allows now (a cluster's bucket is in
+         * the database, read only by a grant). */
         jd_bucket_ready(&q->rate, jobs_mono_ms());
         cJSON_AddNumberToObject(o, "rate_available", floor(q->rate.tokens + 1e-9));
     }

@@ -383,6 +383,10 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
             break;
         }
         final_stats_locked(j, jb, w->state);
+        if (j->cl && jobs_queue_pooled(j, jobs_job_queue(j, jb))) {
+            jobs_job_queue(j, jb)->freed = true; /* its slot is free in the database now */
+            jobs_cluster_grants_wanted_locked(j);
+        }
         if (jb->def && jb->def->notify_url && (jb->def->notify_on & (1u << w->state)) &&
             !j->stopping) {
             notify_id = jb->id;

@@ -6,7 +6,9 @@
  * nodes, for GET /v1/workers), and a node with remote
  * tasks waiting announces their commands with a NOTIFY on
  * JD_PG_TASKS_CHANNEL (the listener in pg_cluster.c hands each one to the
- * tasks_waiting hook).
+ * tasks_waiting hook). Also the grants that make a queue's max_running and
+ * rate hold cluster-wide (jd_store_queue_grant; store.h says how; migration
+ * 7's queue_grants and queue_tokens), one transaction per ask.
  *
  * A lookup answers only for a live row (expires_at > now(), the database's
  * clock, as the heartbeat's test): a node whose lease lapsed cannot renew
@@ -25,6 +27,7 @@
 #include "common/error.h"
 #include "common/log.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,4 +159,286 @@ void jd_store_nodes_free(int64_t *ids, char **urls, size_t n)
         free(urls[i]);
     free(urls);
     free(ids);
+}
+
+/* ---- cluster-wide queue limits ---- */
+
+#define QGRANT_FRESH_S "2"          /* a node's demand counts this long after its last ask */
+#define QGRANT_LOCK_CLASS_S "19012" /* pg_advisory_xact_lock(class, hashtext(queue)): "JD" */
+
+/* One statement of the grant transaction on c; NULL (after logging) on
+ * failure. */
+static PGresult *gq(struct jd_pg *pg, PGconn *c, const char *sql, int n, const char *const *v)
+{
+    PGresult *r = PQexecParams(c, sql, n, NULL, v, NULL, NULL, 0);
+    if (jd_pg_rc(r) == 0)
+        return r;
+    PQclear(r);
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s", PQerrorMessage(c));
+    msg[strcspn(msg, "\n")] = '\0';
+    jd_log(JD_LOG_WARN, "storage: a queue grant failed", "db", pg->display, "error", msg, NULL);
+    return NULL;
+}
+
+/* "{1,2,3}" of ids (caller frees). */
+static char *id_array(const int64_t *ids, size_t n)
+{
+    char *out = jd_xmalloc(n * 21 + 3);
+    size_t k = 0;
+    out[k++] = '{';
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)snprintf(out + k, 22, "%s%lld", i ? "," : "", (long long)ids[i]);
+    out[k++] = '}';
+    out[k] = '\0';
+    return out;
+}
+
+/* Under node_mu, inside BEGIN on c: the grant itself (see store.h). */
+static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask *a,
+                    int64_t *granted, size_t *ng, int64_t *retry_ms, bool *others)
+{
+    char me[24], now[24], lim[24];
+    snprintf(me, sizeof me, "%lld", (long long)pg->node_id);
+    snprintf(now, sizeof now, "%lld", (long long)a->now_ms);
+    const char *q1[] = {a->queue};
+    PGresult *r =
+        gq(pg, c, "SELECT pg_advisory_xact_lock(" QGRANT_LOCK_CLASS_S ", hashtext($1))", 1, q1);
+    if (!r)
+        return JD_EIO;
+    PQclear(r);
+    /* The controls this node applies must be the stored ones: a PUT on
+     * another node is followed within a second (jobs_queue_controls_sync). */
+    if (!(r = gq(pg, c, "SELECT config FROM queues WHERE name = $1", 1, q1)))
+        return JD_EIO;
+    const char *have = PQntuples(r) == 1 && !PQgetisnull(r, 0, 0) ? PQgetvalue(r, 0, 0) : NULL;
+    bool same = (!have && !a->config) || (have && a->config && strcmp(have, a->config) == 0);
+    PQclear(r);
+    if (!same)
+        return JD_ESTALE;
+    /* Grants whose job started, ended, or changed hands are spent. */
+    if (!(r = gq(pg, c,
+                 "DELETE FROM queue_grants g WHERE g.queue = $1 AND NOT EXISTS"
+                 " (SELECT 1 FROM jobs j WHERE j.id = g.job_id AND j.owner_node = g.node"
+                 " AND j.state = 0)",
+                 1, q1)))
+        return JD_EIO;
+    PQclear(r);
+    /* want: how far down the queue's waiting jobs the free slots and
+     * tokens reach (this node gets its offered ones among them; any other
+     * node's there are told by a notice). Bounded: a rate alone with a
+     * large bucket looks no further than this node can use plus a page. */
+    long long want = (long long)a->nids + 256;
+    if (a->max_running) {
+        if (!(r = gq(pg, c,
+                     "SELECT (SELECT count(*) FROM jobs WHERE queue = $1 AND state = 1)"
+                     " + (SELECT count(*) FROM queue_grants WHERE queue = $1)",
+                     1, q1)))
+            return JD_EIO;
+        long long held = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+        long long free_ = (long long)a->max_running - held;
+        if (free_ < want)
+            want = free_ > 0 ? free_ : 0;
+    }
+    double tokens = 0;
+    bool rate_short = false, bucket = false;
+    if (a->rate_limit && want > 0) {
+        char rl[24], per[24];
+        snprintf(rl, sizeof rl, "%u", a->rate_limit);
+        snprintf(per, sizeof per, "%lld", (long long)a->rate_per_ms);
+        const char *v[] = {a->queue, rl, per};
+        /* A new bucket starts full, as on one node; the refill is counted
+         * in the database's clock, so node clocks may differ. */
+        if (!(r = gq(pg, c,
+                     "INSERT INTO queue_tokens(queue, tokens, at) VALUES ($1, $2::float8, now())"
+                     " ON CONFLICT (queue) DO NOTHING",
+                     2, v)))
+            return JD_EIO;
+        PQclear(r);
+        if (!(r = gq(pg, c,
+                     "SELECT least($2::float8, tokens + greatest(0, extract(epoch FROM"
+                     " (now() - at))) * 1000 * $2::float8 / $3::float8)"
+                     " FROM queue_tokens WHERE queue = $1 FOR UPDATE",
+                     3, v)))
+            return JD_EIO;
+        tokens = strtod(PQgetvalue(r, 0, 0), NULL);
+        bucket = true;
+        PQclear(r);
+        long long whole = (long long)(tokens + 1e-9);
+        if (whole < want) {
+            rate_short = whole < (long long)a->nids; /* this node's jobs wait for tokens */
+            want = whole;
+        }
+    }
+    *ng = 0;
+    if (a->nids > 0) {
+        /* Offered jobs this node holds grants for already (granted before
+         * and then read out of memory and back in): granted again, already
+         * counted. */
+        char *arr = id_array(a->ids, a->nids);
+        const char *v[] = {me, arr};
+        r = gq(pg, c,
+               "SELECT job_id FROM queue_grants WHERE node = $1::bigint"
+               " AND job_id = ANY($2::bigint[])",
+               2, v);
+        free(arr);
+        if (!r)
+            return JD_EIO;
+        for (int i = 0; i < PQntuples(r) && *ng < a->nids; i++)
+            granted[(*ng)++] = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+        PQclear(r);
+    }
+    size_t again = *ng;
+    /* This node's demand: the rank of its best ready job (its ready list's
+     * head), kept fresh by its asks (every second while it has ready jobs
+     * and room); a node with none ready removes it when a job ends. */
+    char head_p[24], head_c[24], head_id[24];
+    snprintf(head_p, sizeof head_p, "%lld", (long long)a->head_priority);
+    snprintf(head_c, sizeof head_c, "%lld", (long long)a->head_created_ms);
+    snprintf(head_id, sizeof head_id, "%lld", a->nids ? (long long)a->ids[0] : 0LL);
+    {
+        const char *v[] = {a->queue, me, head_p, head_c, head_id};
+        r = a->nids ? gq(pg, c,
+                         "INSERT INTO queue_demand(queue, node, priority, created_ms, job_id, at)"
+                         " VALUES ($1, $2::bigint, $3::bigint, $4::bigint, $5::bigint, now())"
+                         " ON CONFLICT (queue, node) DO UPDATE SET priority = excluded.priority,"
+                         " created_ms = excluded.created_ms, job_id = excluded.job_id, at = now()",
+                         5, v)
+                    : gq(pg, c, "DELETE FROM queue_demand WHERE queue = $1 AND node = $2::bigint",
+                         2, v);
+        if (!r)
+            return JD_EIO;
+        PQclear(r);
+    }
+    if (!(r = gq(pg, c,
+                 "DELETE FROM queue_demand WHERE queue = $1 AND (at < now() - interval '1 minute'"
+                 " OR node NOT IN (SELECT id FROM jd_nodes))",
+                 1, q1)))
+        return JD_EIO; /* rows of nodes gone */
+    PQclear(r);
+    if (want > 0) {
+        /* Turns: the free starts go round the nodes with ready jobs of
+         * the queue (fresh demand, live node), in the order of their best
+         * jobs (priority desc, submission time, id), so that the oldest
+         * waiting job anywhere goes first and no node's jobs wait while
+         * another node's later ones start. */
+        r = gq(pg, c,
+               "SELECT node FROM queue_demand WHERE queue = $1"
+               " AND at > now() - interval '" QGRANT_FRESH_S " seconds'"
+               " AND node IN (SELECT id FROM jd_nodes WHERE expires_at > now())"
+               " ORDER BY priority DESC, created_ms, job_id",
+               1, q1);
+        if (!r)
+            return JD_EIO;
+        long long m = PQntuples(r), pos = -1;
+        for (int i = 0; i < PQntuples(r) && pos < 0; i++)
+            if (strtoll(PQgetvalue(r, i, 0), NULL, 10) == pg->node_id)
+                pos = i;
+        PQclear(r);
+        long long quota = 0;
+        if (a->take_any)
+            quota = want;
+        else if (pos >= 0)
+            quota = want / m + (pos < want % m ? 1 : 0);
+        long long left = (long long)(a->nids - again);
+        if (quota > left)
+            quota = left;
+        *others = want > quota && m > (pos >= 0 ? 1 : 0);
+        if (quota > 0) {
+            /* This node's offered jobs that are still queued, its own and
+             * due, in the order offered. */
+            char *arr = id_array(a->ids, a->nids);
+            snprintf(lim, sizeof lim, "%lld", quota);
+            const char *v[] = {arr, me, now, lim};
+            r = gq(pg, c,
+                   "SELECT j.id FROM unnest($1::bigint[]) WITH ORDINALITY AS o(id, k)"
+                   " JOIN jobs j ON j.id = o.id WHERE j.owner_node = $2::bigint"
+                   " AND j.state = 0 AND j.run_at_ms <= $3::bigint"
+                   " AND NOT EXISTS (SELECT 1 FROM queue_grants g WHERE g.job_id = j.id)"
+                   " ORDER BY o.k LIMIT $4::bigint",
+                   4, v);
+            free(arr);
+            if (!r)
+                return JD_EIO;
+            for (int i = 0; i < PQntuples(r) && *ng < a->nids; i++)
+                granted[(*ng)++] = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+            PQclear(r);
+        }
+    }
+    size_t fresh = *ng - again;
+    if (fresh > 0) {
+        char *arr = id_array(granted + again, fresh);
+        const char *v[] = {a->queue, me, arr};
+        r = gq(pg, c,
+               "INSERT INTO queue_grants(job_id, queue, node)"
+               " SELECT unnest($3::bigint[]), $1, $2::bigint"
+               " WHERE EXISTS (SELECT 1 FROM jd_nodes WHERE id = $2::bigint"
+               " AND expires_at > now())",
+               3, v);
+        free(arr);
+        if (!r)
+            return JD_EIO;
+        bool alive = strtoll(PQcmdTuples(r), NULL, 10) == (long long)fresh;
+        PQclear(r);
+        if (!alive)
+            return JD_ESTALE; /* this node's lease lapsed: nothing granted */
+    }
+    if (bucket && (fresh > 0 || rate_short)) {
+        char left[48];
+        snprintf(left, sizeof left, "%.9f", tokens - (double)fresh);
+        const char *v[] = {a->queue, left};
+        if (!(r = gq(pg, c,
+                     "UPDATE queue_tokens SET tokens = $2::float8, at = now()"
+                     " WHERE queue = $1",
+                     2, v)))
+            return JD_EIO;
+        PQclear(r);
+        if (rate_short) {
+            double rest = tokens - (double)fresh;
+            double need = 1.0 - (rest - (double)(long long)rest);
+            *retry_ms = (int64_t)(need * (double)a->rate_per_ms / (double)a->rate_limit) + 1;
+        }
+    }
+    if (*others) {
+        if (!(r = gq(pg, c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', 'c')", 0, NULL)))
+            return JD_EIO;
+        PQclear(r);
+    }
+    return 0;
+}
+
+int jd_store_queue_grant(struct jd_store *s, const struct jd_queue_grant_ask *ask, int64_t *granted,
+                         size_t *ngranted, int64_t *retry_ms, bool *others)
+{
+    struct jd_pg *pg = s->pg;
+    *ngranted = 0;
+    *retry_ms = 0;
+    *others = false;
+    if (!pg)
+        return JD_EINVAL;
+    if (atomic_load(&pg->lease_lost))
+        return JD_ESTALE;
+    pthread_mutex_lock(&pg->node_mu);
+    if (pg->nconn && PQstatus(pg->nconn) != CONNECTION_OK) {
+        PQfinish(pg->nconn);
+        pg->nconn = NULL;
+    }
+    if (!pg->nconn)
+        pg->nconn = jd_pg_connect(pg->url, pg->display, pg->sync_full, NULL);
+    PGconn *c = pg->nconn;
+    int rc = JD_EIO;
+    PGresult *r = c ? gq(pg, c, "BEGIN", 0, NULL) : NULL;
+    if (r) {
+        PQclear(r);
+        rc = grant_tx(pg, c, ask, granted, ngranted, retry_ms, others);
+        r = gq(pg, c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL);
+        if (!r && rc == 0)
+            rc = JD_EIO;
+        PQclear(r);
+        if (rc != 0)
+            *ngranted = 0;
+    }
+    pthread_mutex_unlock(&pg->node_mu);
+    return rc;
 }

@@ -230,6 +230,32 @@ static const char *const migrations[] = {
      * pick them by owner, both on jobs_owned (test_pg_read checks the
      * plans), so a queued or running version paid for it in vain. */
     "DROP INDEX IF EXISTS jobs_active;",
+    /* 7: cluster-wide queue limits (storage/pg_nodes.c, jd_store_queue_grant):
+     * a node starts a queued job of a limited queue only under a grant; a
+     * grant counts against max_running while its job is queued and owned
+     * by the grantee (a started job counts by its state). A queue's rate
+     * is one token bucket for the cluster. Free starts go round the nodes
+     * with ready jobs of the queue (queue_demand: each one's best job). */
+    "CREATE TABLE queue_grants ("
+    "  job_id BIGINT PRIMARY KEY,"
+    "  queue TEXT NOT NULL,"
+    "  node BIGINT NOT NULL"
+    ");"
+    "CREATE INDEX queue_grants_queue ON queue_grants(queue);"
+    "CREATE TABLE queue_tokens ("
+    "  queue TEXT PRIMARY KEY,"
+    "  tokens DOUBLE PRECISION NOT NULL,"
+    "  at TIMESTAMPTZ NOT NULL"
+    ");"
+    "CREATE TABLE queue_demand ("
+    "  queue TEXT NOT NULL,"
+    "  node BIGINT NOT NULL,"
+    "  priority BIGINT NOT NULL,"
+    "  created_ms BIGINT NOT NULL,"
+    "  job_id BIGINT NOT NULL,"
+    "  at TIMESTAMPTZ NOT NULL,"
+    "  PRIMARY KEY (queue, node)"
+    ");",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -643,6 +643,42 @@ bool jd_store_is_leader(struct jd_store *s);
 /* The database answered the last heartbeat (or, for SQLite, true): /readyz. */
 bool jd_store_healthy(struct jd_store *s);
 
+/* Cluster-wide queue limits (PostgreSQL; server/jobs_queues.c). A node
+ * starts a queued job of a queue with max_running or a rate only once the
+ * database granted it: one transaction per queue, serialized by a
+ * transaction advisory lock on the queue's name, counts the queue's jobs
+ * running anywhere (state running) plus the grants not used yet (a grant
+ * lives while its job is still queued and owned by the node it was
+ * granted to), refills the queue's token bucket (stored, in the
+ * database's clock), and shares what is free out in turns among the live
+ * nodes with ready jobs of the queue (each node's demand row: the rank of
+ * its best ready job, fresh for 2 s after its last ask), best job first.
+ * This node gets its turns' worth of the jobs it offered; when other
+ * nodes have turns, a claim notice wakes them to ask. */
+struct jd_queue_grant_ask {
+    const char *queue;  /* borrowed */
+    const char *config; /* borrowed: the controls text this node applies (NULL: none) */
+    unsigned max_running;
+    uint32_t rate_limit; /* 0: no rate */
+    int64_t rate_per_ms;
+    const int64_t *ids; /* borrowed: this node's next queued jobs of queue, in run order */
+    size_t nids;
+    int64_t head_priority, head_created_ms; /* of ids[0]: this node's turn among nodes */
+    int64_t now_ms;                         /* wall clock: jobs with a later run_at are not due */
+    /* Grant this node's offered jobs within the free slots whoever's jobs
+     * are next (after it waited its turn once, so that a node that cannot
+     * take its turn does not hold the others up). */
+    bool take_any;
+};
+/* granted (nids long, caller's) gets the granted ids, *ngranted their
+ * number; *retry_ms: when the rate left jobs waiting, ms until the next
+ * token (0 otherwise); *others: other nodes' jobs were next (they were
+ * told). 0; JD_ESTALE when the stored controls differ from
+ * ask->config (re-read them); JD_ESTALE after this node lost its lease;
+ * JD_EIO; JD_EINVAL for SQLite. */
+int jd_store_queue_grant(struct jd_store *s, const struct jd_queue_grant_ask *ask, int64_t *granted,
+                         size_t *ngranted, int64_t *retry_ms, bool *others);
+
 /* Claim up to limit (1..256) unowned unfinished jobs for this node, by
  * priority then id (FOR UPDATE SKIP LOCKED, only while this node's lease is
  * valid); then each is handed to fn with its history as jd_store_recover
