@@ -184,7 +184,7 @@ const char jd_openapi_yaml[] =
     "        rate: {type: object, nullable: true}\n"
     "        retention: {type: object, nullable: true}\n"
     "        active: {type: integer, description: 'jobs of the queue holding a running slot now (on a cluster node: on that node)'}\n"
-    "        rate_available: {type: integer, description: 'starts the rate allows now (only with a rate; not on a cluster node, whose bucket is in the database)'}\n"
+    "        rate_available: {type: integer, description: 'starts the rate allows now (only with a rate; on a cluster, the bucket stored in the database)'}\n"
     "    Event:\n"
     "      type: object\n"
     "      properties:\n"

@@ -327,11 +327,18 @@ static void decorate_locked(struct jd_jobs *j, cJSON *o)
     cJSON_AddNumberToObject(o, "active", q ? q->running : 0);
     if (q && q->ctl.rate_limit && !jobs_queue_pooled(j, q)) {
         /* Whole starts the bucket allows now (a cluster's bucket is in
-         * the database, read only by a grant). */
+         * the database: queues_json reads it). */
         jd_bucket_ready(&q->rate, jobs_mono_ms());
         cJSON_AddNumberToObject(o, "rate_available", floor(q->rate.tokens + 1e-9));
     }
 }
+
+struct bucket_ask {
+    cJSON *o;
+    const char *name;
+    uint32_t limit;
+    int64_t per_ms;
+};
 
 /* {"queues":[...]} with controls, or one queue's object (only: its name). */
 static int queues_json(struct jd_jobs *j, const char *only, char **json)
@@ -353,13 +360,28 @@ static int queues_json(struct jd_jobs *j, const char *only, char **json)
     cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "queues");
     pthread_mutex_lock(&j->mu);
     cJSON *found = NULL;
+    size_t nb = 0, nq = (size_t)cJSON_GetArraySize(arr);
+    struct bucket_ask *buckets = jd_xcalloc(nq ? nq : 1, sizeof *buckets);
     for (cJSON *q = arr ? arr->child : NULL; q; q = q->next) {
         decorate_locked(j, q);
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(q, "name");
         if (only && cJSON_IsString(name) && strcmp(name->valuestring, only) == 0)
             found = q;
+        struct queue *qq = cJSON_IsString(name) ? jobs_queue_find(j, name->valuestring) : NULL;
+        if (qq && qq->ctl.rate_limit && jobs_queue_pooled(j, qq) && nb < nq)
+            buckets[nb++] =
+                (struct bucket_ask){q, qq->name, qq->ctl.rate_limit, qq->ctl.rate_per_ms};
     }
     pthread_mutex_unlock(&j->mu);
+    /* A cluster's bucket is in the database (read without mu; queues and
+     * their names live until destroy). */
+    for (size_t i = 0; i < nb; i++) {
+        long long t = 0;
+        if (jd_store_queue_tokens(j->store, buckets[i].name, buckets[i].limit, buckets[i].per_ms,
+                                  &t) == 0)
+            cJSON_AddNumberToObject(buckets[i].o, "rate_available", (double)t);
+    }
+    free(buckets);
     *json = cJSON_PrintUnformatted(only ? found : o);
     cJSON_Delete(o);
     return 0;

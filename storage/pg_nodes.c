@@ -442,3 +442,26 @@ int jd_store_queue_grant(struct jd_store *s, const struct jd_queue_grant_ask *as
     pthread_mutex_unlock(&pg->node_mu);
     return rc;
 }
+
+int jd_store_queue_tokens(struct jd_store *s, const char *queue, uint32_t rate_limit,
+                          int64_t rate_per_ms, long long *tokens)
+{
+    struct jd_pg *pg = s->pg;
+    *tokens = 0;
+    if (!pg || rate_limit == 0 || rate_per_ms <= 0)
+        return JD_EINVAL;
+    char rl[24], per[24];
+    snprintf(rl, sizeof rl, "%u", rate_limit);
+    snprintf(per, sizeof per, "%lld", (long long)rate_per_ms);
+    const char *v[] = {queue, rl, per};
+    PGresult *r = nq_locked(pg,
+                            "SELECT coalesce((SELECT least($2::float8, tokens + greatest(0,"
+                            " extract(epoch FROM (now() - at))) * 1000 * $2::float8 / $3::float8)"
+                            " FROM queue_tokens WHERE queue = $1), $2::float8)",
+                            3, v);
+    if (!r)
+        return JD_EIO;
+    *tokens = (long long)(strtod(PQgetvalue(r, 0, 0), NULL) + 1e-9);
+    PQclear(r);
+    return 0;
+}

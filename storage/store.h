@@ -679,6 +679,13 @@ struct jd_queue_grant_ask {
 int jd_store_queue_grant(struct jd_store *s, const struct jd_queue_grant_ask *ask, int64_t *granted,
                          size_t *ngranted, int64_t *retry_ms, bool *others);
 
+/* A limited queue's stored bucket (jd_store_queue_grant): the whole
+ * tokens it holds now, refilled at rate_limit per rate_per_ms (a queue
+ * with no bucket yet: rate_limit, a new one starts full). 0, JD_EIO;
+ * JD_EINVAL for SQLite. */
+int jd_store_queue_tokens(struct jd_store *s, const char *queue, uint32_t rate_limit,
+                          int64_t rate_per_ms, long long *tokens);
+
 /* Claim up to limit (1..256) unowned unfinished jobs for this node, by
  * priority then id (FOR UPDATE SKIP LOCKED, only while this node's lease is
  * valid); then each is handed to fn with its history as jd_store_recover

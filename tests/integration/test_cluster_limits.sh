@@ -157,6 +157,8 @@ check "15 starts at 3/s (bucket 3) take at least 3.8 s cluster-wide (${span} ms)
 worst=$(awk '{ t[NR] = $1 } END { m = 0; for (i = 1; i <= NR; i++) { n = 0;
     for (k = i; k <= NR && t[k] - t[i] < 1000000000; k++) n++; if (n > m) m = n }; print m }' <<<"$starts")
 check "no 1 s window has more than 3 + 3 starts (burst + refill; most: $worst)" test "$worst" -le 6
+on C req GET /v1/queues/rl
+check "any node shows the cluster's bucket (rate_available)" body_has '"rate_available":'
 
 # ---- a node killed while the queue is busy frees its part ----
 # A queue at max_running 2 with 24 jobs of 1 s on all nodes; A dies
