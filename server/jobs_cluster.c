@@ -320,7 +320,7 @@ static bool claim_some(struct jd_jobs *j)
 
 #define GRANT_ASK_MAX 64  /* ready jobs of one queue offered in one ask */
 #define GRANT_TURN_MS 500 /* how long a node leaves free slots to the nodes whose jobs are next */
-#define GRANT_GAP_MS 20   /* asks of one queue on hints at most this often (notices echo) */
+#define GRANT_GAP_MS 20   /* a node waiting its turn asks at most this often (notices echo) */
 
 void jobs_cluster_grants_wanted_locked(struct jd_jobs *j)
 {
@@ -365,7 +365,9 @@ static uint64_t grant_some(struct jd_jobs *j)
         q->freed = false;
         if (!jobs_queue_pooled(j, q) || ((q->paused || q->nready <= q->ngranted) && !freed))
             continue;
-        if (mono - q->grant_asked_ms < GRANT_GAP_MS && !freed) { /* asked just now */
+        if (q->grant_blocked_ms && mono - q->grant_asked_ms < GRANT_GAP_MS && !freed) {
+            /* its last ask left turns to others, and told them: not again
+             * at once (that notice wakes this node as well) */
             uint64_t at = jd_now_ns() + (uint64_t)GRANT_GAP_MS * 1000000u;
             if (!again || at < again)
                 again = at;

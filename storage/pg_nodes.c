@@ -202,27 +202,45 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
     snprintf(me, sizeof me, "%lld", (long long)pg->node_id);
     snprintf(now, sizeof now, "%lld", (long long)a->now_ms);
     const char *q1[] = {a->queue};
-    PGresult *r =
-        gq(pg, c, "SELECT pg_advisory_xact_lock(" QGRANT_LOCK_CLASS_S ", hashtext($1))", 1, q1);
-    if (!r)
+    /* One round trip: the transaction, the queue's lock, then (a statement
+     * of its own, so after the lock) the stored controls, which must be
+     * the ones this node applies: a PUT on another node is followed within
+     * a second (jobs_queue_controls_sync). */
+    char *lit = PQescapeLiteral(c, a->queue, strlen(a->queue));
+    if (!lit)
         return JD_EIO;
-    PQclear(r);
-    /* The controls this node applies must be the stored ones: a PUT on
-     * another node is followed within a second (jobs_queue_controls_sync). */
-    if (!(r = gq(pg, c, "SELECT config FROM queues WHERE name = $1", 1, q1)))
+    char *head = jd_xasprintf("BEGIN; SELECT pg_advisory_xact_lock(" QGRANT_LOCK_CLASS_S
+                              ", hashtext(%s)); SELECT config FROM queues WHERE name = %s",
+                              lit, lit);
+    PQfreemem(lit);
+    PGresult *r = PQexec(c, head);
+    free(head);
+    if (jd_pg_rc(r) != 0) {
+        PQclear(r);
+        char msg[200];
+        snprintf(msg, sizeof msg, "%s", PQerrorMessage(c));
+        msg[strcspn(msg, "\n")] = '\0';
+        jd_log(JD_LOG_WARN, "storage: a queue grant failed", "db", pg->display, "error", msg, NULL);
         return JD_EIO;
+    }
     const char *have = PQntuples(r) == 1 && !PQgetisnull(r, 0, 0) ? PQgetvalue(r, 0, 0) : NULL;
     bool same = (!have && !a->config) || (have && a->config && strcmp(have, a->config) == 0);
     PQclear(r);
     if (!same)
         return JD_ESTALE;
-    /* Grants whose job started, ended, or changed hands are spent. */
+    /* Grants whose job started, ended, or changed hands are spent; held:
+     * the queue's running jobs plus the grants left (the statement's
+     * snapshot still has the deleted ones: counted off). */
     if (!(r = gq(pg, c,
-                 "DELETE FROM queue_grants g WHERE g.queue = $1 AND NOT EXISTS"
+                 "WITH d AS (DELETE FROM queue_grants g WHERE g.queue = $1 AND NOT EXISTS"
                  " (SELECT 1 FROM jobs j WHERE j.id = g.job_id AND j.owner_node = g.node"
-                 " AND j.state = 0)",
+                 " AND j.state = 0) RETURNING 1)"
+                 " SELECT (SELECT count(*) FROM jobs WHERE queue = $1 AND state = 1)"
+                 " + (SELECT count(*) FROM queue_grants WHERE queue = $1)"
+                 " - (SELECT count(*) FROM d)",
                  1, q1)))
         return JD_EIO;
+    long long held = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
     /* want: how far down the queue's waiting jobs the free slots and
      * tokens reach (this node gets its offered ones among them; any other
@@ -230,13 +248,6 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
      * large bucket looks no further than this node can use plus a page. */
     long long want = (long long)a->nids + 256;
     if (a->max_running) {
-        if (!(r = gq(pg, c,
-                     "SELECT (SELECT count(*) FROM jobs WHERE queue = $1 AND state = 1)"
-                     " + (SELECT count(*) FROM queue_grants WHERE queue = $1)",
-                     1, q1)))
-            return JD_EIO;
-        long long held = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-        PQclear(r);
         long long free_ = (long long)a->max_running - held;
         if (free_ < want)
             want = free_ > 0 ? free_ : 0;
@@ -311,12 +322,6 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
             return JD_EIO;
         PQclear(r);
     }
-    if (!(r = gq(pg, c,
-                 "DELETE FROM queue_demand WHERE queue = $1 AND (at < now() - interval '1 minute'"
-                 " OR node NOT IN (SELECT id FROM jd_nodes))",
-                 1, q1)))
-        return JD_EIO; /* rows of nodes gone */
-    PQclear(r);
     if (want > 0) {
         /* Turns: the free starts go round the nodes with ready jobs of
          * the queue (fresh demand, live node), in the order of their best
@@ -324,7 +329,9 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
          * waiting job anywhere goes first and no node's jobs wait while
          * another node's later ones start. */
         r = gq(pg, c,
-               "SELECT node FROM queue_demand WHERE queue = $1"
+               "WITH gone AS (DELETE FROM queue_demand WHERE queue = $1"
+               " AND (at < now() - interval '1 minute' OR node NOT IN (SELECT id FROM jd_nodes)))"
+               " SELECT node FROM queue_demand WHERE queue = $1"
                " AND at > now() - interval '" QGRANT_FRESH_S " seconds'"
                " AND node IN (SELECT id FROM jd_nodes WHERE expires_at > now())"
                " ORDER BY priority DESC, created_ms, job_id",
@@ -428,9 +435,8 @@ int jd_store_queue_grant(struct jd_store *s, const struct jd_queue_grant_ask *as
         pg->nconn = jd_pg_connect(pg->url, pg->display, pg->sync_full, NULL);
     PGconn *c = pg->nconn;
     int rc = JD_EIO;
-    PGresult *r = c ? gq(pg, c, "BEGIN", 0, NULL) : NULL;
-    if (r) {
-        PQclear(r);
+    if (c) {
+        PGresult *r;
         rc = grant_tx(pg, c, ask, granted, ngranted, retry_ms, others);
         r = gq(pg, c, rc == 0 ? "COMMIT" : "ROLLBACK", 0, NULL);
         if (!r && rc == 0)
