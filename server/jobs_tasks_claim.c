@@ -1,10 +1,11 @@
 /*
  * Remote tasks, part 2 of 5 (see jobs_tasks.c): claims. A claim takes the
- * oldest waiting tasks of its commands, records them as claimed (one
- * commit) and answers once that commit is done; with wait_ms and nothing
- * waiting it parks (struct claimer) until a task arrives
- * (tasks_serve_claimers_locked, from remote_handle), its deadline timer
- * fires (claim_deadline), or the layer drains (jobs_tasks_drain).
+ * oldest waiting tasks of its commands, records each as its call's
+ * `dispatch` event (claim_rec; one commit as a rule) and answers once
+ * those commits are done; with wait_ms and nothing waiting it parks
+ * (struct claimer) until a task arrives (tasks_serve_claimers_locked, from
+ * remote_handle), its deadline timer fires (claim_deadline), or the layer
+ * drains (jobs_tasks_drain).
  *
  * Threads: jd_jobs_task_claim on an HTTP thread; claim_deadline on the
  * scheduler's timer thread; tasks_claim_committed on the store's completion
@@ -89,7 +90,7 @@ static size_t claim_enqueue(struct jd_jobs *j, struct trec **rs, size_t n)
 }
 
 /* Under tmu: take up to max waiting tasks of cmds (oldest first across
- * commands) for a claim; NULL if none. The rows are submitted by the
+ * commands) for a claim; NULL if none. The records are submitted by the
  * caller (claim_submit) after tmu. */
 struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
                                          const char *worker, unsigned max, int64_t lease_ms)
@@ -126,7 +127,7 @@ struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *
     return op;
 }
 
-/* Without tmu: record every task of op as claimed (one commit); done
+/* Without tmu: record every task of op as claimed (claim_rec); done
  * fires from tasks_claim_committed. */
 size_t tasks_claim_count(const struct claim_op *op)
 {
