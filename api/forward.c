@@ -362,7 +362,7 @@ static void run_relay(struct jd_forward *f, CURL *c, struct fitem *it)
     /* Alive (or not yet known dead): only a task it may still hold waits
      * for it; one whose end is stored (or that it never handed out) is
      * answered from the store, as final as the owner's own answer. */
-    if (rc == JD_ENOENT || jd_store_task_state(f->store, r->m.param, &st_, &job) != 0 ||
+    if (rc == JD_ENOENT || jd_task_stored_state(f->store, r->m.param, &st_, &job) != 0 ||
         st_ != JD_TASK_CLAIMED)
         relay_gone(f, r, it->which);
     else

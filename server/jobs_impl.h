@@ -70,6 +70,8 @@ struct rec {
     uint32_t attempt;    /* highest recorded attempt */
     int64_t deadline_ms; /* $sleep/$timer: recorded wall deadline */
     bool completed;      /* its result waits in the job's delivery queue */
+    bool claimed;        /* its highest attempt's dispatch names a task: a worker claimed it
+                            (a remote call's dispatch is recorded by its claim) */
     struct rec *next;
 };
 
@@ -91,6 +93,7 @@ struct call {
     bool counted;          /* holds one of lim's places */
     struct call *wnext;
     uint32_t first; /* the attempt number of its first dispatch */
+    bool remote;    /* a remote command's: its claims record its dispatches (jobs_tasks_claim.c) */
     int64_t timeout_ms;
     struct jd_retry_policy pol;
 };
@@ -528,6 +531,10 @@ void jobs_record_completion(struct jd_jobs *j, struct job *jb, uint32_t tag, str
                             const char *result, const char *error);
 void jobs_record_dispatch(struct jd_jobs *j, struct job *jb, uint32_t tag, const char *command,
                           const char *args, uint32_t attempt, int64_t deadline_ms);
+/* Without mu: a job change recorded outside a wrec (a task's claim, which
+ * carries the dispatch event) committed at version: the job's version and
+ * its watches as wrec_done would have them. */
+void jobs_change_committed(struct jd_jobs *j, int64_t job_id, int64_t version);
 /* Record jb's crash count n (no event; see jobs_replay.c). */
 void jobs_record_crashes(struct jd_jobs *j, struct job *jb, uint32_t n);
 /* The job got past whatever it was doing when the process died (a new
@@ -560,9 +567,10 @@ void jobs_notify_start(struct jd_jobs *j, int64_t id, enum jd_job_state state, c
 char *jobs_trace_args(const char *command, const char *args, const char *traceparent,
                       const char *exec_env_allow);
 /* The traceparent of job id (a copy, caller frees), or NULL when it has
- * none or is not in the table. Takes mu: call without it (and without the
- * tasks layer's tmu, which comes after mu). */
-char *jobs_trace_of_job(struct jd_jobs *j, int64_t id);
+ * none or is not in the table; *run gets the job's run (1 if it is not in
+ * the table), which a remote task's claim records. Takes mu: call without
+ * it (and without the tasks layer's tmu, which comes after mu). */
+char *jobs_trace_of_job(struct jd_jobs *j, int64_t id, uint32_t *run);
 
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */

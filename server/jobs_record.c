@@ -741,3 +741,17 @@ void jobs_record_dispatch(struct jd_jobs *j, struct job *jb, uint32_t tag, const
     r->w.data = r->data;
     jobs_record(r);
 }
+
+void jobs_change_committed(struct jd_jobs *j, int64_t job_id, int64_t version)
+{
+    struct fire *fires = NULL;
+    pthread_mutex_lock(&j->mu);
+    struct job *jb = jobs_job_find(j, job_id);
+    if (jb && version > jb->version) {
+        jb->version = version;
+        jobs_watches_collect(j, job_id, version, jd_job_state_terminal(jb->committed_state),
+                             &fires);
+    }
+    pthread_mutex_unlock(&j->mu);
+    jobs_watches_fire(j, fires, 0);
+}

@@ -1,7 +1,8 @@
 /*
  * Replay at start: every non-terminal job is read back with its events
  * (current run only, by "run"), rebuilt in memory and resumed in id order.
- * Recorded dispatches become struct rec (command, attempt, deadline);
+ * Recorded dispatches become struct rec (command, attempt, deadline;
+ * a remote call's dispatch is its claim, so it names the task);
  * recorded completions and messages are queued in the job's delivery
  * queue in history order, so the replayed process sees them in the order
  * it saw them before (see struct dlv and jobs_run.c's hook_dispatch).
@@ -71,8 +72,13 @@ struct job *jobs_job_from_row(struct jd_jobs *j, const struct jd_job *row,
             const cJSON *dl = cJSON_GetObjectItemCaseSensitive(d, "deadline_ms");
             if (cJSON_IsString(cmd) && !r->command)
                 r->command = jd_xstrdup(cmd->valuestring);
-            if (cJSON_IsNumber(att) && (uint32_t)att->valuedouble > r->attempt)
+            bool claimed = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(d, "task"));
+            if (cJSON_IsNumber(att) && (uint32_t)att->valuedouble > r->attempt) {
                 r->attempt = (uint32_t)att->valuedouble;
+                r->claimed = claimed;
+            } else if (cJSON_IsNumber(att) && (uint32_t)att->valuedouble == r->attempt) {
+                r->claimed |= claimed;
+            }
             if (cJSON_IsNumber(dl))
                 r->deadline_ms = (int64_t)dl->valuedouble;
             break;

@@ -336,7 +336,11 @@ static void call_on_attempt(void *arg, uint32_t attempt)
     struct call *c = arg;
     struct jd_jobs *j = c->j;
     pthread_mutex_lock(&j->mu);
-    if (!c->job->finished && !j->stopping)
+    /* A remote call's attempt waits as a task: its claim records the
+     * dispatch (with the task's row, one record), and an attempt no worker
+     * claimed has no dispatch, so after a restart it waits again as the
+     * same attempt. */
+    if (!c->job->finished && !j->stopping && !c->remote)
         jobs_record_dispatch(j, c->job, c->tag, c->command, c->args, attempt, 0);
     pthread_mutex_unlock(&j->mu);
 }
@@ -408,9 +412,11 @@ static void call_send(struct call *c)
     char key[48];
     snprintf(key, sizeof key, "%" PRId64 ":%u", jb->id, c->tag);
     int64_t timeout_ms = c->timeout_ms;
-    /* A remote command's own default (plugins carry theirs; their lookup
-     * is lock-free, and only a remote one asks the tasks layer). */
-    if (timeout_ms == 0 && jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, c->command)))
+    /* Set before the registry can call call_on_attempt. The lookup is
+     * lock-free for plugins; only a remote name asks the tasks layer. */
+    c->remote = jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, c->command));
+    /* A remote command's own default (plugins carry theirs). */
+    if (timeout_ms == 0 && c->remote)
         timeout_ms = jobs_tasks_timeout_ms(j, c->command);
     struct jd_call_request req = {
         .command = c->command,
@@ -613,10 +619,14 @@ void jobs_hook_dispatch(void *ctx, jd_pid pid, void *user, const struct jd_yield
     c->next = jb->calls;
     jb->calls = c;
     uint32_t first = rc ? rc->attempt + 1 : 1;
-    /* A remote call whose recorded attempt no worker ever claimed did not
-     * run: after a restart it waits again as the same attempt. */
+    /* A remote call's dispatch is recorded by its claim, so a recorded
+     * attempt ran and the next one is attempt + 1, and one that waited
+     * unclaimed has no record and waits again as the same attempt. A
+     * history written before claims carried the dispatch has a dispatch
+     * per waiting attempt too: its task row tells whether it was claimed. */
     bool remote_wait = false;
-    if (rc && rc->attempt > 0 && jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, cmd)) &&
+    if (rc && rc->attempt > 0 && !rc->claimed &&
+        jobs_tasks_is_remote_cmd(jd_registry_command(j->reg, cmd)) &&
         jd_store_task_claimed(j->store, jb->id, y->tag, rc->attempt, &remote_wait) == 0 &&
         !remote_wait)
         first = rc->attempt;

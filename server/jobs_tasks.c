@@ -99,9 +99,12 @@ static unsigned hash_ptr(const void *p)
     return (unsigned)(v % TASK_BUCKETS);
 }
 
-/* A new task id: 128 random bits in hex, after "<node>." on a cluster
- * node (node > 0) so that any node can tell which one answers for it. */
-static void random_id(char out[TASK_ID_MAX + 1], int64_t node)
+/* A new task id: "<job>-" and 128 random bits in hex, after "<node>." on
+ * a cluster node (node > 0) so that any node can tell which one answers
+ * for it. The job id lets the store find a task without a row of its own:
+ * a claim records only the job's `dispatch` event, which names the task
+ * (jd_task_stored_state). */
+static void random_id(char out[TASK_ID_MAX + 1], int64_t node, int64_t job)
 {
     uint8_t b[TASK_ID_LEN / 2];
     size_t got = 0;
@@ -117,6 +120,7 @@ static void random_id(char out[TASK_ID_MAX + 1], int64_t node)
     }
     static const char hex[] = "0123456789abcdef";
     size_t at = node > 0 ? (size_t)snprintf(out, TASK_ID_MAX + 1, "%" PRId64 ".", node) : 0;
+    at += (size_t)snprintf(out + at, TASK_ID_MAX + 1 - at, "%" PRId64 "-", job);
     for (size_t i = 0; i < sizeof b; i++) {
         out[at + 2 * i] = hex[b[i] >> 4];
         out[at + 2 * i + 1] = hex[b[i] & 15];
@@ -124,32 +128,60 @@ static void random_id(char out[TASK_ID_MAX + 1], int64_t node)
     out[at + TASK_ID_LEN] = '\0';
 }
 
-bool jd_task_id_parse(const char *id, int64_t *node)
+/* A positive decimal of 1-19 digits, no leading zero, at most INT64_MAX,
+ * ending at end; 0 if it is not one. */
+static int64_t id_number(const char *p, const char *end)
 {
-    *node = 0;
+    size_t nd = (size_t)(end - p);
+    if (nd < 1 || nd > 19 || p[0] == '0')
+        return 0;
+    for (size_t i = 0; i < nd; i++)
+        if (!isdigit((unsigned char)p[i]))
+            return 0;
+    errno = 0;
+    long long v = strtoll(p, NULL, 10);
+    if (errno || v <= 0)
+        return 0; /* past INT64_MAX */
+    return v;
+}
+
+/* The shape "[<node>.][<job>-]<32 hex>": false if id is not one. */
+static bool id_parse(const char *id, int64_t *node, int64_t *job)
+{
+    *node = *job = 0;
     if (!id)
         return false;
     const char *dot = strchr(id, '.');
-    const char *hex = id;
+    const char *rest = id;
     if (dot) {
-        size_t nd = (size_t)(dot - id);
-        if (nd < 1 || nd > 19 || id[0] == '0')
+        if ((*node = id_number(id, dot)) == 0)
             return false;
-        for (size_t i = 0; i < nd; i++)
-            if (!isdigit((unsigned char)id[i]))
-                return false;
-        errno = 0;
-        long long v = strtoll(id, NULL, 10);
-        if (errno || v <= 0)
-            return false; /* past INT64_MAX */
-        *node = v;
-        hex = dot + 1;
+        rest = dot + 1;
+    }
+    const char *dash = strchr(rest, '-');
+    const char *hex = rest;
+    if (dash) {
+        if ((*job = id_number(rest, dash)) == 0)
+            return false;
+        hex = dash + 1;
     }
     size_t n = 0;
     for (; hex[n]; n++)
         if (!((hex[n] >= '0' && hex[n] <= '9') || (hex[n] >= 'a' && hex[n] <= 'f')))
             return false;
     return n == TASK_ID_LEN;
+}
+
+bool jd_task_id_parse(const char *id, int64_t *node)
+{
+    int64_t job;
+    return id_parse(id, node, &job);
+}
+
+int64_t jd_task_id_job(const char *id)
+{
+    int64_t node, job;
+    return id_parse(id, &node, &job) ? job : 0;
 }
 
 bool tasks_name_ok(const char *s)
@@ -438,9 +470,10 @@ struct trec *tasks_row(struct jd_jobs *j, const struct task *k, enum jd_task_sta
 void tasks_trec_done(void *arg, struct jd_write *w, int rc)
 {
     struct trec *r = arg;
-    (void)w;
     if (r->claim) {
-        tasks_claim_committed(r->j, r->claim, rc);
+        if (rc == 0 && w->op == JD_W_JOB_CHANGE) /* its dispatch event: the job moved on */
+            jobs_change_committed(r->j, w->job_id, w->version);
+        tasks_claim_committed(r->j, r->claim, r->claim_ix, rc);
     } else if (r->batch) {
         tasks_batch_committed(r->j, r->batch, rc);
     } else if (r->done) {
@@ -678,14 +711,14 @@ static void remote_handle(const struct jd_call_info *info)
         return;
     }
     struct task *k = jd_xcalloc(1, sizeof *k);
-    random_id(k->id, jd_store_node_id(j->store));
+    random_id(k->id, jd_store_node_id(j->store), job_id);
     k->call = info->call;
     k->job_id = job_id;
     k->tag = tag;
     k->attempt = info->attempt;
     k->args = jd_xstrdup(info->args_json ? info->args_json : "{}");
     k->key = jd_xstrdup(info->idempotency_key);
-    k->traceparent = jobs_trace_of_job(j, job_id); /* takes mu: before tmu */
+    k->traceparent = jobs_trace_of_job(j, job_id, &k->run); /* takes mu: before tmu */
     k->created_ms = jd_wall_ms();
     k->refs = 1;
     pthread_mutex_lock(&t->mu);

@@ -1,10 +1,11 @@
 /*
  * Remote tasks, part 2 of 5 (see jobs_tasks.c): claims. A claim takes the
- * oldest waiting tasks of its commands, records them as claimed (one
- * commit) and answers once that commit is done; with wait_ms and nothing
- * waiting it parks (struct claimer) until a task arrives
- * (tasks_serve_claimers_locked, from remote_handle), its deadline timer
- * fires (claim_deadline), or the layer drains (jobs_tasks_drain).
+ * oldest waiting tasks of its commands, records each as its call's
+ * `dispatch` event (claim_rec; one commit as a rule) and answers once
+ * those commits are done; with wait_ms and nothing waiting it parks
+ * (struct claimer) until a task arrives (tasks_serve_claimers_locked, from
+ * remote_handle), its deadline timer fires (claim_deadline), or the layer
+ * drains (jobs_tasks_drain).
  *
  * Threads: jd_jobs_task_claim on an HTTP thread; claim_deadline on the
  * scheduler's timer thread; tasks_claim_committed on the store's completion
@@ -24,17 +25,72 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One claim: the tasks taken for it, committed together. */
+/* One claim: the tasks taken for it, a record each (in one commit as a
+ * rule); rcs[i] is task i's record's outcome. */
 struct claim_op {
     struct task **tasks;
+    int *rcs;
     size_t n;
     jd_action_done_fn done;
     void *arg;
-    int remaining, rc;
+    int remaining;
 };
 
+/* Under tmu: task k's claim record. One job change, the call's `dispatch`
+ * event (what jobs_record_dispatch writes, plus the task, its worker and
+ * its lease): the claim's only record. The task has no row of its own
+ * until something else happens to it (a heartbeat, a failure, an expiry,
+ * a cancel); its id names its job, whose history is where the store finds
+ * it (jd_task_stored_state), and a replay reads a dispatch that names a
+ * task as an attempt that ran. */
+static struct trec *claim_rec(struct jd_jobs *j, struct claim_op *op, size_t ix)
+{
+    const struct task *k = op->tasks[ix];
+    struct trec *r = jd_xcalloc(1, sizeof *r);
+    struct jd_sbuf b = {0};
+    jd_sb_puts(&b, "{\"command\":");
+    jd_sb_string(&b, k->cmd->name);
+    jd_sb_puts(&b, ",\"attempt\":");
+    jd_sb_number(&b, k->attempt);
+    jd_sb_puts(&b, ",\"args\":");
+    jd_sb_json(&b, k->args, "{}");
+    jd_sb_puts(&b, ",\"task\":");
+    jd_sb_string(&b, k->id);
+    jd_sb_puts(&b, ",\"worker\":");
+    jd_sb_string(&b, k->worker ? k->worker : "");
+    jd_sb_puts(&b, ",\"lease_expires_ms\":");
+    jd_sb_number(&b, k->lease_expires_ms);
+    jd_sb_puts(&b, ",\"run\":");
+    jd_sb_number(&b, k->run);
+    jd_sb_puts(&b, "}");
+    r->j = j;
+    r->s1 = b.p; /* the event's text, freed with r */
+    r->w.op = JD_W_JOB_CHANGE;
+    r->w.job_id = k->job_id;
+    r->w.kind = JD_EVK_DISPATCH;
+    r->w.tag = k->tag;
+    r->w.data = r->s1;
+    r->claim = op;
+    r->claim_ix = ix;
+    r->w.done = tasks_trec_done;
+    r->w.arg = r;
+    return r;
+}
+
+/* Submit op's records (built under tmu) one by one, so that one that
+ * fails (its job fenced on a cluster) fails alone. The writer still
+ * commits them together as a rule. Returns how many were not enqueued
+ * (the store is closing): recs[i..n) for i = n - that. */
+static size_t claim_enqueue(struct jd_jobs *j, struct trec **rs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (jd_store_submit(j->store, &rs[i]->w) != 0)
+            return n - i;
+    return 0;
+}
+
 /* Under tmu: take up to max waiting tasks of cmds (oldest first across
- * commands) for a claim; NULL if none. The rows are submitted by the
+ * commands) for a claim; NULL if none. The records are submitted by the
  * caller (claim_submit) after tmu. */
 struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
                                          const char *worker, unsigned max, int64_t lease_ms)
@@ -53,6 +109,7 @@ struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *
         if (!op) {
             op = jd_xcalloc(1, sizeof *op);
             op->tasks = jd_xcalloc(max, sizeof *op->tasks);
+            op->rcs = jd_xcalloc(max, sizeof *op->rcs);
         }
         tasks_waiting_unlink(best);
         best->cmd->in_flight++;
@@ -70,7 +127,7 @@ struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *
     return op;
 }
 
-/* Without tmu: record every task of op as claimed (one commit); done
+/* Without tmu: record every task of op as claimed (claim_rec); done
  * fires from tasks_claim_committed. */
 size_t tasks_claim_count(const struct claim_op *op)
 {
@@ -82,22 +139,15 @@ void tasks_claim_submit(struct jd_jobs *j, struct claim_op *op, jd_action_done_f
     op->done = done;
     op->arg = arg;
     struct trec **rs = jd_xcalloc(op->n, sizeof *rs);
-    struct jd_write **ws = jd_xcalloc(op->n, sizeof *ws);
     struct jd_tasks *t = j->tasks;
     pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < op->n; i++) {
-        rs[i] = tasks_row(j, op->tasks[i], JD_TASK_CLAIMED);
-        rs[i]->claim = op;
-        rs[i]->w.done = tasks_trec_done;
-        rs[i]->w.arg = rs[i];
-        ws[i] = &rs[i]->w;
-    }
+    for (size_t i = 0; i < op->n; i++)
+        rs[i] = claim_rec(j, op, i);
     op->remaining = (int)op->n;
     pthread_mutex_unlock(&t->mu);
-    if (jd_store_submit_many(j->store, ws, op->n) != 0)
-        for (size_t i = 0; i < op->n; i++)
-            tasks_trec_done(rs[i], ws[i], JD_ESHUTDOWN);
-    free(ws);
+    size_t left = claim_enqueue(j, rs, op->n);
+    for (size_t i = op->n - left; i < op->n; i++)
+        tasks_trec_done(rs[i], &rs[i]->w, JD_ESHUTDOWN);
     free(rs);
 }
 
@@ -129,12 +179,11 @@ static void render_task(struct jd_sbuf *b, const struct task *k)
 }
 
 /* The store's completion thread: one record of op committed (or not). */
-void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc)
+void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, int rc)
 {
     struct jd_tasks *t = j->tasks;
     pthread_mutex_lock(&t->mu);
-    if (rc && !op->rc)
-        op->rc = rc;
+    op->rcs[ix] = rc;
     if (--op->remaining > 0) {
         pthread_mutex_unlock(&t->mu);
         return;
@@ -142,10 +191,21 @@ void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc)
     struct jd_sbuf b = {0};
     jd_sb_puts(&b, "{\"tasks\":[");
     size_t shown = 0;
+    /* The claim fails only if none of its records committed; a task whose
+     * record failed waits again and the claim answers with the others. */
+    int rc_all = 0;
+    bool any = false;
+    for (size_t i = 0; i < op->n; i++) {
+        any |= op->rcs[i] == 0;
+        if (op->rcs[i] && !rc_all)
+            rc_all = op->rcs[i];
+    }
+    if (any)
+        rc_all = 0;
     for (size_t i = 0; i < op->n; i++) {
         struct task *k = op->tasks[i];
         if (k->live && k->st == TS_CLAIMING) {
-            if (op->rc) {
+            if (op->rcs[i]) {
                 /* Not recorded: nobody holds it; it waits again, first. */
                 k->st = TS_WAITING;
                 k->cmd->in_flight--;
@@ -166,10 +226,11 @@ void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc)
     }
     jd_sb_puts(&b, "]}");
     pthread_mutex_unlock(&t->mu);
-    op->done(op->arg, op->rc == JD_ESHUTDOWN ? 0 : op->rc,
-             op->rc == JD_ESHUTDOWN ? "{\"tasks\":[]}" : b.p);
+    op->done(op->arg, rc_all == JD_ESHUTDOWN ? 0 : rc_all,
+             rc_all == JD_ESHUTDOWN ? "{\"tasks\":[]}" : b.p);
     free(b.p);
     free(op->tasks);
+    free(op->rcs);
     free(op);
 }
 
@@ -210,16 +271,12 @@ void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
     op->done = cl->done;
     op->arg = cl->arg;
     tasks_claimer_free(cl);
-    struct jd_write **ws = jd_xcalloc(op->n, sizeof *ws);
+    struct trec **rs = jd_xcalloc(op->n, sizeof *rs);
     op->remaining = (int)op->n;
-    for (size_t i = 0; i < op->n; i++) {
-        struct trec *r = tasks_row(j, op->tasks[i], JD_TASK_CLAIMED);
-        r->claim = op;
-        r->w.done = tasks_trec_done;
-        r->w.arg = r;
-        ws[i] = &r->w;
-    }
-    if (jd_store_submit_many(j->store, ws, op->n) != 0) {
+    for (size_t i = 0; i < op->n; i++)
+        rs[i] = claim_rec(j, op, i);
+    size_t left = claim_enqueue(j, rs, op->n);
+    if (left == op->n) {
         /* Closing: the claim's done must not run under tmu; the waiting
          * tasks go back and the claim answers empty from drain instead. */
         for (size_t i = 0; i < op->n; i++) {
@@ -229,15 +286,24 @@ void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
             k->cmd->claimed_total--;
             tasks_waiting_push(k, true);
             k->refs--;
-            tasks_trec_free(ws[i]->arg);
+            tasks_trec_free(rs[i]);
         }
         /* Only while the store closes, after every request was answered
          * or dropped: the one user callback made under tmu. */
         op->done(op->arg, 0, "{\"tasks\":[]}");
         free(op->tasks);
+        free(op->rcs);
         free(op);
+    } else if (left) {
+        /* The store began closing midway: the rest fail as not recorded
+         * (their commit callbacks take tmu, so not from here). */
+        for (size_t i = op->n - left; i < op->n; i++) {
+            op->rcs[i] = JD_ESHUTDOWN;
+            op->remaining--;
+            tasks_trec_free(rs[i]);
+        }
     }
-    free(ws);
+    free(rs);
 }
 
 static void claim_deadline(void *arg)

@@ -102,7 +102,7 @@ static int gone_reason(struct jd_jobs *j, const char *id, const char **reason, s
                                   "new task");
     }
     int64_t node;
-    if (!jd_task_id_parse(id, &node) || jd_store_task_state(j->store, id, &st, &job_id) != 0)
+    if (!jd_task_id_parse(id, &node) || jd_task_stored_state(j->store, id, &st, &job_id) != 0)
         return jd_error_set(err, JD_ENOENT, NULL, "no such task");
     switch (st) {
     case JD_TASK_COMPLETED:
@@ -244,10 +244,10 @@ static int end_task(struct jd_jobs *j, const char *id, const struct outcome_in *
     }
     /* A completion writes no task row: the job's complete event (recorded
      * by host->complete, just before) is the record, and the barrier
-     * answers once it is committed. The task's row stays "claimed", which
-     * the store reads as completed by that event (jd_store_task_state);
-     * replay only asks whether the attempt was claimed. A failure, rarer,
-     * keeps its row: a retried one leaves no event that says it ended. */
+     * answers once it is committed. The claim's dispatch event (or a row a
+     * heartbeat left "claimed") is read as completed by that event
+     * (jd_task_stored_state). A failure, rarer, writes a row: a retried
+     * one leaves no event that says it ended. */
     struct trec *r = hrc == 0 && oi->ok
                          ? tasks_barrier(j)
                          : tasks_row(j, k, hrc == 0 ? JD_TASK_COMPLETED : JD_TASK_CANCELLED);

@@ -9,10 +9,11 @@
  * A task is in the id hash (and the call hash) from handle() until one
  * path takes it out, under tmu: that path alone ends the call (host
  * complete/fail, once). States: waiting (in its command's FIFO) ->
- * claiming (its claim row is being committed) -> claimed (lease timer
- * armed) -> taken out. Claimed tasks have a row in the tasks table so
- * that after a restart their ids still answer 409 (the replayed job
- * dispatches the call again as attempt + 1, a new task).
+ * claiming (its claim is being committed) -> claimed (lease timer
+ * armed) -> taken out. A claim is one job change per task: the call's
+ * `dispatch` event (a waiting task has none) that also writes the task's
+ * row, so that after a restart its id still answers 409 and the replayed
+ * job dispatches the call again as attempt + 1, a new task.
  *
  * Timers (the scheduler's timer heap, no polling): a lease timer per
  * claimed task, re-armed lazily when a heartbeat moved the deadline; a
@@ -95,6 +96,7 @@ struct task {
     struct jd_call *call;
     int64_t job_id;
     uint32_t tag, attempt;
+    uint32_t run; /* the job's run when the call came (its claim's dispatch event carries it) */
     char *args, *key, *worker;
     char *traceparent; /* the job's W3C trace context, or NULL (issue 19) */
     enum tstate st;
@@ -195,6 +197,7 @@ struct trec {
     void *arg;
     char *answer; /* done's json on success */
     struct claim_op *claim;
+    size_t claim_ix; /* the task's place in claim */
     struct batch_op *batch;
 };
 
@@ -238,8 +241,9 @@ void tasks_trec_free(struct trec *r);
 
 /* Under tmu: a task of c arrived; hand it to the oldest parked claim. */
 void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c);
-/* The store's completion thread: one record of op committed (or not). */
-void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, int rc);
+/* The store's completion thread: the record of op's task ix committed (or
+ * not: that task waits again). */
+void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, int rc);
 
 /* Under tmu: take up to max waiting tasks of cmds for a claim (NULL if
  * none); submit it without tmu with tasks_claim_submit, which calls

@@ -1,11 +1,13 @@
 /*
  * Remote tasks, part 4 of 5 (see jobs_tasks.c): reads. One command, the
- * list of plugin and remote commands, the workers seen, and per-command
- * statistics for the metrics route.
+ * list of plugin and remote commands, the workers seen, per-command
+ * statistics for the metrics route, and a task's stored state (its row, or
+ * its claim in its job's history).
  *
  * Threads: any (HTTP threads, the metrics route). Each read takes tmu for
  * the copy only and renders what it copied; tasks_render_cmd is also called
- * by jd_jobs_command_put under tmu.
+ * by jd_jobs_command_put under tmu. jd_task_stored_state reads the store
+ * only.
  */
 #include "server/jobs_impl.h"
 #include "server/jobs_tasks_impl.h"
@@ -14,8 +16,62 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define HISTORY_PAGE 1000 /* events read at once while looking for a task's claim */
+
+/* Whether event e is the dispatch that claimed task id (its data names it). */
+static bool claimed_by(const struct jd_job_event *e, const char *id)
+{
+    if (e->kind != JD_EVK_DISPATCH || !e->data || !strstr(e->data, id))
+        return false; /* cheap test first: most dispatches name another task */
+    cJSON *d = cJSON_Parse(e->data);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(d, "task");
+    bool mine = cJSON_IsString(t) && strcmp(t->valuestring, id) == 0;
+    cJSON_Delete(d);
+    return mine;
+}
+
+int jd_task_stored_state(struct jd_store *s, const char *id, int *state, int64_t *job_id)
+{
+    int rc = jd_store_task_state(s, id, state, job_id);
+    int64_t job = jd_task_id_job(id);
+    if (rc != JD_ENOENT || job <= 0)
+        return rc;
+    /* No row: a claim that nothing wrote since. Its dispatch event names
+     * it; a completion of its step after it, with no later dispatch of the
+     * step between, ended it. */
+    bool found = false, done = false, over = false;
+    uint32_t tag = 0;
+    int64_t after = 0;
+    for (;;) {
+        struct jd_job_event *ev = NULL;
+        size_t n = 0;
+        if ((rc = jd_store_events(s, job, after, HISTORY_PAGE, &ev, &n)) != 0)
+            return rc;
+        for (size_t i = 0; i < n && !over; i++) {
+            if (!found) {
+                found = claimed_by(&ev[i], id);
+                tag = ev[i].tag;
+            } else if (ev[i].tag == tag && ev[i].kind == JD_EVK_COMPLETE) {
+                done = over = true;
+            } else if (ev[i].tag == tag && ev[i].kind == JD_EVK_DISPATCH) {
+                over = true; /* a later attempt: this one did not end in a completion */
+            }
+        }
+        after = n ? ev[n - 1].seq : after;
+        jd_job_events_free(ev, n);
+        if (n < HISTORY_PAGE || over)
+            break;
+    }
+    if (!found)
+        return JD_ENOENT;
+    *state = done ? JD_TASK_COMPLETED : JD_TASK_CLAIMED;
+    *job_id = job;
+    return 0;
+}
 
 /* Under tmu: render one command. */
 void tasks_render_cmd(struct jd_sbuf *b, const struct rcmd *c, int64_t now)

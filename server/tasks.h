@@ -41,13 +41,24 @@
 #define JD_TASK_MAX_COMMANDS 1000      /* remote commands registered at once */
 #define JD_TASK_MAX_CLAIM_COMMANDS 32  /* commands named in one claim */
 #define JD_TASK_MAX_BATCH 1000         /* ends in one batch request */
-#define JD_TASK_ID_MAX 52              /* "<node id>.<32 hex>": 19 + 1 + 32 */
+#define JD_TASK_ID_MAX 72              /* "<node id>.<job id>-<32 hex>": 19 + 1 + 19 + 1 + 32 */
 
-/* Whether id has the shape of a task id this server makes: 32 lowercase
- * hex digits (SQLite, one node), or "<node>.<32 hex>" (a cluster node:
- * node is the id of the incarnation that made it and answers for it;
- * 1 to 2^63-1, no leading zero). *node is 0 for the first shape. */
+/* Whether id has the shape of a task id this server makes:
+ * "<job>-<32 hex>" (lowercase hex; SQLite, one node), or
+ * "<node>.<job>-<32 hex>" (a cluster node: node is the id of the
+ * incarnation that made it and answers for it); node and job are 1 to
+ * 2^63-1 with no leading zero. Ids made before the job was part of them
+ * ("<32 hex>", "<node>.<32 hex>") still parse. *node is 0 without one. */
 bool jd_task_id_parse(const char *id, int64_t *node);
+/* The job id a task id names, or 0 (an older id without one, or not an id). */
+int64_t jd_task_id_job(const char *id);
+/* What the store says of task id, for a task this process does not hold:
+ * its row's state (a heartbeat, an end other than a completion, a
+ * cancel or expiry wrote one), else what its job's history says (its
+ * claim's `dispatch` event names it: JD_TASK_COMPLETED once a completion
+ * of its step follows with no later attempt dispatched between, else
+ * JD_TASK_CLAIMED). JD_ENOENT if neither knows it. */
+int jd_task_stored_state(struct jd_store *s, const char *id, int *state, int64_t *job_id);
 
 /* PUT /v1/commands/{name}: body {"timeout_ms": N, "description": "..."}
  * (both optional; {} or an empty body is fine). JD_EINVAL for a bad name

@@ -412,6 +412,18 @@ int jd_pgw_prepare(struct jd_store *s)
         jd_pgw_log_failure(s, "session settings");
         return JD_EIO;
     }
+    /* Every writer statement finds its rows by key (a job id, a queue's
+     * count row, a node), yet its plan is the generic one PostgreSQL caches
+     * from the sixth run on, costed with the statistics of that moment: on
+     * a new database the jobs table is nearly empty then, so the grouped
+     * changes (PS_JOB_CHANGES) scanned the whole table in every batch, a
+     * cost growing with the table, until autovacuum's next ANALYZE of jobs
+     * (a minute or more) had the plan made again. No writer statement
+     * wants a sequential scan where an index serves. */
+    if (jd_pgw_exec(s, "SET enable_seqscan = off") != 0) {
+        jd_pgw_log_failure(s, "session settings");
+        return JD_EIO;
+    }
     for (int i = 0; i < PS_N; i++) {
         snprintf(stmt_name_buf[i], sizeof stmt_name_buf[i], "w%d", i);
         Oid oids[JD_PG_MAX_PARAMS];

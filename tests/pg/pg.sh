@@ -2,7 +2,9 @@
 #
 #   . tests/pg/pg.sh
 #   pg_start [fsync]   # sets PG_URL (postgres://jackdaw@127.0.0.1:PORT/jackdaw),
-#                      # PG_DIR, PG_PORT, PG_BIN; stops by itself when the shell exits
+#                      # PG_DIR, PG_PORT, PG_BIN; stops by itself when the shell exits;
+#                      # PG_OPTS="-c name=value ..." adds server settings (measurements:
+#                      # pg_stat_statements, WAL settings; see docs/performance.md)
 #   pg_psql -c 'SELECT 1'
 #   pg_stop            # immediate stop, directory removed (also run at exit)
 #
@@ -41,6 +43,7 @@ pg_start() {
     [ "$(id -u)" = 0 ] && chown postgres: "$PG_DIR"
     local extra=""
     [ "${1:-}" = nofsync ] && extra="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    extra="$extra ${PG_OPTS:-}"
     if ! pg_as "$PG_BIN/initdb" -D "$PG_DIR/data" -A trust -U jackdaw --no-sync -E UTF8 \
         >"$PG_DIR/initdb.log" 2>&1; then
         echo "pg.sh: initdb failed:" >&2

@@ -380,6 +380,10 @@ bool jd_task_id_parse(const char *id, int64_t *node)
     *node = 0;
     return false;
 }
+int jd_task_stored_state(struct jd_store *s, const char *id, int *state, int64_t *job_id)
+{
+    return JD_ENOENT;
+}
 int jd_jobs_task_complete(struct jd_jobs *j, const char *id, const char *body, size_t len,
                           jd_action_done_fn done, void *arg, const char **reason,
                           struct jd_error *err)

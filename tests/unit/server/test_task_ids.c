@@ -1,8 +1,10 @@
 /*
  * Task ids (server/tasks.h, jd_task_id_parse): the two shapes this server
- * makes, 32 lowercase hex digits on one node and "<node>.<32 hex>" on a
- * cluster node, and everything else refused, so that a forged id can never
- * name a node it does not spell exactly (api/forward.c routes by it).
+ * makes, "<job>-<32 hex>" on one node and "<node>.<job>-<32 hex>" on a
+ * cluster node (and the older two without the job), and everything else
+ * refused, so that a forged id can never name a node it does not spell
+ * exactly (api/forward.c routes by it) nor a job (the store finds a claimed
+ * task in its job's history by it).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +26,15 @@ static void test_the_shapes_made_here(void **state)
     assert_int_equal(node, 7);
     assert_true(jd_task_id_parse("9223372036854775807." HEX, &node));
     assert_int_equal(node, INT64_MAX);
+    assert_int_equal(jd_task_id_job(HEX), 0); /* made before ids named their job */
+    assert_int_equal(jd_task_id_job("7." HEX), 0);
+    assert_true(jd_task_id_parse("15-" HEX, &node));
+    assert_int_equal(node, 0);
+    assert_int_equal(jd_task_id_job("15-" HEX), 15);
+    assert_true(jd_task_id_parse("7.15-" HEX, &node));
+    assert_int_equal(node, 7);
+    assert_int_equal(jd_task_id_job("7.15-" HEX), 15);
+    assert_int_equal(jd_task_id_job("7.9223372036854775807-" HEX), INT64_MAX);
 }
 
 static void test_everything_else_is_refused(void **state)
@@ -51,11 +62,23 @@ static void test_everything_else_is_refused(void **state)
         "0123456789abcdef0123456789abcdeg",
         "7/../x." HEX,
         "7%2e" HEX,
+        "-" HEX,                    /* an empty job */
+        "7.-" HEX,                  /* an empty job */
+        "0-" HEX,                   /* no job 0 */
+        "015-" HEX,                 /* a leading zero */
+        "7.15--" HEX,               /* two dashes */
+        "7.1-5-" HEX,               /* two dashes */
+        "15-7." HEX,                /* job before node */
+        "9223372036854775808-" HEX, /* past INT64_MAX */
+        "7.15-" HEX "0",            /* 33 digits */
+        "7.15-x" HEX,
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int64_t node = -1;
         if (jd_task_id_parse(bad[i], &node))
             fail_msg("accepted \"%s\"", bad[i]);
+        if (jd_task_id_job(bad[i]) != 0)
+            fail_msg("found a job in \"%s\"", bad[i]);
     }
     int64_t node;
     assert_false(jd_task_id_parse(NULL, &node));
