@@ -209,9 +209,16 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
     char *lit = PQescapeLiteral(c, a->queue, strlen(a->queue));
     if (!lit)
         return JD_EIO;
-    char *head = jd_xasprintf("BEGIN; SELECT pg_advisory_xact_lock(" QGRANT_LOCK_CLASS_S
+    /* A node that stalls inside this transaction (SIGSTOP) holds the
+     * queue's lock: PostgreSQL ends its session after the idle timeout (a
+     * lease, as the heartbeat's), and the others wait at most half a lease
+     * for the lock, then ask again (JD_EIO: a second later). */
+    long long idle = (long long)jd_pg_idle_tx_ms(pg), wait = (long long)pg->lease_ms / 2;
+    char *head = jd_xasprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %lld;"
+                              " SET LOCAL lock_timeout = %lld;"
+                              " SELECT pg_advisory_xact_lock(" QGRANT_LOCK_CLASS_S
                               ", hashtext(%s)); SELECT config FROM queues WHERE name = %s",
-                              lit, lit);
+                              idle, wait, lit, lit);
     PQfreemem(lit);
     PGresult *r = PQexec(c, head);
     free(head);
