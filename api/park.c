@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,17 +39,15 @@ void http_arm(struct jd_req *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Stop watching r's socket (r->mu held). Before a resume, so the socket is
- * out of the set before MHD can close it and a new connection reuse it. */
+/* Stop watching r's socket (r->mu held). The socket stays in the set: its
+ * watch is one-shot and keyed by r's serial, which no later request has, so
+ * a hang-up it reports after r woke wakes nobody (take_gone_locked) and
+ * disarms it; closing the socket takes it out of the set, so a new
+ * connection that reuses the number is added afresh. Leaving it there
+ * saves an epoll_ctl a long-poll. */
 static void hup_unwatch_locked(struct jd_req *r)
 {
-    if (!r->hup_watched)
-        return;
     r->hup_watched = false;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci != NULL)
-        epoll_ctl(r->h->park_ep, EPOLL_CTL_DEL, ci->connect_fd, NULL);
 }
 
 /* Fire once per arming; resumes the connection if the handler suspended. */
@@ -75,11 +74,17 @@ void http_park_suspend_locked(struct jd_req *r)
     /* A suspended connection is not polled by MHD, so a client that hangs
      * up would go unnoticed until the wait ends; the timer thread watches
      * the socket instead. EPOLLRDHUP: the peer closed (or half-closed) its
-     * side; pipelined bytes alone do not wake it. */
+     * side; pipelined bytes alone do not wake it. One-shot, re-armed with
+     * this request's serial (MOD) on a keep-alive connection parked before,
+     * added the first time; a socket that hung up already reports at once
+     * (level-triggered). */
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u64 = r->serial};
-    if (ci != NULL && epoll_ctl(r->h->park_ep, EPOLL_CTL_ADD, ci->connect_fd, &ev) == 0)
+    if (ci == NULL)
+        return;
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = r->serial};
+    if (epoll_ctl(r->h->park_ep, EPOLL_CTL_MOD, ci->connect_fd, &ev) == 0 ||
+        (errno == ENOENT && epoll_ctl(r->h->park_ep, EPOLL_CTL_ADD, ci->connect_fd, &ev) == 0))
         r->hup_watched = true;
 }
 
