@@ -73,6 +73,7 @@ void http_req_unref(struct jd_req *r)
     free(r->path);
     free(r->body);
     free(r->cb_json);
+    free(r->ans_json);
     free(r->sse_buf);
     jd_jobs_events_sub_free(r->evsub);
     jd_objcache_free(req_cache(), r);
@@ -113,17 +114,38 @@ enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, ch
     return ret;
 }
 
-/* A JSON body from the job layer (not newline-terminated): copy with "\n". */
-enum MHD_Result http_respond_json(struct jd_req *r, int status, const char *json, const char *h1,
-                                  const char *v1)
+char *http_answer_dup(const char *json)
 {
     size_t n = strlen(json);
     char *b = jd_xmalloc(n + 2);
-    memcpy(b, json, n);
-    size_t len = n;
-    if (n == 0 || json[n - 1] != '\n')
-        b[len++] = '\n';
-    b[len] = '\0';
+    memcpy(b, json, n + 1);
+    return b;
+}
+
+char *http_answer_body(struct jd_req *r, const char *json, size_t *len)
+{
+    size_t n = strlen(json);
+    char *b;
+    if (json == r->ans_json && r->ans_room) {
+        b = r->ans_json; /* n + 2 bytes: http_answer_dup made it */
+        r->ans_json = NULL;
+    } else {
+        b = jd_xmalloc(n + 2);
+        memcpy(b, json, n);
+    }
+    if (n == 0 || b[n - 1] != '\n')
+        b[n++] = '\n';
+    b[n] = '\0';
+    *len = n;
+    return b;
+}
+
+/* A JSON body from the job layer (not newline-terminated): with "\n". */
+enum MHD_Result http_respond_json(struct jd_req *r, int status, const char *json, const char *h1,
+                                  const char *v1)
+{
+    size_t len;
+    char *b = http_answer_body(r, json, &len);
     return http_respond(r, status, "application/json", b, len, h1, v1, NULL, NULL);
 }
 

@@ -284,7 +284,8 @@ void http_on_submit_done(void *arg, const struct jd_submit_result *res)
     r->cb_job_id = res->job_id;
     r->cb_existing = res->existing;
     r->cb_unique = res->unique;
-    r->cb_json = res->json ? jd_xstrdup(res->json) : NULL;
+    r->cb_json = res->json ? http_answer_dup(res->json) : NULL;
+    r->cb_json_room = true;
     pthread_mutex_unlock(&r->mu);
     http_wake(r, WAKE_CHANGED);
     http_req_unref(r);
@@ -295,7 +296,8 @@ void http_on_action_done(void *arg, int rc, const char *json)
     struct jd_req *r = arg;
     pthread_mutex_lock(&r->mu);
     r->cb_rc = rc;
-    r->cb_json = json ? jd_xstrdup(json) : NULL;
+    r->cb_json = json ? http_answer_dup(json) : NULL;
+    r->cb_json_room = true;
     pthread_mutex_unlock(&r->mu);
     http_wake(r, WAKE_CHANGED);
     http_req_unref(r);
@@ -312,10 +314,11 @@ void http_on_watch_json(void *arg, int rc, int64_t version, const char *json)
 {
     struct jd_req *r = arg;
     if (json && rc == 0) {
-        char *copy = jd_xstrdup(json);
+        char *copy = http_answer_dup(json);
         pthread_mutex_lock(&r->mu);
         free(r->cb_json);
         r->cb_json = copy;
+        r->cb_json_room = true;
         r->cb_version = version;
         pthread_mutex_unlock(&r->mu);
     }
@@ -363,6 +366,7 @@ enum MHD_Result http_finish_parked(struct jd_req *r)
     pthread_mutex_lock(&r->mu);
     bool gone = r->wake == WAKE_GONE;
     char *json = r->cb_json; /* the job as the commit that woke us left it, or NULL */
+    bool room = r->cb_json_room;
     r->cb_json = NULL;
     pthread_mutex_unlock(&r->mu);
     http_park_release(r);
@@ -374,8 +378,11 @@ enum MHD_Result http_finish_parked(struct jd_req *r)
     }
     if (!json)
         return http_answer_job(r);
+    r->ans_json = json; /* the answer takes it (http_answer_body) */
+    r->ans_room = room;
     enum MHD_Result ret = http_respond_job(r, json, r->cb_version);
-    free(json);
+    free(r->ans_json);
+    r->ans_json = NULL;
     return ret;
 }
 
@@ -581,6 +588,8 @@ enum MHD_Result http_finish_async(struct jd_req *r)
     rc = r->cb_rc;
     json = r->cb_json;
     r->cb_json = NULL;
+    r->ans_json = json; /* an answer may take it (http_answer_body) */
+    r->ans_room = r->cb_json_room;
     r->armed = false;
     pthread_mutex_unlock(&r->mu);
     enum MHD_Result ret;
@@ -591,7 +600,8 @@ enum MHD_Result http_finish_async(struct jd_req *r)
     } else {
         ret = http_respond_json(r, 202, json ? json : "{}", NULL, NULL);
     }
-    free(json);
+    free(r->ans_json);
+    r->ans_json = NULL;
     return ret;
 }
 

@@ -201,19 +201,6 @@ enum MHD_Result route_job_events(struct jd_req *r)
     return http_sse_start(r);
 }
 
-/* json and a newline, in a new buffer of *len bytes (as "%s\n", without
- * printf's cost: this is every submit's answer). */
-static char *with_newline(const char *json, size_t *len)
-{
-    size_t n = strlen(json);
-    char *b = jd_xmalloc(n + 2);
-    memcpy(b, json, n);
-    b[n] = '\n';
-    b[n + 1] = '\0';
-    *len = n + 1;
-    return b;
-}
-
 /* 201 with the job and its Location (Idempotent-Replayed when the key
  * named a job stored earlier). */
 /* A unique key was held: 409 naming the holder (reject), or 200 with it. */
@@ -221,7 +208,7 @@ static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const c
 {
     if (r->cb_unique == JD_SUBMIT_UNIQUE_EXISTING) {
         size_t n;
-        char *b = with_newline(json ? json : "{}", &n);
+        char *b = http_answer_body(r, json ? json : "{}", &n);
         return http_respond(r, 200, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc, NULL,
                             NULL);
     }
@@ -245,7 +232,7 @@ static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
     if (r->cb_unique)
         return answer_unique(r, json, loc);
     size_t n;
-    char *b = with_newline(json ? json : "{}", &n);
+    char *b = http_answer_body(r, json ? json : "{}", &n);
     return http_respond(r, 201, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc,
                         r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
 }
