@@ -162,10 +162,13 @@ static void pool_put(struct jd_objcache *c, void *chain, unsigned n)
     (void)n;
 }
 
-/* Thread exit: every magazine back to its pool. */
+/* Thread exit: every magazine back to its pool. A block freed by a later
+ * destructor registers the thread again (glibc runs destructors again for
+ * a key set during that round), so it is not left behind. */
 static void mags_flush(void *unused)
 {
     (void)unused;
+    tls_registered = false;
     for (int i = 0; i < JD_OC_SLOTS; i++) {
         struct mag *m = &tls_mags[i];
         if (m->n)
