@@ -216,7 +216,8 @@ static const struct {
                     " SELECT count(*) FROM v",
          "ITIIIIITTTTTiiTBB"},
     /* The job changes of a pipelined batch in one statement (see
-     * pg_write_pipe.c): per record ($1-$4, in batch order) its event; per
+     * pg_write_pipe.c): per record ($1-$4, in batch order) its event, a
+     * job's events packed JD_EV_RUN_MAX (8) to a row (store_impl.h); per
      * job ($7-$17) its records folded into one update: $8 records, $9 the
      * JD_SET_* fields any of them set, each with the last value set, and
      * $17 what happens to finished_ms (0 kept, 1 stamped now if still 0, 2
@@ -245,10 +246,15 @@ static const struct {
          " ELSE j.finished_ms END"
          " FROM c WHERE j.id = ANY($7) AND j.id = c.id AND j.owner_node = $6" LEASE_VALID(
              "$6") " RETURNING j.id, j.version - c.k AS base, j.queue, j.state),"
-                   " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-                   " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
-                   " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
-                   " ON u.id = v.job_id ORDER BY v.ord)"
+                   " w AS (SELECT v.job_id, u.base, v.kind, v.tag, v.data, v.ord,"
+                   " row_number() OVER (PARTITION BY v.job_id ORDER BY v.ord) AS rk"
+                   " FROM v JOIN u ON u.id = v.job_id),"
+                   " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data, more)"
+                   " SELECT job_id, min(base) + min(rk), $5, (array_agg(kind ORDER BY rk))[1],"
+                   " (array_agg(tag ORDER BY rk))[1], (array_agg(data ORDER BY rk))[1],"
+                   " string_agg(kind || ',' || tag || ',0,' || coalesce(char_length(data), -1)"
+                   " || ':' || coalesce(data, ''), '' ORDER BY rk) FILTER (WHERE (rk - 1) % 8"
+                   " <> 0) FROM w GROUP BY job_id, (rk - 1) / 8 ORDER BY min(ord))"
                    " SELECT u.id, u.base, u.queue, (SELECT state FROM jobs WHERE id = u.id), "
                    "u.state"
                    " FROM u",
