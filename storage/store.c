@@ -118,17 +118,43 @@ void jd_job_events_free(struct jd_job_event *ev, size_t n)
     free(ev);
 }
 
+const char *const jd_state_event_data[JD_JOB_NSTATES] = {
+    "{\"state\":\"queued\"}",    "{\"state\":\"running\"}", "{\"state\":\"waiting\"}",
+    "{\"state\":\"succeeded\"}", "{\"state\":\"failed\"}",  "{\"state\":\"cancelled\"}",
+};
+
+/* v in decimal and term at p + at (room for 21 bytes); the new length.
+ * (snprintf's format parsing was most of an append's cost.) */
+static size_t evpack_dec(char *p, size_t at, int64_t v, char term)
+{
+    char d[20];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        d[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        p[at++] = '-';
+    while (n)
+        p[at++] = d[--n];
+    p[at++] = term;
+    return at;
+}
+
 void jd_evpack_put(struct jd_evpack *b, int kind, int64_t tag, int64_t dt, const char *data)
 {
     size_t dl = data ? strlen(data) : 0, chars = 0;
     for (size_t i = 0; i < dl; i++)
         chars += ((unsigned char)data[i] & 0xC0) != 0x80;
-    if (b->len + dl + 80 > b->cap) {
-        b->cap = 2 * (b->len + dl + 80);
+    if (b->len + dl + 88 > b->cap) {
+        b->cap = 2 * (b->len + dl + 88);
         b->p = jd_xrealloc(b->p, b->cap);
     }
-    b->len += (size_t)snprintf(b->p + b->len, b->cap - b->len, "%d,%lld,%lld,%lld:", kind,
-                               (long long)tag, (long long)dt, data ? (long long)chars : -1LL);
+    b->len = evpack_dec(b->p, b->len, kind, ',');
+    b->len = evpack_dec(b->p, b->len, tag, ',');
+    b->len = evpack_dec(b->p, b->len, dt, ',');
+    b->len = evpack_dec(b->p, b->len, data ? (int64_t)chars : -1, ':');
     if (dl)
         memcpy(b->p + b->len, data, dl);
     b->len += dl;

@@ -92,6 +92,10 @@ struct jd_pg;    /* the PostgreSQL backend (storage/pg.h); NULL for SQLite */
     8 /* most events one row holds: a reader of "after seq S" or "after id A"                      \
          starts JD_EV_RUN_MAX - 1 back to find the row that contains S + 1 */
 
+/* The data of a state event the writers make, per state:
+ * {"state":"<jd_job_state_name>"}. */
+extern const char *const jd_state_event_data[JD_JOB_NSTATES];
+
 /* A growing `more` text (caller frees p). */
 struct jd_evpack {
     char *p;

@@ -208,12 +208,6 @@ static void bind_text(sqlite3_stmt *st, int i, const char *s)
         sqlite3_bind_null(st, i);
 }
 
-/* The data of a state event, per state: {"state":"<jd_job_state_name>"}. */
-static const char *const state_data[JD_JOB_NSTATES] = {
-    "{\"state\":\"queued\"}",    "{\"state\":\"running\"}", "{\"state\":\"waiting\"}",
-    "{\"state\":\"succeeded\"}", "{\"state\":\"failed\"}",  "{\"state\":\"cancelled\"}",
-};
-
 /* Versions of the jobs written in the current optimistic transaction, so a
  * job's second and later records in a batch need no version read, and a
  * history append (a change that sets no field) need not rewrite the jobs
@@ -633,7 +627,7 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
 
-    int rc = append_event(s, vc, id, 1, now, JD_EVK_STATE, 0, state_data[j->state]);
+    int rc = append_event(s, vc, id, 1, now, JD_EVK_STATE, 0, jd_state_event_data[j->state]);
     if (rc == 0) {
         w->version = 1;
         struct qcount *q = qc_entry(qc, j->queue);
@@ -730,7 +724,7 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
     }
     const char *data = w->data;
     if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE))
-        data = state_data[w->state];
+        data = jd_state_event_data[w->state];
     if (slot && set == 0) {
         /* A history append: the jobs row is brought up to date by vc_flush
          * or by the job's next UPDATE in this batch. */
