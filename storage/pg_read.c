@@ -960,8 +960,10 @@ int jd_pg_event_stream(struct jd_store *s, const struct jd_event_find *f,
         return rc;
     struct params p;
     params_from(&p, &q);
-    /* the matches, and the last event scanned (a rare filter moves on) */
-    char *wrapped = wrap_scan(&q, "t.nxt IS NULL", &p, (int64_t)f->limit + 1);
+    /* the matches, and the last event scanned (a rare filter moves on);
+     * up to JD_EV_RUN_MAX - 1 matching rows may hold only events at or
+     * before after_id (the scan starts that far back) */
+    char *wrapped = wrap_scan(&q, "t.nxt IS NULL", &p, (int64_t)f->limit + JD_EV_RUN_MAX);
     free(q.sql);
     q.sql = wrapped;
     struct jd_pg_rconn *c = NULL;
