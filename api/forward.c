@@ -283,6 +283,7 @@ static void relay_deliver(struct jd_req *r, long status, char *body, int rc, con
     r->cb_rc = 0;
     free(r->cb_json);
     r->cb_json = body;
+    r->cb_json_room = false; /* not http_answer_dup's: answers copy it */
     r->relay_status = (int)status;
     r->relay_rc = rc;
     r->relay_reason = reason;

@@ -51,6 +51,13 @@
     ((size_t)64 << 20) /* bytes of a rejected chunked body read before closing                     \
                         */
 
+/* Requests (about 1.4 KiB) are made on an MHD thread and often dropped on
+ * the completion thread: from an object cache (alloc.h). */
+static struct jd_objcache *req_cache(void)
+{
+    return jd_objcache(JD_OC_HTTP_REQ, sizeof(struct jd_req));
+}
+
 void http_req_ref(struct jd_req *r)
 {
     /* relaxed: taking a reference needs no ordering, only the drop does */
@@ -66,9 +73,10 @@ void http_req_unref(struct jd_req *r)
     free(r->path);
     free(r->body);
     free(r->cb_json);
+    free(r->ans_json);
     free(r->sse_buf);
     jd_jobs_events_sub_free(r->evsub);
-    free(r);
+    jd_objcache_free(req_cache(), r);
 }
 
 struct jd_jobs *http_jobs_of(struct jd_http *h)
@@ -106,17 +114,38 @@ enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, ch
     return ret;
 }
 
-/* A JSON body from the job layer (not newline-terminated): copy with "\n". */
-enum MHD_Result http_respond_json(struct jd_req *r, int status, const char *json, const char *h1,
-                                  const char *v1)
+char *http_answer_dup(const char *json)
 {
     size_t n = strlen(json);
     char *b = jd_xmalloc(n + 2);
-    memcpy(b, json, n);
-    size_t len = n;
-    if (n == 0 || json[n - 1] != '\n')
-        b[len++] = '\n';
-    b[len] = '\0';
+    memcpy(b, json, n + 1);
+    return b;
+}
+
+char *http_answer_body(struct jd_req *r, const char *json, size_t *len)
+{
+    size_t n = strlen(json);
+    char *b;
+    if (json == r->ans_json && r->ans_room) {
+        b = r->ans_json; /* n + 2 bytes: http_answer_dup made it */
+        r->ans_json = NULL;
+    } else {
+        b = jd_xmalloc(n + 2);
+        memcpy(b, json, n);
+    }
+    if (n == 0 || b[n - 1] != '\n')
+        b[n++] = '\n';
+    b[n] = '\0';
+    *len = n;
+    return b;
+}
+
+/* A JSON body from the job layer (not newline-terminated): with "\n". */
+enum MHD_Result http_respond_json(struct jd_req *r, int status, const char *json, const char *h1,
+                                  const char *v1)
+{
+    size_t len;
+    char *b = http_answer_body(r, json, &len);
     return http_respond(r, status, "application/json", b, len, h1, v1, NULL, NULL);
 }
 
@@ -423,7 +452,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     struct jd_http *h = cls;
     struct jd_req *r = *con_cls;
     if (r == NULL) {
-        r = jd_xcalloc(1, sizeof *r);
+        r = jd_objcache_calloc(req_cache());
         r->h = h;
         r->conn = conn;
         atomic_init(&r->refs, 1); /* MHD's, dropped in on_completed */

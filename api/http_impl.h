@@ -121,6 +121,7 @@ struct jd_req {
     enum wake wake;
     int cb_rc;
     char *cb_json;
+    bool cb_json_room;  /* cb_json was made by http_answer_dup: room for the newline */
     int64_t cb_version; /* a long-poll's cb_json: the job's version (its ETag) */
     int64_t cb_job_id;
     bool cb_existing;
@@ -134,6 +135,12 @@ struct jd_req {
     int relay_status;         /* forward.c: the owner node's status (cb_json its body), or 0: */
     int relay_rc;             /* ... a refusal made here, with relay_reason and cb_err */
     const char *relay_reason; /* static: "lease_lost", "completed", "cancelled" or NULL */
+
+    /* The body being answered (the callback's cb_json, owned by the thread
+     * answering) and whether it has room for a newline: http_answer_body
+     * takes it instead of copying it; freed after the answer otherwise. */
+    char *ans_json;
+    bool ans_room;
 
     /* parked list (under h->park_mu) */
     struct jd_req *pprev, *pnext;
@@ -170,6 +177,13 @@ enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, ch
                              const char *v2);
 enum MHD_Result http_respond_json(struct jd_req *r, int status, const char *json, const char *h1,
                                   const char *v1);
+/* A copy of json with a byte to spare, for a callback's cb_json (set
+ * cb_json_room with it): its answer can then add the newline in place. */
+char *http_answer_dup(const char *json);
+/* json and a newline as a body for http_respond (*len bytes): r's
+ * ans_json itself when json is it and has room (taken: no copy), else a
+ * new copy. */
+char *http_answer_body(struct jd_req *r, const char *json, size_t *len);
 enum MHD_Result http_respond_problem(struct jd_req *r, int status, const char *detail,
                                      const char *pointer);
 enum MHD_Result http_respond_error(struct jd_req *r, int rc, const struct jd_error *err);

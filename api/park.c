@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,17 +39,15 @@ void http_arm(struct jd_req *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Stop watching r's socket (r->mu held). Before a resume, so the socket is
- * out of the set before MHD can close it and a new connection reuse it. */
+/* Stop watching r's socket (r->mu held). The socket stays in the set: its
+ * watch is one-shot and keyed by r's serial, which no later request has, so
+ * a hang-up it reports after r woke wakes nobody (take_gone_locked) and
+ * disarms it; closing the socket takes it out of the set, so a new
+ * connection that reuses the number is added afresh. Leaving it there
+ * saves an epoll_ctl a long-poll. */
 static void hup_unwatch_locked(struct jd_req *r)
 {
-    if (!r->hup_watched)
-        return;
     r->hup_watched = false;
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci != NULL)
-        epoll_ctl(r->h->park_ep, EPOLL_CTL_DEL, ci->connect_fd, NULL);
 }
 
 /* Fire once per arming; resumes the connection if the handler suspended. */
@@ -75,11 +74,17 @@ void http_park_suspend_locked(struct jd_req *r)
     /* A suspended connection is not polled by MHD, so a client that hangs
      * up would go unnoticed until the wait ends; the timer thread watches
      * the socket instead. EPOLLRDHUP: the peer closed (or half-closed) its
-     * side; pipelined bytes alone do not wake it. */
+     * side; pipelined bytes alone do not wake it. One-shot, re-armed with
+     * this request's serial (MOD) on a keep-alive connection parked before,
+     * added the first time; a socket that hung up already reports at once
+     * (level-triggered). */
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u64 = r->serial};
-    if (ci != NULL && epoll_ctl(r->h->park_ep, EPOLL_CTL_ADD, ci->connect_fd, &ev) == 0)
+    if (ci == NULL)
+        return;
+    struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = r->serial};
+    if (epoll_ctl(r->h->park_ep, EPOLL_CTL_MOD, ci->connect_fd, &ev) == 0 ||
+        (errno == ENOENT && epoll_ctl(r->h->park_ep, EPOLL_CTL_ADD, ci->connect_fd, &ev) == 0))
         r->hup_watched = true;
 }
 
@@ -279,7 +284,8 @@ void http_on_submit_done(void *arg, const struct jd_submit_result *res)
     r->cb_job_id = res->job_id;
     r->cb_existing = res->existing;
     r->cb_unique = res->unique;
-    r->cb_json = res->json ? jd_xstrdup(res->json) : NULL;
+    r->cb_json = res->json ? http_answer_dup(res->json) : NULL;
+    r->cb_json_room = true;
     pthread_mutex_unlock(&r->mu);
     http_wake(r, WAKE_CHANGED);
     http_req_unref(r);
@@ -290,7 +296,8 @@ void http_on_action_done(void *arg, int rc, const char *json)
     struct jd_req *r = arg;
     pthread_mutex_lock(&r->mu);
     r->cb_rc = rc;
-    r->cb_json = json ? jd_xstrdup(json) : NULL;
+    r->cb_json = json ? http_answer_dup(json) : NULL;
+    r->cb_json_room = true;
     pthread_mutex_unlock(&r->mu);
     http_wake(r, WAKE_CHANGED);
     http_req_unref(r);
@@ -307,10 +314,11 @@ void http_on_watch_json(void *arg, int rc, int64_t version, const char *json)
 {
     struct jd_req *r = arg;
     if (json && rc == 0) {
-        char *copy = jd_xstrdup(json);
+        char *copy = http_answer_dup(json);
         pthread_mutex_lock(&r->mu);
         free(r->cb_json);
         r->cb_json = copy;
+        r->cb_json_room = true;
         r->cb_version = version;
         pthread_mutex_unlock(&r->mu);
     }
@@ -358,6 +366,7 @@ enum MHD_Result http_finish_parked(struct jd_req *r)
     pthread_mutex_lock(&r->mu);
     bool gone = r->wake == WAKE_GONE;
     char *json = r->cb_json; /* the job as the commit that woke us left it, or NULL */
+    bool room = r->cb_json_room;
     r->cb_json = NULL;
     pthread_mutex_unlock(&r->mu);
     http_park_release(r);
@@ -369,8 +378,11 @@ enum MHD_Result http_finish_parked(struct jd_req *r)
     }
     if (!json)
         return http_answer_job(r);
+    r->ans_json = json; /* the answer takes it (http_answer_body) */
+    r->ans_room = room;
     enum MHD_Result ret = http_respond_job(r, json, r->cb_version);
-    free(json);
+    free(r->ans_json);
+    r->ans_json = NULL;
     return ret;
 }
 
@@ -576,6 +588,8 @@ enum MHD_Result http_finish_async(struct jd_req *r)
     rc = r->cb_rc;
     json = r->cb_json;
     r->cb_json = NULL;
+    r->ans_json = json; /* an answer may take it (http_answer_body) */
+    r->ans_room = r->cb_json_room;
     r->armed = false;
     pthread_mutex_unlock(&r->mu);
     enum MHD_Result ret;
@@ -586,7 +600,8 @@ enum MHD_Result http_finish_async(struct jd_req *r)
     } else {
         ret = http_respond_json(r, 202, json ? json : "{}", NULL, NULL);
     }
-    free(json);
+    free(r->ans_json);
+    r->ans_json = NULL;
     return ret;
 }
 

@@ -19,11 +19,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* v in decimal at out (room for 21 bytes), NUL-terminated; returns its
+ * length. As "%" PRId64 without printf's cost (ids and versions on every
+ * submit and long-poll). */
+static size_t i64_text(char *out, int64_t v)
+{
+    char tmp[24];
+    size_t n = 0;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    size_t len = 0;
+    if (v < 0)
+        out[len++] = '-';
+    while (n)
+        out[len++] = tmp[--n];
+    out[len] = '\0';
+    return len;
+}
+
 static bool job_id_from_param(struct jd_req *r, int64_t *id)
 {
     if (jd_jobs_parse_id(r->m.param, id) != 0)
         return false;
-    snprintf(r->job_label, sizeof r->job_label, "%" PRId64, *id);
+    _Static_assert(sizeof r->job_label >= 21, "job_label holds an int64");
+    i64_text(r->job_label, *id);
     return true;
 }
 
@@ -44,7 +66,10 @@ enum MHD_Result http_answer_job(struct jd_req *r)
 enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t version)
 {
     char etag[32];
-    snprintf(etag, sizeof etag, "\"%" PRId64 "\"", version);
+    etag[0] = '"';
+    size_t n = 1 + i64_text(etag + 1, version);
+    etag[n] = '"';
+    etag[n + 1] = '\0';
     return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
 }
 
@@ -176,19 +201,6 @@ enum MHD_Result route_job_events(struct jd_req *r)
     return http_sse_start(r);
 }
 
-/* json and a newline, in a new buffer of *len bytes (as "%s\n", without
- * printf's cost: this is every submit's answer). */
-static char *with_newline(const char *json, size_t *len)
-{
-    size_t n = strlen(json);
-    char *b = jd_xmalloc(n + 2);
-    memcpy(b, json, n);
-    b[n] = '\n';
-    b[n + 1] = '\0';
-    *len = n + 1;
-    return b;
-}
-
 /* 201 with the job and its Location (Idempotent-Replayed when the key
  * named a job stored earlier). */
 /* A unique key was held: 409 naming the holder (reject), or 200 with it. */
@@ -196,7 +208,7 @@ static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const c
 {
     if (r->cb_unique == JD_SUBMIT_UNIQUE_EXISTING) {
         size_t n;
-        char *b = with_newline(json ? json : "{}", &n);
+        char *b = http_answer_body(r, json ? json : "{}", &n);
         return http_respond(r, 200, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc, NULL,
                             NULL);
     }
@@ -214,13 +226,13 @@ static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const c
 
 static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
 {
-    char loc[48];
-    snprintf(loc, sizeof loc, "/v1/jobs/%" PRId64, r->cb_job_id);
-    snprintf(r->job_label, sizeof r->job_label, "%" PRId64, r->cb_job_id);
+    char loc[48] = "/v1/jobs/";
+    i64_text(loc + 9, r->cb_job_id);
+    memcpy(r->job_label, loc + 9, strlen(loc + 9) + 1);
     if (r->cb_unique)
         return answer_unique(r, json, loc);
     size_t n;
-    char *b = with_newline(json ? json : "{}", &n);
+    char *b = http_answer_body(r, json ? json : "{}", &n);
     return http_respond(r, 201, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc,
                         r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
 }

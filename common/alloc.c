@@ -1,9 +1,12 @@
 /*
- * jd_x* allocators: abort on out-of-memory with a message naming the size.
+ * jd_x* allocators: abort on out-of-memory with a message naming the size;
+ * object caches (alloc.h).
  */
 #include "common/alloc.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,3 +70,161 @@ char *jd_xasprintf(const char *fmt, ...)
     va_end(ap);
     return p;
 }
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define JD_OBJCACHE_OFF 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define JD_OBJCACHE_OFF 1
+#endif
+#endif
+
+#define POOL_MAX 1024 /* blocks a cache's shared pool keeps; more go back to malloc */
+
+struct jd_objcache {
+    size_t size;
+    pthread_mutex_t mu;
+    void *pool; /* blocks linked through their first word */
+    unsigned npool;
+};
+
+static struct jd_objcache caches[JD_OC_SLOTS] = {
+    [0 ... JD_OC_SLOTS - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER},
+};
+
+struct jd_objcache *jd_objcache(enum jd_objcache_slot slot, size_t size)
+{
+    struct jd_objcache *c = &caches[slot];
+    /* Every caller passes the same size for a slot; blocks hold a pointer. */
+    if (size < sizeof(void *))
+        size = sizeof(void *);
+    __atomic_store_n(&c->size, size, __ATOMIC_RELAXED);
+    return c;
+}
+
+#ifdef JD_OBJCACHE_OFF
+void *jd_objcache_calloc(struct jd_objcache *c)
+{
+    return jd_xcalloc(1, __atomic_load_n(&c->size, __ATOMIC_RELAXED));
+}
+
+void jd_objcache_free(struct jd_objcache *c, void *p)
+{
+    (void)c;
+    free(p);
+}
+#else
+struct mag {
+    void *head;
+    unsigned n;
+};
+static _Thread_local struct mag tls_mags[JD_OC_SLOTS];
+static pthread_key_t mag_key;
+static pthread_once_t mag_once = PTHREAD_ONCE_INIT;
+static _Thread_local bool tls_registered;
+
+/* Detach up to n blocks from the front of *head (count *cnt) as a chain. */
+static void *take_chain(void **head, unsigned *cnt, unsigned n, unsigned *got)
+{
+    void *first = *head, *last = NULL, *p = first;
+    unsigned k = 0;
+    while (p && k < n) {
+        last = p;
+        p = *(void **)p;
+        k++;
+    }
+    if (last)
+        *(void **)last = NULL;
+    *head = p;
+    *cnt -= k;
+    *got = k;
+    return k ? first : NULL;
+}
+
+/* Give a chain of n blocks to c's pool; what it cannot keep is freed. */
+static void pool_put(struct jd_objcache *c, void *chain, unsigned n)
+{
+    pthread_mutex_lock(&c->mu);
+    while (chain && c->npool < POOL_MAX) {
+        void *next = *(void **)chain;
+        *(void **)chain = c->pool;
+        c->pool = chain;
+        c->npool++;
+        chain = next;
+        n--;
+    }
+    pthread_mutex_unlock(&c->mu);
+    while (chain) {
+        void *next = *(void **)chain;
+        free(chain);
+        chain = next;
+    }
+    (void)n;
+}
+
+/* Thread exit: every magazine back to its pool. A block freed by a later
+ * destructor registers the thread again (glibc runs destructors again for
+ * a key set during that round), so it is not left behind. */
+static void mags_flush(void *unused)
+{
+    (void)unused;
+    tls_registered = false;
+    for (int i = 0; i < JD_OC_SLOTS; i++) {
+        struct mag *m = &tls_mags[i];
+        if (m->n)
+            pool_put(&caches[i], m->head, m->n);
+        m->head = NULL;
+        m->n = 0;
+    }
+}
+
+static void mag_key_make(void)
+{
+    (void)pthread_key_create(&mag_key, mags_flush);
+}
+
+static struct mag *my_mag(struct jd_objcache *c)
+{
+    if (!tls_registered) {
+        tls_registered = true;
+        pthread_once(&mag_once, mag_key_make);
+        (void)pthread_setspecific(mag_key, tls_mags); /* non-NULL: the destructor runs */
+    }
+    return &tls_mags[c - caches];
+}
+
+void *jd_objcache_calloc(struct jd_objcache *c)
+{
+    struct mag *m = my_mag(c);
+    size_t size = __atomic_load_n(&c->size, __ATOMIC_RELAXED);
+    if (!m->n) {
+        pthread_mutex_lock(&c->mu);
+        unsigned got = 0;
+        m->head = take_chain(&c->pool, &c->npool, JD_OBJCACHE_MAG / 2, &got);
+        m->n = got;
+        pthread_mutex_unlock(&c->mu);
+        if (!m->n)
+            return jd_xcalloc(1, size);
+    }
+    void *p = m->head;
+    m->head = *(void **)p;
+    m->n--;
+    memset(p, 0, size);
+    return p;
+}
+
+void jd_objcache_free(struct jd_objcache *c, void *p)
+{
+    if (!p)
+        return;
+    struct mag *m = my_mag(c);
+    if (m->n >= JD_OBJCACHE_MAG) {
+        unsigned got = 0;
+        void *chain = take_chain(&m->head, &m->n, JD_OBJCACHE_MAG / 2, &got);
+        pool_put(c, chain, got);
+    }
+    *(void **)p = m->head;
+    m->head = p;
+    m->n++;
+}
+#endif

@@ -303,7 +303,7 @@ if wait_for 60 back3; then
 else
     not_ok "node3 restarted after its crash"
 fi
-dups=$(sql "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'attempt' FROM events
+dups=$(sql "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'attempt' FROM events_all
             WHERE kind = 2 GROUP BY 1, 2, 3 HAVING count(*) > 1) d")
 if [ "$dups" = 0 ]; then ok "no step completion recorded twice"; else not_ok "$dups duplicate completions"; fi
 phase crash

@@ -87,7 +87,9 @@ int jd_jobdef_check_text(const char *text, size_t len, const struct jd_job_limit
 
 static void ptr_join(char *out, size_t cap, const char *base, const char *tok)
 {
-    snprintf(out, cap, "%s", base);
+    size_t n = strnlen(base, cap - 1); /* as snprintf "%s": cut to fit */
+    memmove(out, base, n);
+    out[n] = '\0';
     jd_ptr_append(out, cap, tok);
 }
 

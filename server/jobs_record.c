@@ -32,9 +32,16 @@
 static void wrec_done(void *arg, struct jd_write *w, int rc);
 static void retry_record_locked(struct jd_jobs *j, struct job *jb, struct wrec *r, int rc);
 
+/* A job's records are made on the HTTP and scheduler threads and freed on
+ * the completion thread, five or more a job: from an object cache. */
+static struct jd_objcache *wrec_cache(void)
+{
+    return jd_objcache(JD_OC_JOB_WREC, sizeof(struct wrec));
+}
+
 struct wrec *jobs_wrec_new(struct jd_jobs *j, struct job *jb, enum jd_write_op op)
 {
-    struct wrec *r = jd_xcalloc(1, sizeof *r);
+    struct wrec *r = jd_objcache_calloc(wrec_cache());
     r->j = j;
     r->job = jb;
     if (jb)
@@ -59,7 +66,7 @@ void jobs_wrec_free(struct wrec *r)
     free(r->row.queue);
     free(r->res);
     free(r->res_err);
-    free(r);
+    jd_objcache_free(wrec_cache(), r);
 }
 
 /* Under mu (store submission only enqueues). A record that cannot be

@@ -63,13 +63,13 @@ static void limit_unlink_locked(struct call *c)
     l->waiting--;
 }
 
-/* Without mu: cancel the job's calls (their done fires; nothing is recorded
- * because the job is finished) and its timers. */
-void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb)
+/* Under mu: the first half of jobs_cancel_inflight (drop the calls that
+ * wait, cancel the timers); the calls already given to the registry are
+ * returned in *v (*n of them, referenced) for cancel_calls, without mu. */
+static void cancel_inflight_locked(struct jd_jobs *j, struct job *jb, struct call ***vp, size_t *np)
 {
     size_t n = 0, cap = 0;
     struct call **v = NULL;
-    pthread_mutex_lock(&j->mu);
     for (struct call **pp = &jb->calls; *pp;) {
         struct call *c = *pp;
         if (!c->waiting) {
@@ -109,7 +109,13 @@ void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb)
     if (jb->grace_timer && jd_sched_timer_cancel(j->sched, jb->grace_timer) == 0)
         jobs_job_unref(jb);
     jb->grace_timer = 0;
-    pthread_mutex_unlock(&j->mu);
+    *vp = v;
+    *np = n;
+}
+
+/* Without mu: cancel the calls cancel_inflight_locked returned. */
+static void cancel_calls(struct jd_jobs *j, struct call **v, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         jd_registry_call_cancel(j->reg, v[i]->handle);
         struct jd_call_handle *h;
@@ -120,6 +126,18 @@ void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb)
             jd_registry_call_release(h);
     }
     free(v);
+}
+
+/* Without mu: cancel the job's calls (their done fires; nothing is recorded
+ * because the job is finished) and its timers. */
+void jobs_cancel_inflight(struct jd_jobs *j, struct job *jb)
+{
+    struct call **v = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&j->mu);
+    cancel_inflight_locked(j, jb, &v, &n);
+    pthread_mutex_unlock(&j->mu);
+    cancel_calls(j, v, n);
 }
 
 /* Without mu. Spawn the job's process; record "running" unless resuming. */
@@ -307,10 +325,17 @@ void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status s
             err = jd_xstrdup(error ? error : "{\"kind\":\"failed\",\"message\":\"failed\"}");
         jobs_record_final(j, jb, s, output, err, jd_wall_ms(), 0);
     }
-    pthread_mutex_unlock(&j->mu);
-    jobs_cancel_inflight(j, jb);
+    struct call **v = NULL;
+    size_t n = 0;
+    cancel_inflight_locked(j, jb, &v, &n);
+    if (n > 0) { /* calls to cancel in the registry: without mu, before admitting */
+        pthread_mutex_unlock(&j->mu);
+        cancel_calls(j, v, n);
+        pthread_mutex_lock(&j->mu);
+    } else {
+        free(v);
+    }
     struct job *start = NULL;
-    pthread_mutex_lock(&j->mu);
     jobs_admit_locked(j, &start);
     jobs_job_unref(jb); /* the process's reference */
     pthread_mutex_unlock(&j->mu);

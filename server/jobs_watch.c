@@ -120,6 +120,31 @@ static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool 
         *watch_id = w->id;
 }
 
+/* A long-poll that comes after its job ended (the usual case for a short
+ * job: the job is gone from the table by the time the GET arrives) is
+ * answered from one store read, rendered here, without j->mu: the ended row
+ * is a state the job was in after the request came, so answering with it
+ * needs no watch and misses none. Called without mu for a job that was not
+ * in the table; false (a job not ended, a failed read) sends the caller
+ * back to its locked path. */
+static bool ended_answer(struct jd_jobs *j, int64_t id, int64_t since_version,
+                         void (*fn_json)(void *arg, int rc, int64_t version, const char *json),
+                         void *arg)
+{
+    struct jd_job row = {0};
+    if (jd_store_job_get(j->store, id, &row) != 0)
+        return false;
+    bool ready = jd_job_state_terminal(row.state) && row.version > since_version;
+    char *json = ready ? jd_render_job_json(&row) : NULL;
+    int64_t version = row.version;
+    jd_job_clear(&row);
+    if (!json)
+        return false;
+    fn_json(arg, 0, version, json);
+    free(json);
+    return true;
+}
+
 /* jd_jobs_watch and jd_jobs_watch_json: one of fn and fn_json is set. */
 static int watch_add(struct jd_jobs *j, int64_t id, int64_t since_version, bool terminal_only,
                      void (*fn)(void *arg, int rc, int64_t version),
@@ -129,6 +154,12 @@ static int watch_add(struct jd_jobs *j, int64_t id, int64_t since_version, bool 
     if (watch_id)
         *watch_id = 0;
     pthread_mutex_lock(&j->mu);
+    if (fn_json && !jobs_job_find(j, id)) {
+        pthread_mutex_unlock(&j->mu);
+        if (ended_answer(j, id, since_version, fn_json, arg))
+            return 0;
+        pthread_mutex_lock(&j->mu);
+    }
     int64_t version = 0;
     bool terminal = false;
     /* A live job's version is the one its last commit callback saw: a

@@ -401,12 +401,14 @@ done:
 
 /* ---- the global event stream ---- */
 
-/* As find_sql_build, for the event stream. The state is read from the
- * JSON only for state events (PostgreSQL: one jsonb parse per event). */
+/* As find_sql_build, for the event stream: rows of events (a row holds a
+ * run of a job's events, store_impl.h), m says whether the row's job
+ * passes the filters and the row may hold a state event. The state filter
+ * is applied per event by jd_stream_row_add, which reads the state from
+ * each state event's JSON. The scan starts JD_EV_RUN_MAX - 1 ids back:
+ * the row that holds after_id + 1 begins at most that far before it. */
 static int event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out, bool pg)
 {
-    const char *state = pg ? "CASE WHEN e.kind = 0 THEN e.data::jsonb ->> 'state' END"
-                           : "json_extract(e.data, '$.state')";
     memset(out, 0, sizeof *out);
     if (f->limit < 1 || f->limit > 1000 || f->after_id < 0 || f->n_labels > JD_FIND_MAX_LABELS ||
         f->state_mask >= (1u << JD_JOB_NSTATES))
@@ -414,23 +416,10 @@ static int event_sql_build(const struct jd_event_find *f, struct jd_find_sql *ou
     struct sqlbuf q = {.len = 0};
     /* m: a state event of a job that still exists, and the filters */
     put(&q, "SELECT e.id, e.job_id, e.seq, e.time_ms, e.data, j.queue, j.state,"
-            " (e.kind = 0 AND j.id IS NOT NULL");
+            " ((e.kind = 0 OR e.more IS NOT NULL) AND j.id IS NOT NULL");
     if (f->queue) {
         put(&q, " AND j.queue = ?");
         bind_text(out, f->queue);
-    }
-    if (f->state_mask) {
-        put(&q, " AND ");
-        put(&q, state);
-        put(&q, " IN (");
-        bool first = true;
-        for (int st = 0; st < JD_JOB_NSTATES; st++)
-            if (f->state_mask & (1u << st)) {
-                put(&q, first ? "?" : ", ?");
-                bind_text(out, jd_job_state_name((enum jd_job_state)st));
-                first = false;
-            }
-        put(&q, ")");
     }
     for (size_t i = 0; i < f->n_labels; i++) {
         if (!f->label_key[i] || !f->label_value[i])
@@ -441,17 +430,71 @@ static int event_sql_build(const struct jd_event_find *f, struct jd_find_sql *ou
         bind_text(out, f->label_value[i]);
     }
     put(&q, pg ? ") AS m, " : "), ");
-    put(&q, state);
-    put(&q, " FROM events e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.id > ?");
+    put(&q, "e.more, e.kind FROM events e LEFT JOIN jobs j ON j.id = e.job_id WHERE e.id > ?");
     /* PostgreSQL, a cluster: only ids below the horizon (storage/pg.h) */
     put(&q,
         pg ? " AND e.id < " JD_PG_HORIZON_SQL " ORDER BY e.id LIMIT ?" : " ORDER BY e.id LIMIT ?");
-    bind_int(out, f->after_id);
+    bind_int(out, f->after_id - (JD_EV_RUN_MAX - 1));
     bind_int(out, JD_FIND_SCAN);
     out->sql = jd_xstrdup(q.s);
     if (pg)
         number_placeholders(out);
     return 0;
+}
+
+/* The state a state event's data names, or -1. */
+static int event_state(const char *data, size_t len)
+{
+    const char *v;
+    size_t vl;
+    if (!data || !jd_json_member(data, len, "state", &v, &vl) || vl < 2 || v[0] != '"' ||
+        v[vl - 1] != '"')
+        return -1;
+    char name[16];
+    if (vl - 2 >= sizeof name)
+        return -1;
+    memcpy(name, v + 1, vl - 2);
+    name[vl - 2] = '\0';
+    return jd_job_state_parse(name);
+}
+
+/* One event of a stream row: examined (it moves *last) unless the page is
+ * full; added when it is a state event the filters pass. */
+static void stream_event(const struct jd_event_find *f, const struct jd_stream_row *r, int64_t i,
+                         int kind, const char *data, int64_t dl, struct jd_stream_event *out,
+                         size_t *k, int64_t *last)
+{
+    int64_t id = r->id + i;
+    if (id <= f->after_id || *k >= f->limit)
+        return;
+    *last = id;
+    if (!r->match || kind != JD_EVK_STATE)
+        return;
+    int ps = event_state(data, dl < 0 ? 0 : (size_t)dl);
+    if (f->state_mask && (ps < 0 || !(f->state_mask & (1u << ps))))
+        return;
+    struct jd_stream_event *e = &out[(*k)++];
+    e->id = id;
+    e->job_id = r->job_id;
+    e->seq = r->seq + i;
+    e->time_ms = r->time_ms;
+    e->data = data && dl >= 0 ? jd_xstrndup(data, (size_t)dl) : jd_xstrdup("{}");
+    e->queue = jd_xstrdup(r->queue ? r->queue : "");
+    e->state = ps >= 0 ? (enum jd_job_state)ps : r->job_state;
+}
+
+void jd_stream_row_add(const struct jd_event_find *f, const struct jd_stream_row *r,
+                       struct jd_stream_event *out, size_t *k, int64_t *last)
+{
+    stream_event(f, r, 0, r->kind, r->data, r->data ? (int64_t)strlen(r->data) : -1, out, k, last);
+    const char *p = r->more, *end = r->more ? r->more + r->more_len : NULL, *d;
+    int64_t fl[3], dl;
+    for (int64_t i = 1; r->more && jd_evpack_next(&p, end, fl, &d, &dl); i++) {
+        size_t before = *k;
+        stream_event(f, r, i, (int)fl[0], d, dl, out, k, last);
+        if (*k > before)
+            out[before].time_ms = r->time_ms + fl[2];
+    }
 }
 
 int jd_event_sql_build(const struct jd_event_find *f, struct jd_find_sql *out)
@@ -522,21 +565,20 @@ int jd_store_event_stream(struct jd_store *s, const struct jd_event_find *f,
         goto done;
     int src;
     while (k < f->limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
-        last = sqlite3_column_int64(st, 0);
-        if (!sqlite3_column_int(st, 7))
-            continue;
-        struct jd_stream_event *e = &out[k++];
-        e->id = last;
-        e->job_id = sqlite3_column_int64(st, 1);
-        e->seq = sqlite3_column_int64(st, 2);
-        e->time_ms = sqlite3_column_int64(st, 3);
-        const unsigned char *t = sqlite3_column_text(st, 4);
-        e->data = jd_xstrdup(t ? (const char *)t : "{}");
-        t = sqlite3_column_text(st, 5);
-        e->queue = jd_xstrdup(t ? (const char *)t : "");
-        t = sqlite3_column_text(st, 8);
-        int ps = t ? jd_job_state_parse((const char *)t) : -1;
-        e->state = ps >= 0 ? (enum jd_job_state)ps : (enum jd_job_state)sqlite3_column_int(st, 6);
+        struct jd_stream_row r = {
+            .id = sqlite3_column_int64(st, 0),
+            .job_id = sqlite3_column_int64(st, 1),
+            .seq = sqlite3_column_int64(st, 2),
+            .time_ms = sqlite3_column_int64(st, 3),
+            .data = (const char *)sqlite3_column_text(st, 4),
+            .queue = (const char *)sqlite3_column_text(st, 5),
+            .job_state = (enum jd_job_state)sqlite3_column_int(st, 6),
+            .match = sqlite3_column_int(st, 7) != 0,
+            .more = (const char *)sqlite3_column_text(st, 8),
+            .more_len = (size_t)sqlite3_column_bytes(st, 8),
+            .kind = sqlite3_column_int(st, 9),
+        };
+        jd_stream_row_add(f, &r, out, &k, &last);
     }
     if (k < f->limit && src != SQLITE_DONE) {
         rc = jd_store_sqlite_rc(src) ? jd_store_sqlite_rc(src) : JD_EIO;
@@ -569,12 +611,16 @@ int jd_store_event_last_id(struct jd_store *s, int64_t *id)
     if (rc)
         return rc;
     sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(jd_rconn_db(c), "SELECT max(id) FROM events", -1, &st, NULL) !=
-        SQLITE_OK)
-        rc = JD_EIO;
-    else if (sqlite3_step(st) == SQLITE_ROW)
-        *id = sqlite3_column_int64(st, 0);
-    else
+    int src = SQLITE_ERROR;
+    if (sqlite3_prepare_v2(jd_rconn_db(c), "SELECT id, more FROM events ORDER BY id DESC LIMIT 1",
+                           -1, &st, NULL) == SQLITE_OK)
+        src = sqlite3_step(st);
+    if (src == SQLITE_ROW) /* a packed row holds ids id .. id + n - 1 */
+        *id = sqlite3_column_int64(st, 0) +
+              jd_evpack_count((const char *)sqlite3_column_text(st, 1),
+                              (size_t)sqlite3_column_bytes(st, 1)) -
+              1;
+    else if (src != SQLITE_DONE)
         rc = JD_EIO;
     sqlite3_finalize(st);
     jd_rconn_put(s, c);

@@ -8,7 +8,7 @@
  * JD_PG_TASKS_CHANNEL (the listener in pg_cluster.c hands each one to the
  * tasks_waiting hook). Also the grants that make a queue's max_running and
  * rate hold cluster-wide (jd_store_queue_grant; store.h says how; migration
- * 7's queue_grants and queue_tokens), one transaction per ask.
+ * 8's queue_grants, queue_tokens and queue_demand), one transaction per ask.
  *
  * A lookup answers only for a live row (expires_at > now(), the database's
  * clock, as the heartbeat's test): a node whose lease lapsed cannot renew

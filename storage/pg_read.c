@@ -76,7 +76,7 @@
     " j.attempts, j.version, j.output, j.error, j.created_ms, j.updated_ms, j.started_ms,"         \
     " j.finished_ms, j.idempotency_key, j.schedule_id, j.crashes"
 #define JOB_FROM " FROM jobs j"
-#define EVENT_COLS "job_id, seq, time_ms, kind, tag, data"
+#define EVENT_COLS "job_id, seq, time_ms, kind, tag, data, more"
 #define SCHED_COLS                                                                                 \
     "id, definition, paused, retired, next_fire_ms, last_fire_ms, last_job_id, last_outcome,"      \
     " fires, skips, event_seq, created_ms, updated_ms, anchor_ms"
@@ -139,11 +139,13 @@ static const char *const pg_sql[PR_N] = {
     [PR_LIST_SCHEDULE_STATE] = "SELECT " JOB_COLS JOB_FROM " WHERE j.schedule_id >= $4"
                                " AND j.schedule_id <= $4 AND j.state = $3 AND j.id < $1"
                                " ORDER BY j.schedule_id DESC, j.id DESC LIMIT $2",
-    [PR_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = $1 AND seq > $2"
-                  " ORDER BY seq LIMIT $3",
-    /* Recovery: the events of a page of jobs, grouped by job. */
+    /* as store.c's RS_EVENTS: a row holds up to JD_EV_RUN_MAX events */
+    [PR_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = $1 AND seq > $2 - 7"
+                  " ORDER BY seq LIMIT $3 + 7",
+    /* Recovery: the events of a page of jobs, grouped by job (the rows
+     * that may hold an event of kind > 0). */
     [PR_EVENTS_OF_JOBS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ANY($1::bigint[])"
-                          " AND kind > 0 ORDER BY job_id, seq",
+                          " AND (kind > 0 OR more IS NOT NULL) ORDER BY job_id, seq",
     /* Summed so that per-node count rows (if the writer keeps them) read
      * as one count. */
     [PR_COUNTS] = "SELECT queue, state, sum(n) FROM queue_counts GROUP BY queue, state"
@@ -192,15 +194,19 @@ static const char *const pg_sql[PR_N] = {
      * history (a complete event for its tag, no later attempt dispatched)
      * reads as completed. */
     [PR_TASK_STATE] = "SELECT CASE WHEN t.state = 1 AND EXISTS (SELECT 1 FROM events e"
-                      " WHERE e.job_id = t.job_id AND e.tag = t.tag AND e.kind = 2)"
+                      " WHERE e.job_id = t.job_id AND ((e.tag = t.tag AND e.kind = 2)"
+                      " OR (e.more IS NOT NULL AND jd_ev_any(e.more, 2, t.tag, NULL))))"
                       " AND NOT EXISTS (SELECT 1 FROM events d WHERE d.job_id = t.job_id"
-                      " AND d.tag = t.tag AND d.kind = 1"
+                      " AND ((d.tag = t.tag AND d.kind = 1"
                       " AND CASE WHEN jsonb_typeof(d.data::jsonb -> 'attempt') = 'number'"
                       " THEN (d.data::jsonb ->> 'attempt')::numeric END > t.attempt)"
+                      " OR (d.more IS NOT NULL AND jd_ev_any(d.more, 1, t.tag, t.attempt))))"
                       " THEN 2 ELSE t.state END, t.job_id FROM tasks t WHERE t.id = $1",
     [PR_TASK_CLAIMED] = "SELECT 1 FROM tasks WHERE job_id = $1 AND tag = $2 AND attempt = $3"
                         " LIMIT 1",
-    [PR_EVENT_LAST_ID] = "SELECT max(id) FROM events WHERE id < " JD_PG_HORIZON_SQL,
+    /* the newest row below the horizon: its last event is id + n - 1 */
+    [PR_EVENT_LAST_ID] =
+        "SELECT id, more FROM events WHERE id < " JD_PG_HORIZON_SQL " ORDER BY id DESC LIMIT 1",
     /* The traceparent of each job in $1 that has one (find.c's instr test:
      * jobs without one cost no JSON parse). */
     [PR_TRACEPARENTS] = "SELECT job_id, definition::jsonb ->> 'traceparent' FROM job_definitions"
@@ -646,6 +652,16 @@ static void row_to_event(const PGresult *r, int i, struct jd_job_event *e)
     e->data = g_text(r, i, 5);
 }
 
+/* row i's events (first, read by row_to_event, and those packed in its
+ * column 6) after after_seq, appended to *ev. */
+static int expand_row(const PGresult *r, int i, struct jd_job_event *first, int64_t after_seq,
+                      struct jd_job_event **ev, size_t *n, size_t *cap)
+{
+    const char *more = PQgetisnull(r, i, 6) ? NULL : PQgetvalue(r, i, 6);
+    return jd_evpack_expand(first, more, more ? (size_t)PQgetlength(r, i, 6) : 0, after_seq, ev, n,
+                            cap);
+}
+
 /* One statement on a pooled connection: its result (caller PQclears) or
  * NULL with *rc set. */
 static PGresult *query(struct jd_store *s, int which, const struct params *p, int *rc)
@@ -886,13 +902,22 @@ int jd_pg_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsigned
     PGresult *r = query(s, PR_EVENTS, &p, &rc);
     if (!r)
         return rc;
-    size_t k = (size_t)PQntuples(r);
-    struct jd_job_event *out = jd_xcalloc(k ? k : 1, sizeof *out);
-    for (size_t i = 0; i < k; i++)
-        row_to_event(r, (int)i, &out[i]);
+    size_t nr = (size_t)PQntuples(r), k = 0, cap = nr ? nr : 1;
+    struct jd_job_event *out = jd_xcalloc(cap, sizeof *out);
+    for (size_t i = 0; i < nr && k < limit && rc == 0; i++) {
+        struct jd_job_event first;
+        row_to_event(r, (int)i, &first);
+        rc = expand_row(r, (int)i, &first, after_seq, &out, &k, &cap);
+    }
     PQclear(r);
+    if (rc) {
+        jd_job_events_free(out, k);
+        return rc;
+    }
+    for (size_t i = limit; i < k; i++)
+        free(out[i].data);
     *events = out;
-    *n = k;
+    *n = k < limit ? k : limit;
     return 0;
 }
 
@@ -939,8 +964,10 @@ int jd_pg_event_stream(struct jd_store *s, const struct jd_event_find *f,
         return rc;
     struct params p;
     params_from(&p, &q);
-    /* the matches, and the last event scanned (a rare filter moves on) */
-    char *wrapped = wrap_scan(&q, "t.nxt IS NULL", &p, (int64_t)f->limit + 1);
+    /* the matches, and the last event scanned (a rare filter moves on);
+     * up to JD_EV_RUN_MAX - 1 matching rows may hold only events at or
+     * before after_id (the scan starts that far back) */
+    char *wrapped = wrap_scan(&q, "t.nxt IS NULL", &p, (int64_t)f->limit + JD_EV_RUN_MAX);
     free(q.sql);
     q.sql = wrapped;
     struct jd_pg_rconn *c = NULL;
@@ -954,18 +981,20 @@ int jd_pg_event_stream(struct jd_store *s, const struct jd_event_find *f,
         goto done;
     int nr = PQntuples(r);
     for (int i = 0; i < nr && k < f->limit; i++) {
-        last = g_int(r, i, 0);
-        if (!g_bool(r, i, 7))
-            continue;
-        struct jd_stream_event *e = &out[k++];
-        e->id = last;
-        e->job_id = g_int(r, i, 1);
-        e->seq = g_int(r, i, 2);
-        e->time_ms = g_int(r, i, 3);
-        e->data = jd_xstrdup(PQgetisnull(r, i, 4) ? "{}" : PQgetvalue(r, i, 4));
-        e->queue = jd_xstrdup(PQgetvalue(r, i, 5)); /* "" for NULL */
-        int ps = PQgetisnull(r, i, 8) ? -1 : jd_job_state_parse(PQgetvalue(r, i, 8));
-        e->state = ps >= 0 ? (enum jd_job_state)ps : (enum jd_job_state)g_int(r, i, 6);
+        struct jd_stream_row row = {
+            .id = g_int(r, i, 0),
+            .job_id = g_int(r, i, 1),
+            .seq = g_int(r, i, 2),
+            .time_ms = g_int(r, i, 3),
+            .data = PQgetisnull(r, i, 4) ? NULL : PQgetvalue(r, i, 4),
+            .queue = PQgetvalue(r, i, 5), /* "" for NULL */
+            .job_state = (enum jd_job_state)g_int(r, i, 6),
+            .match = g_bool(r, i, 7),
+            .more = PQgetisnull(r, i, 8) ? NULL : PQgetvalue(r, i, 8),
+            .more_len = (size_t)PQgetlength(r, i, 8),
+            .kind = (int)g_int(r, i, 9),
+        };
+        jd_stream_row_add(f, &row, out, &k, &last);
     }
     *next_after = last;
     rc = add_traceparents(s, c, out, k);
@@ -991,8 +1020,10 @@ int jd_pg_event_last_id(struct jd_store *s, int64_t *id)
     PGresult *r = query(s, PR_EVENT_LAST_ID, NULL, &rc);
     if (!r)
         return rc;
-    if (PQntuples(r) > 0)
-        *id = g_int(r, 0, 0);
+    if (PQntuples(r) > 0) {
+        const char *more = PQgetisnull(r, 0, 1) ? NULL : PQgetvalue(r, 0, 1);
+        *id = g_int(r, 0, 0) + jd_evpack_count(more, more ? (size_t)PQgetlength(r, 0, 1) : 0) - 1;
+    }
     PQclear(r);
     return 0;
 }
@@ -1125,11 +1156,20 @@ static int hand_jobs(struct jd_store *s, struct jd_pg_rconn *c, struct jd_job *j
             free(arr);
             if (!r)
                 break;
-            ne = (size_t)PQntuples(r);
-            ev = jd_xcalloc(ne ? ne : 1, sizeof *ev);
-            for (size_t i = 0; i < ne; i++)
-                row_to_event(r, (int)i, &ev[i]);
+            size_t nr = (size_t)PQntuples(r), cap = nr ? nr : 1;
+            ev = jd_xcalloc(cap, sizeof *ev);
+            for (size_t i = 0; i < nr && rc == 0; i++) {
+                struct jd_job_event first;
+                row_to_event(r, (int)i, &first);
+                size_t from = ne;
+                rc = expand_row(r, (int)i, &first, 0, &ev, &ne, &cap);
+                ne = from + jd_evpack_drop_state(ev + from, ne - from);
+            }
             PQclear(r);
+            if (rc) {
+                jd_job_events_free(ev, ne);
+                break;
+            }
         }
         /* ev is in (job_id, seq) order; each job's run is found by search. */
         for (size_t i = 0; i < m && !*stop_rc; i++) {

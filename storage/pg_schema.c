@@ -230,7 +230,45 @@ static const char *const migrations[] = {
      * pick them by owner, both on jobs_owned (test_pg_read checks the
      * plans), so a queued or running version paid for it in vain. */
     "DROP INDEX IF EXISTS jobs_active;",
-    /* 7: cluster-wide queue limits (storage/pg_nodes.c, jd_store_queue_grant):
+    /* 7: packed runs of events (as SQLite's 14; store_impl.h): a row
+     * holds a run of up to JD_EV_RUN_MAX (8) events of one job, each with
+     * an id of its own (id .. id + n - 1), so the sequence steps by 8 and
+     * the event horizon (pg.h) stays a bound for every event a row holds.
+     * Existing rows are runs of one. jd_ev_unpack reads a row's `more`
+     * in SQL: jd_ev_any serves the task state query (pg_read.c, as the C
+     * function of that name does for SQLite), and the view events_all
+     * lists every event as a row of its own, for psql and the tests. */
+    "ALTER TABLE events ADD COLUMN more TEXT;"
+    "ALTER SEQUENCE events_id_seq INCREMENT BY 8;"
+    "CREATE FUNCTION jd_ev_unpack(more text)"
+    "  RETURNS TABLE(i bigint, kind bigint, tag bigint, dt bigint, data text)"
+    "  LANGUAGE plpgsql IMMUTABLE AS $f$"
+    " DECLARE p int := 1; c int; h text[]; n int;"
+    " BEGIN"
+    "  i := 0;"
+    "  WHILE more IS NOT NULL AND p <= length(more) LOOP"
+    "   c := strpos(substr(more, p), ':');"
+    "   EXIT WHEN c = 0;"
+    "   h := string_to_array(substr(more, p, c - 1), ',');"
+    "   n := h[4]::int;"
+    "   p := p + c;"
+    "   i := i + 1; kind := h[1]::bigint; tag := h[2]::bigint; dt := h[3]::bigint;"
+    "   data := CASE WHEN n >= 0 THEN substr(more, p, n) END;"
+    "   p := p + greatest(n, 0);"
+    "   RETURN NEXT;"
+    "  END LOOP;"
+    " END $f$;"
+    "CREATE FUNCTION jd_ev_any(text, bigint, bigint, bigint) RETURNS boolean"
+    "  LANGUAGE sql IMMUTABLE AS $f$"
+    " SELECT EXISTS (SELECT 1 FROM jd_ev_unpack($1) x WHERE x.kind = $2 AND x.tag = $3"
+    "  AND ($4 IS NULL OR CASE WHEN jsonb_typeof(x.data::jsonb -> 'attempt') = 'number'"
+    "  THEN (x.data::jsonb ->> 'attempt')::numeric END > $4)) $f$;"
+    "CREATE VIEW events_all AS"
+    " SELECT id, job_id, seq, time_ms, kind, tag, data FROM events"
+    " UNION ALL SELECT e.id + x.i, e.job_id, e.seq + x.i, e.time_ms + x.dt, x.kind, x.tag,"
+    " x.data FROM events e CROSS JOIN LATERAL jd_ev_unpack(e.more) x"
+    " WHERE e.more IS NOT NULL;",
+    /* 8: cluster-wide queue limits (storage/pg_nodes.c, jd_store_queue_grant):
      * a node starts a queued job of a limited queue only under a grant; a
      * grant counts against max_running while its job is queued and owned
      * by the grantee (a started job counts by its state). A queue's rate
@@ -257,6 +295,8 @@ static const char *const migrations[] = {
     "  PRIMARY KEY (queue, node)"
     ");",
 };
+
+_Static_assert(JD_EV_RUN_MAX == 8, "migration 7 steps the events sequence by JD_EV_RUN_MAX");
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -131,7 +131,11 @@ struct jd_pg_wscratch {
     size_t capids;
     struct jd_pgw_pend *pq; /* statements sent in the pipeline, results not yet read */
     size_t npq, cappq;
-    struct jd_pgw_abuf arr[15]; /* the grouped statements' array parameters, reused */
+    struct jd_pgw_abuf arr[17]; /* the grouped statements' array parameters, reused */
+    /* the grouped changes' event rows, a job's events packed into runs
+     * (store_impl.h); their more buffers are kept across batches */
+    struct jd_pgw_evrow *evr;
+    size_t nevr, capevr;
     /* the grouped changes: per job of the batch (open addressing on id),
      * and per record whether it went in the grouped statement and its
      * rank among its job's records there */
@@ -142,10 +146,21 @@ struct jd_pg_wscratch {
     size_t capgrp;
 };
 
+/* One events row of the grouped changes: a run of a job's events, the
+ * first as its columns, the rest packed; off is the first's rank among the
+ * job's grouped records (its seq is the job's old version + off). */
+struct jd_pgw_evrow {
+    int64_t job_id, off, tag;
+    int kind;
+    const char *data; /* the record's, or static */
+    struct jd_evpack more;
+};
+
 struct jd_pgw_jslot {
-    int64_t id; /* 0: empty */
-    bool busy;  /* the batch has a record for it that cannot be grouped */
-    bool found; /* the grouped statement returned its row */
+    int64_t id;   /* 0: empty */
+    size_t evrow; /* 1 + its newest row in jd_pg_wscratch.evr, 0: none yet */
+    bool busy;    /* the batch has a record for it that cannot be grouped */
+    bool found;   /* the grouped statement returned its row */
     int64_t records, base;
     /* its grouped records folded: the fields set (JD_SET_*), each field's
      * last value, and finished_ms's fate (fmode: 0 kept, 1 stamped, 2 set) */

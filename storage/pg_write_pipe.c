@@ -328,6 +328,36 @@ static void fold(struct jd_pgw_jslot *js, const struct jd_write *w, int64_t now)
     }
 }
 
+/* The event of w (data: its data, or the state's), the rank-th grouped
+ * record of js's job: it joins the job's newest row while that row's run
+ * has room (store_impl.h, packed runs), else starts a row. */
+static void ev_add(struct jd_pg_wscratch *ws, struct jd_pgw_jslot *js, const struct jd_write *w,
+                   const char *data, int64_t rank)
+{
+    if (js->evrow) {
+        struct jd_pgw_evrow *r = &ws->evr[js->evrow - 1];
+        if (r->more.n < JD_EV_RUN_MAX) {
+            jd_evpack_put(&r->more, w->kind, w->tag, 0, data);
+            return;
+        }
+    }
+    if (ws->nevr == ws->capevr) {
+        size_t cap = ws->capevr ? 2 * ws->capevr : 64;
+        ws->evr = jd_xrealloc(ws->evr, cap * sizeof *ws->evr);
+        memset(ws->evr + ws->capevr, 0, (cap - ws->capevr) * sizeof *ws->evr);
+        ws->capevr = cap;
+    }
+    struct jd_pgw_evrow *r = &ws->evr[ws->nevr++];
+    struct jd_evpack keep = r->more;
+    *r = (struct jd_pgw_evrow){.job_id = w->job_id,
+                               .off = rank,
+                               .tag = w->tag,
+                               .kind = w->kind,
+                               .data = data,
+                               .more = {.p = keep.p, .cap = keep.cap, .n = 1}};
+    js->evrow = ws->nevr;
+}
+
 /* Queue the changes of jobs that have nothing but groupable changes (and
  * their insert) in the batch as one statement (PS_JOB_CHANGES), after the
  * inserts: each job's records are folded into one update of its row (one
@@ -385,30 +415,25 @@ static int emit_changes(struct jd_pgw_ctx *c)
         memset(ws->grp, 0, n);
         return 0;
     }
-    for (size_t k = 0; k < 15; k++) {
+    for (size_t k = 0; k < 17; k++) {
         ws->arr[k].len = 0;
         ab_put(&ws->arr[k], "{", 1);
     }
     struct jd_write *first = NULL;
+    ws->nevr = 0;
     for (size_t i = 0; i < n; i++) {
         if (!ws->grp[i])
             continue;
         struct jd_write *w = c->b[i];
         w->version = 0;
         w->time_ms = c->now;
-        ab_int(&ws->arr[0], w->job_id);
-        ab_int(&ws->arr[1], w->kind);
-        ab_int(&ws->arr[2], w->tag);
-        if (!w->data && w->kind == JD_EVK_STATE && (w->set & JD_SET_STATE)) {
-            char buf[48];
-            snprintf(buf, sizeof buf, "{\"state\":\"%s\"}", jd_job_state_name(w->state));
-            ab_text(&ws->arr[3], buf);
-        } else {
-            ab_text(&ws->arr[3], w->data);
-        }
+        const char *data = w->data;
+        if (!data && w->kind == JD_EVK_STATE && (w->set & JD_SET_STATE))
+            data = jd_state_event_data[w->state];
         if (!first)
             first = w;
         struct jd_pgw_jslot *js = jslot(ws, w->job_id);
+        ev_add(ws, js, w, data, ws->rank[i]);
         if (ws->rank[i] != js->records)
             continue; /* the job's row once, at its last record */
         ab_int(&ws->arr[4], js->id);
@@ -423,6 +448,16 @@ static int emit_changes(struct jd_pgw_ctx *c)
         ab_int(&ws->arr[13], js->finished_ms);
         ab_int(&ws->arr[14], js->fmode);
     }
+    /* the event rows: arrays 0-3, 15 and 16 */
+    for (size_t k = 0; k < ws->nevr; k++) {
+        const struct jd_pgw_evrow *e = &ws->evr[k];
+        ab_int(&ws->arr[0], e->job_id);
+        ab_int(&ws->arr[1], e->kind);
+        ab_int(&ws->arr[2], e->tag);
+        ab_text(&ws->arr[3], e->data);
+        ab_textn(&ws->arr[15], e->more.n > 1 ? e->more.p : NULL, e->more.len);
+        ab_int(&ws->arr[16], e->off);
+    }
     struct jd_pgw_prm p = {0};
     for (size_t k = 0; k < 4; k++) {
         ab_put(&ws->arr[k], "}", 1);
@@ -430,7 +465,7 @@ static int emit_changes(struct jd_pgw_ctx *c)
     }
     p_int(&p, c->now);
     p_int(&p, c->s->pg->node_id);
-    for (size_t k = 4; k < 15; k++) {
+    for (size_t k = 4; k < 17; k++) {
         ab_put(&ws->arr[k], "}", 1);
         p_text(&p, ws->arr[k].p);
     }

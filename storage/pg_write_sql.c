@@ -216,7 +216,9 @@ static const struct {
                     " SELECT count(*) FROM v",
          "ITIIIIITTTTTiiTBB"},
     /* The job changes of a pipelined batch in one statement (see
-     * pg_write_pipe.c): per record ($1-$4, in batch order) its event; per
+     * pg_write_pipe.c): per events row ($1-$4 and $18-$19, in batch
+     * order) a run of a job's events (store_impl.h: the first's kind, tag
+     * and data, the rest packed in $18, $19 the first's rank); per
      * job ($7-$17) its records folded into one update: $8 records, $9 the
      * JD_SET_* fields any of them set, each with the last value set, and
      * $17 what happens to finished_ms (0 kept, 1 stamped now if still 0, 2
@@ -228,7 +230,8 @@ static const struct {
      * snapshot (it does not see the UPDATE), as in a single change. */
     [PS_JOB_CHANGES] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
-         " $4::text[]) WITH ORDINALITY AS v(job_id, kind, tag, data, ord)),"
+         " $4::text[], $18::text[], $19::bigint[]) WITH ORDINALITY"
+         " AS v(job_id, kind, tag, data, more, off, ord)),"
          " c AS (SELECT * FROM unnest($7::bigint[], $8::bigint[], $9::bigint[],"
          " $10::bigint[], $11::text[], $12::text[], $13::bigint[], $14::bigint[],"
          " $15::bigint[], $16::bigint[], $17::bigint[]) AS c(id, k, m, state, output,"
@@ -245,14 +248,13 @@ static const struct {
          " ELSE j.finished_ms END"
          " FROM c WHERE j.id = ANY($7) AND j.id = c.id AND j.owner_node = $6" LEASE_VALID(
              "$6") " RETURNING j.id, j.version - c.k AS base, j.queue, j.state),"
-                   " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data)"
-                   " SELECT v.job_id, u.base + row_number() OVER (PARTITION BY v.job_id"
-                   " ORDER BY v.ord), $5, v.kind, v.tag, v.data FROM v JOIN u"
-                   " ON u.id = v.job_id ORDER BY v.ord)"
+                   " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data, more)"
+                   " SELECT v.job_id, u.base + v.off, $5, v.kind, v.tag, v.data, v.more"
+                   " FROM v JOIN u ON u.id = v.job_id ORDER BY v.ord)"
                    " SELECT u.id, u.base, u.queue, (SELECT state FROM jobs WHERE id = u.id), "
                    "u.state"
                    " FROM u",
-         "IIITiiIIIITTIIIII"},
+         "IIITiiIIIITTIIIIITI"},
     /* An inbox request (unfenced): one row always; state NULL: no such
      * job; id NULL: the job is terminal. */
     [PS_REQUEST] = {"WITH j AS (SELECT state FROM jobs WHERE id = $1),"
@@ -358,6 +360,9 @@ void jd_pg_write_free(struct jd_pg *pg)
     free(w->pq);
     for (size_t i = 0; i < sizeof w->arr / sizeof w->arr[0]; i++)
         free(w->arr[i].p);
+    for (size_t i = 0; i < w->capevr; i++)
+        free(w->evr[i].more.p);
+    free(w->evr);
     free(w->jt);
     free(w->grp);
     free(w->rank);

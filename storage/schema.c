@@ -288,6 +288,13 @@ static const char *const migrations[] = {
      * merges them by id, so the index of non-terminal jobs is not needed;
      * it cost every job an index insert at submit and a delete at its end. */
     "DROP INDEX jobs_active;",
+
+    /* 14 (fewer history rows per job, issues 16 and 17): an events row
+     * holds a run of one job's consecutive events written in one commit,
+     * the first in its own columns and the rest packed in `more`
+     * (store_impl.h, "packed runs"). Every older row is a run of one
+     * (more NULL), so nothing is rewritten. */
+    "ALTER TABLE events ADD COLUMN more TEXT;",
 };
 
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))

@@ -118,6 +118,270 @@ void jd_job_events_free(struct jd_job_event *ev, size_t n)
     free(ev);
 }
 
+const char *const jd_state_event_data[JD_JOB_NSTATES] = {
+    "{\"state\":\"queued\"}",    "{\"state\":\"running\"}", "{\"state\":\"waiting\"}",
+    "{\"state\":\"succeeded\"}", "{\"state\":\"failed\"}",  "{\"state\":\"cancelled\"}",
+};
+
+/* v in decimal and term at p + at (room for 21 bytes); the new length.
+ * (snprintf's format parsing was most of an append's cost.) */
+static size_t evpack_dec(char *p, size_t at, int64_t v, char term)
+{
+    char d[20];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        d[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        p[at++] = '-';
+    while (n)
+        p[at++] = d[--n];
+    p[at++] = term;
+    return at;
+}
+
+void jd_evpack_put(struct jd_evpack *b, int kind, int64_t tag, int64_t dt, const char *data)
+{
+    size_t dl = data ? strlen(data) : 0, chars = 0;
+    for (size_t i = 0; i < dl; i++)
+        chars += ((unsigned char)data[i] & 0xC0) != 0x80;
+    if (b->len + dl + 88 > b->cap) {
+        b->cap = 2 * (b->len + dl + 88);
+        b->p = jd_xrealloc(b->p, b->cap);
+    }
+    b->len = evpack_dec(b->p, b->len, kind, ',');
+    b->len = evpack_dec(b->p, b->len, tag, ',');
+    b->len = evpack_dec(b->p, b->len, dt, ',');
+    b->len = evpack_dec(b->p, b->len, data ? (int64_t)chars : -1, ':');
+    if (dl)
+        memcpy(b->p + b->len, data, dl);
+    b->len += dl;
+    b->p[b->len] = '\0';
+    b->n++;
+}
+
+/* One decimal field of a packed event ending in term; false when malformed. */
+static bool evpack_num(const char **p, const char *end, char term, int64_t *v)
+{
+    const char *q = *p;
+    bool neg = q < end && *q == '-';
+    if (neg)
+        q++;
+    if (q >= end || *q < '0' || *q > '9')
+        return false;
+    int64_t x = 0;
+    while (q < end && *q >= '0' && *q <= '9' && x < INT64_MAX / 10 - 10)
+        x = x * 10 + (*q++ - '0');
+    if (q >= end || *q != term)
+        return false;
+    *v = neg ? -x : x;
+    *p = q + 1;
+    return true;
+}
+
+/* The next packed event of [*p, end): its fields, data (not terminated)
+ * and its length in bytes (-1: NULL). false at the end or when malformed
+ * (then *p < end). The length is written in characters (UTF-8 code
+ * points), as PostgreSQL's char_length counts them whatever the database
+ * encoding, so both writers and the SQL function jd_ev_any agree. */
+bool jd_evpack_next(const char **p, const char *end, int64_t f[3], const char **data, int64_t *dl)
+{
+    const char *q = *p;
+    int64_t chars;
+    if (q >= end || !evpack_num(&q, end, ',', &f[0]) || !evpack_num(&q, end, ',', &f[1]) ||
+        !evpack_num(&q, end, ',', &f[2]) || !evpack_num(&q, end, ':', &chars) || chars < -1 ||
+        chars > end - q)
+        return false;
+    const char *d = q;
+    for (int64_t i = 0; i < chars; i++) {
+        if (q >= end)
+            return false;
+        q++;
+        while (q < end && ((unsigned char)*q & 0xC0) == 0x80)
+            q++;
+    }
+    *data = d;
+    *dl = chars < 0 ? -1 : q - d;
+    *p = q;
+    return true;
+}
+
+unsigned jd_evpack_count(const char *more, size_t len)
+{
+    unsigned n = 1;
+    const char *p = more, *end = more ? more + len : NULL, *d;
+    int64_t f[3], dl;
+    while (more && jd_evpack_next(&p, end, f, &d, &dl))
+        n++;
+    return n;
+}
+
+int jd_evpack_expand(struct jd_job_event *first, const char *more, size_t len, int64_t after_seq,
+                     struct jd_job_event **ev, size_t *n, size_t *cap)
+{
+    /* check the whole text first: a malformed row adds nothing */
+    const char *p = more, *end = more ? more + len : NULL, *d;
+    int64_t f[3], dl;
+    while (more && jd_evpack_next(&p, end, f, &d, &dl))
+        ;
+    if (more && p != end) {
+        free(first->data);
+        first->data = NULL;
+        return JD_EIO;
+    }
+    unsigned total = 1;
+    for (p = more; more && jd_evpack_next(&p, end, f, &d, &dl);)
+        total++;
+    if (*n + total > *cap) {
+        *cap = 2 * (*n + total);
+        *ev = jd_xrealloc(*ev, *cap * sizeof **ev);
+    }
+    if (first->seq > after_seq)
+        (*ev)[(*n)++] = *first;
+    else
+        free(first->data);
+    p = more;
+    for (int64_t i = 1; more && jd_evpack_next(&p, end, f, &d, &dl); i++) {
+        if (first->seq + i <= after_seq)
+            continue;
+        struct jd_job_event *e = &(*ev)[(*n)++];
+        e->job_id = first->job_id;
+        e->seq = first->seq + i;
+        e->time_ms = first->time_ms + f[2];
+        e->kind = (enum jd_event_kind)f[0];
+        e->tag = (uint32_t)f[1];
+        e->data = dl < 0 ? NULL : jd_xstrndup(d, (size_t)dl);
+    }
+    first->data = NULL;
+    return 0;
+}
+
+size_t jd_evpack_drop_state(struct jd_job_event *ev, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].kind == JD_EVK_STATE)
+            free(ev[i].data);
+        else
+            ev[k++] = ev[i];
+    }
+    return k;
+}
+
+/* Past one JSON value at p (a string, or anything up to the next ',' or
+ * '}' at its own depth); NULL when the text ends first. */
+static const char *json_skip(const char *p, const char *end)
+{
+    int depth = 0;
+    bool str = false;
+    for (; p < end; p++) {
+        char ch = *p;
+        if (str) {
+            if (ch == '\\')
+                p++;
+            else if (ch == '"')
+                str = false;
+            if (!str && depth == 0)
+                return p + 1;
+            continue;
+        }
+        if (ch == '"')
+            str = true;
+        else if (ch == '{' || ch == '[')
+            depth++;
+        else if (ch == '}' || ch == ']') {
+            if (depth == 0)
+                return p;
+            if (--depth == 0)
+                return p + 1;
+        } else if (ch == ',' && depth == 0)
+            return p;
+    }
+    return NULL;
+}
+
+bool jd_json_member(const char *json, size_t len, const char *key, const char **val, size_t *vlen)
+{
+    const char *p = json, *end = json + len;
+    size_t kl = strlen(key);
+    while (p < end && *p != '{')
+        p++;
+    for (p++; p < end;) {
+        while (p < end && (*p == ' ' || *p == ',' || *p == '\n' || *p == '\t' || *p == '\r'))
+            p++;
+        if (p >= end || *p != '"')
+            return false;
+        const char *k = p + 1, *ke = json_skip(p, end);
+        if (!ke)
+            return false;
+        bool hit = (size_t)(ke - 1 - k) == kl && memcmp(k, key, kl) == 0;
+        p = ke;
+        while (p < end && (*p == ' ' || *p == ':'))
+            p++;
+        const char *v = p, *ve = json_skip(p, end);
+        if (!ve)
+            return false;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\n'))
+            ve--;
+        if (hit) {
+            *val = v;
+            *vlen = (size_t)(ve - v);
+            return true;
+        }
+        p = ve;
+        while (p < end && *p != ',' && *p != '}')
+            p++;
+        if (p < end && *p == '}')
+            return false;
+    }
+    return false;
+}
+
+/* jd_ev_any(more, kind, tag, min_attempt): whether an event packed in
+ * more (store_impl.h) is of kind and tag and, unless min_attempt is NULL,
+ * has a number "attempt" above it. RS_TASK_STATE asks it of the events a
+ * row holds beyond its first (as PostgreSQL's function of the same name,
+ * storage/pg_schema.c). */
+static void ev_any_fn(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    const char *p = (const char *)sqlite3_value_text(argv[0]);
+    if (!p) {
+        sqlite3_result_int(ctx, 0);
+        return;
+    }
+    const char *end = p + sqlite3_value_bytes(argv[0]), *d;
+    int64_t f[3], dl, kind = sqlite3_value_int64(argv[1]), tag = sqlite3_value_int64(argv[2]);
+    bool any_attempt = sqlite3_value_type(argv[3]) == SQLITE_NULL;
+    double min_attempt = sqlite3_value_double(argv[3]);
+    while (jd_evpack_next(&p, end, f, &d, &dl)) {
+        if (f[0] != kind || f[1] != tag)
+            continue;
+        const char *v;
+        size_t vl;
+        if (any_attempt) {
+            sqlite3_result_int(ctx, 1);
+            return;
+        }
+        if (dl > 0 && jd_json_member(d, (size_t)dl, "attempt", &v, &vl) && vl > 0 &&
+            (*v == '-' || (*v >= '0' && *v <= '9')) && strtod(v, NULL) > min_attempt) {
+            sqlite3_result_int(ctx, 1);
+            return;
+        }
+    }
+    sqlite3_result_int(ctx, 0);
+}
+
+/* The SQL functions the read statements use (read_sql). */
+static int read_functions(sqlite3 *db)
+{
+    return sqlite3_create_function_v2(db, "jd_ev_any", 4,
+                                      SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS, NULL,
+                                      ev_any_fn, NULL, NULL, NULL);
+}
+
 void jd_queue_counts_free(struct jd_queue_counts *rows, size_t n)
 {
     for (size_t i = 0; rows && i < n; i++)
@@ -329,12 +593,20 @@ static int seed_next_id(struct jd_store *s, struct jd_error *err)
     /* the same for event ids (GET /v1/events resumes by them) */
     st = NULL;
     rc = sqlite3_prepare_v2(s->wdb,
-                            "SELECT max(coalesce((SELECT max(id) FROM events), 0),"
-                            " coalesce((SELECT value FROM meta WHERE key = 'max_deleted_event_id'),"
-                            " 0))",
+                            "SELECT coalesce((SELECT value FROM meta"
+                            " WHERE key = 'max_deleted_event_id'), 0), id, more"
+                            " FROM (SELECT 1) LEFT JOIN (SELECT id, more FROM events"
+                            " ORDER BY id DESC LIMIT 1)",
                             -1, &st, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        s->event_max = sqlite3_column_int64(st, 0);
+        /* the newest row's last id: a packed row holds id .. id + n - 1 */
+        int64_t last = sqlite3_column_int64(st, 1) +
+                       jd_evpack_count((const char *)sqlite3_column_text(st, 2),
+                                       (size_t)sqlite3_column_bytes(st, 2)) -
+                       1;
+        if (sqlite3_column_type(st, 1) == SQLITE_NULL)
+            last = 0;
+        s->event_max = sqlite3_column_int64(st, 0) > last ? sqlite3_column_int64(st, 0) : last;
         rc = SQLITE_OK;
     }
     sqlite3_finalize(st);
@@ -552,7 +824,7 @@ void jd_store_stats(struct jd_store *s, struct jd_store_stats *out)
     " j.output, j.error, j.created_ms, j.updated_ms, j.started_ms, j.finished_ms,"                 \
     " j.idempotency_key, j.schedule_id, j.crashes"
 #define JOB_FROM " FROM jobs j CROSS JOIN job_definitions d ON d.job_id = j.id"
-#define EVENT_COLS "job_id, seq, time_ms, kind, tag, data"
+#define EVENT_COLS "job_id, seq, time_ms, kind, tag, data, more"
 
 enum {
     RS_JOB_GET,
@@ -606,8 +878,11 @@ static const char *const read_sql[RS_N] = {
                             " CROSS JOIN job_definitions d ON d.job_id = j.id"
                             " WHERE j.queue = ?4 AND j.state = ?3 AND j.id < ?1"
                             " ORDER BY j.id DESC LIMIT ?2",
-    [RS_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND seq > ?2"
-                  " ORDER BY seq LIMIT ?3",
+    /* a row holds up to JD_EV_RUN_MAX events: the one that holds ?2 + 1
+     * starts at most 7 before it, and up to 7 rows before it may hold
+     * none after ?2 */
+    [RS_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND seq > ?2 - 7"
+                  " ORDER BY seq LIMIT ?3 + 7",
     [RS_COUNTS] = "SELECT queue, state, n FROM queue_counts WHERE n > 0 ORDER BY queue, state",
     [RS_QUEUES] = "SELECT name, paused FROM queues ORDER BY name",
     [RS_IDEM] = "SELECT job_id, fingerprint FROM idempotency WHERE key = ?1",
@@ -616,8 +891,8 @@ static const char *const read_sql[RS_N] = {
     [RS_QUEUED_ALL] = "SELECT " JOB_COLS " FROM jobs j INDEXED BY jobs_state"
                       " CROSS JOIN job_definitions d ON d.job_id = j.id WHERE j.state = 0"
                       " ORDER BY j.id",
-    [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1 AND kind > 0"
-                          " ORDER BY seq",
+    [RS_RECOVER_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE job_id = ?1"
+                          " AND (kind > 0 OR more IS NOT NULL) ORDER BY seq",
     [RS_PAUSED] = "SELECT name FROM queues WHERE paused = 1 ORDER BY name",
     [RS_UNIQUE_KEYS] = "SELECT key, job_id, expires_ms FROM unique_keys",
     [RS_QCONFIG] = "SELECT name, config FROM queues WHERE config IS NOT NULL ORDER BY name",
@@ -641,10 +916,12 @@ static const char *const read_sql[RS_N] = {
      * completed: completing a task writes no row of its own, the job's
      * complete event is the record. */
     [RS_TASK_STATE] = "SELECT CASE WHEN t.state = 1 AND EXISTS (SELECT 1 FROM events e"
-                      " WHERE e.job_id = t.job_id AND e.tag = t.tag AND e.kind = 2)"
+                      " WHERE e.job_id = t.job_id AND ((e.tag = t.tag AND e.kind = 2)"
+                      " OR jd_ev_any(e.more, 2, t.tag, NULL)))"
                       " AND NOT EXISTS (SELECT 1 FROM events d WHERE d.job_id = t.job_id"
-                      " AND d.tag = t.tag AND d.kind = 1"
+                      " AND ((d.tag = t.tag AND d.kind = 1"
                       " AND json_extract(d.data, '$.attempt') > t.attempt)"
+                      " OR jd_ev_any(d.more, 1, t.tag, t.attempt)))"
                       " THEN 2 ELSE t.state END, t.job_id FROM tasks t WHERE t.id = ?1",
     [RS_TASK_CLAIMED] = "SELECT 1 FROM tasks WHERE job_id = ?1 AND tag = ?2 AND attempt = ?3",
     /* A page of a queue's queued jobs in run order after (?2 priority, ?3
@@ -692,6 +969,7 @@ static int rconn_get(struct jd_store *s, struct jd_rconn **out)
     if (rc == SQLITE_OK) {
         sqlite3_extended_result_codes(c->db, 1);
         sqlite3_busy_timeout(c->db, JD_BUSY_TIMEOUT_MS);
+        rc = read_functions(c->db);
     }
     for (int i = 0; rc == SQLITE_OK && i < RS_N; i++)
         rc = sqlite3_prepare_v3(c->db, read_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &c->st[i], NULL);
@@ -887,12 +1165,20 @@ int jd_store_events(struct jd_store *s, int64_t job_id, int64_t after_seq, unsig
     size_t cap = limit < 64 ? limit : 64, k = 0;
     struct jd_job_event *out = jd_xcalloc(cap, sizeof *out);
     int src;
-    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
-        if (k == cap) {
-            cap *= 2;
-            out = jd_xrealloc(out, cap * sizeof *out);
+    while (k < limit && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        struct jd_job_event first;
+        row_to_event(st, &first);
+        if (jd_evpack_expand(&first, (const char *)sqlite3_column_text(st, 6),
+                             (size_t)sqlite3_column_bytes(st, 6), after_seq, &out, &k, &cap)) {
+            src = SQLITE_CORRUPT;
+            break;
         }
-        row_to_event(st, &out[k++]);
+    }
+    if (k >= limit) {
+        src = SQLITE_DONE;
+        for (size_t i = limit; i < k; i++)
+            free(out[i].data);
+        k = limit;
     }
     rc = step_rc(src);
     sqlite3_reset(st);
@@ -1060,11 +1346,15 @@ static int read_jobs_with_events(struct jd_rconn *c, sqlite3_stmt *const *js, in
         if (job.version > 1)
             sqlite3_bind_int64(es, 1, job.id);
         while (job.version > 1 && (erc = sqlite3_step(es)) == SQLITE_ROW) {
-            if (k == cap) {
-                cap *= 2;
-                ev = jd_xrealloc(ev, cap * sizeof *ev);
+            struct jd_job_event first;
+            row_to_event(es, &first);
+            size_t from = k;
+            if (jd_evpack_expand(&first, (const char *)sqlite3_column_text(es, 6),
+                                 (size_t)sqlite3_column_bytes(es, 6), 0, &ev, &k, &cap)) {
+                erc = SQLITE_CORRUPT;
+                break;
             }
-            row_to_event(es, &ev[k++]);
+            k = from + jd_evpack_drop_state(ev + from, k - from);
         }
         sqlite3_reset(es);
         if (erc == SQLITE_DONE) {

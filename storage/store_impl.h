@@ -77,6 +77,69 @@ struct jd_pg;    /* the PostgreSQL backend (storage/pg.h); NULL for SQLite */
 
 #define JD_EV_ROWS 16 /* most events one INSERT writes (writer.c, the batch path) */
 
+/* ---- packed runs of events (issue 17/16: fewer history rows per job) ----
+ *
+ * An events row holds a run of one job's consecutive events: the first in
+ * its columns (seq, time_ms, kind, tag, data) and the rest, in seq order,
+ * in its `more` column (NULL for a run of one: every row written before
+ * the migration). The row's run covers seq .. seq + n - 1 and ids id ..
+ * id + n - 1: the writers hand out n ids per row (SQLite: event_max; the
+ * PostgreSQL sequence steps by JD_EV_RUN_MAX), so every event keeps an id
+ * of its own for GET /v1/events. Each packed event is
+ * "<kind>,<tag>,<time_ms - first's>,<bytes of data or -1 for NULL>:<data>",
+ * concatenated; no separator is needed since the length is explicit. */
+#define JD_EV_RUN_MAX                                                                              \
+    8 /* most events one row holds: a reader of "after seq S" or "after id A"                      \
+         starts JD_EV_RUN_MAX - 1 back to find the row that contains S + 1 */
+
+/* The data of a state event the writers make, per state:
+ * {"state":"<jd_job_state_name>"}. */
+extern const char *const jd_state_event_data[JD_JOB_NSTATES];
+
+/* A growing `more` text (caller frees p). */
+struct jd_evpack {
+    char *p;
+    size_t len, cap;
+    unsigned n; /* events in the run, the first included */
+};
+/* Append one event (the run's second or later) to b. */
+void jd_evpack_put(struct jd_evpack *b, int kind, int64_t tag, int64_t dt, const char *data);
+/* The events of one row: first (whose data the array takes) and those packed
+ * in more[0..len) (NULL: none), appended to *ev (grown as needed, *cap its
+ * capacity) with seq, time_ms and job_id filled in. Events with
+ * seq <= after_seq are skipped (their data freed). 0, or JD_EIO for a
+ * malformed `more` (nothing of it appended). */
+int jd_evpack_expand(struct jd_job_event *first, const char *more, size_t len, int64_t after_seq,
+                     struct jd_job_event **ev, size_t *n, size_t *cap);
+/* How many events a row with this `more` holds (1 + those packed). */
+unsigned jd_evpack_count(const char *more, size_t len);
+/* The next event packed in [*p, end): f = {kind, tag, time_ms - the
+ * first's}, its data (not NUL-terminated) and length in bytes (-1: NULL).
+ * false at the end, or when malformed (then *p < end). */
+bool jd_evpack_next(const char **p, const char *end, int64_t f[3], const char **data, int64_t *dl);
+/* Drop the state events (kind 0) of ev[0..n) in place (freeing their data):
+ * recovery reads only the others. The count left. */
+size_t jd_evpack_drop_state(struct jd_job_event *ev, size_t n);
+/* One row of the event stream's scan (find.c's event SQL); strings
+ * borrowed. */
+struct jd_stream_row {
+    int64_t id, job_id, seq, time_ms;
+    int kind;
+    const char *data, *queue, *more;
+    size_t more_len;
+    enum jd_job_state job_state;
+    bool match; /* the row's job passes the filters but the state */
+};
+/* Adds the row's events that pass f (state events whose data names a
+ * state in f->state_mask, ids above f->after_id) to out[*k..f->limit);
+ * *last becomes the id of the last event examined (none once the page is
+ * full). */
+void jd_stream_row_add(const struct jd_event_find *f, const struct jd_stream_row *r,
+                       struct jd_stream_event *out, size_t *k, int64_t *last);
+/* The raw text of the top-level member key of the JSON object in
+ * json[0..len) (a string keeps its quotes); false when there is none. */
+bool jd_json_member(const char *json, size_t len, const char *key, const char **val, size_t *vlen);
+
 struct jd_store {
     struct jd_pg *pg; /* set: the store is on PostgreSQL (storage/pg.h), none of the SQLite
                          fields below are used but the queue, the writer and the stats */

@@ -75,8 +75,8 @@ static const char *const writer_sql[JD_WS_N] = {
      * an append never rewrites the state indexes or fires the count trigger. */
     [JD_WS_JOB_UPDATE] = "UPDATE jobs SET version = ?3, updated_ms = ?2 WHERE id = ?1",
     [JD_WS_VERSION_GET] = "SELECT version, state, queue FROM jobs WHERE id = ?1",
-    [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, id)"
-                           " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [JD_WS_EVENT_INSERT] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, id, more)"
+                           " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     [JD_WS_QUEUE_UPSERT] = "INSERT INTO queues(name, paused) VALUES (?1, ?2)"
                            " ON CONFLICT(name) DO UPDATE SET paused = excluded.paused",
     [JD_WS_RET_DEL_EVENTS] = "DELETE FROM events WHERE job_id = ?1",
@@ -208,12 +208,6 @@ static void bind_text(sqlite3_stmt *st, int i, const char *s)
         sqlite3_bind_null(st, i);
 }
 
-/* The data of a state event, per state: {"state":"<jd_job_state_name>"}. */
-static const char *const state_data[JD_JOB_NSTATES] = {
-    "{\"state\":\"queued\"}",    "{\"state\":\"running\"}", "{\"state\":\"waiting\"}",
-    "{\"state\":\"succeeded\"}", "{\"state\":\"failed\"}",  "{\"state\":\"cancelled\"}",
-};
-
 /* Versions of the jobs written in the current optimistic transaction, so a
  * job's second and later records in a batch need no version read, and a
  * history append (a change that sets no field) need not rewrite the jobs
@@ -230,12 +224,16 @@ struct vslot {
     bool dirty;        /* the jobs row still has an older version/updated_ms */
 };
 
-/* An event row waiting in the batch's buffer (struct vcache.ev). */
+/* An event row waiting in the batch's buffer (struct vcache.ev): the
+ * first event of a run of the job's consecutive events, the rest packed
+ * in more (store_impl.h; more.n counts the run, the first included). Its
+ * ids are handed out as it is inserted. */
 struct evrow {
-    int64_t job_id, seq, time_ms, id;
+    int64_t job_id, seq, time_ms;
     int64_t tag;
     int kind;
-    const char *data; /* static, or the record's: both outlive the batch */
+    const char *data;      /* static, or the record's: both outlive the batch */
+    struct jd_evpack more; /* its buffer is kept across batches (freed with the vcache) */
 };
 
 /* What the last committed transactions left in a jobs row, for the jobs
@@ -258,19 +256,28 @@ struct vcache {
     struct qcounts *qc;  /* the writer's queue counts (both paths) */
     struct known *known; /* JD_KNOWN_SLOTS entries */
     bool known_stale;    /* this batch deleted a job: empty known after it */
-    /* Events of the optimistic transaction not yet inserted: written
-     * JD_EV_ROWS at a time by one multi-row INSERT (a statement's fixed
-     * cost, cursors opened and closed, is ~30 % of a one-row insert), the
-     * rest when the batch ends (ev_flush). Any record that is not a job
-     * insert or change flushes them first, so a statement that reads or
-     * deletes events never misses one. */
-    struct evrow ev[JD_EV_ROWS];
-    size_t nev;
+    /* Event rows of the optimistic transaction not yet inserted: kept
+     * until the batch ends, or until a record that is not a job insert or
+     * change comes (so a statement that reads or deletes events never
+     * misses one), then written JD_EV_ROWS at a time by multi-row INSERTs
+     * (a statement's fixed cost, cursors opened and closed, is ~30 % of a
+     * one-row insert; ev_flush). Kept that long so that a job's next event
+     * joins its row while the run has room: every row saved is a B-tree
+     * insert into events and one into events_job_seq. evm maps a job to
+     * its newest row (valid while row < nev and that row is the job's). */
+    struct evrow *ev;
+    size_t nev, evcap;
+    struct evmap {
+        int64_t job_id; /* 0: empty */
+        size_t row;
+    } * evm;
+    size_t evmcap;
 };
 
 static void vc_reset(struct vcache *c, size_t n)
 {
     c->t = jd_idtab_reset(c->t, &c->cap, sizeof *c->t, n);
+    c->evm = jd_idtab_reset(c->evm, &c->evmcap, sizeof *c->evm, n);
     c->nev = 0;
 }
 
@@ -315,10 +322,11 @@ static sqlite3_stmt *events_stmt(struct jd_store *s, size_t n)
         return s->wst[JD_WS_EVENT_INSERT];
     if (s->ev_rows[n])
         return s->ev_rows[n];
-    char sql[64 + JD_EV_ROWS * 24] = "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, id)"
-                                     " VALUES (?, ?, ?, ?, ?, ?, ?)";
+    char sql[80 + JD_EV_ROWS * 28] =
+        "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, id, more)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
     for (size_t i = 1; i < n; i++)
-        strcat(sql, ", (?, ?, ?, ?, ?, ?, ?)");
+        strcat(sql, ", (?, ?, ?, ?, ?, ?, ?, ?)");
     if (sqlite3_prepare_v3(s->wdb, sql, -1, SQLITE_PREPARE_PERSISTENT, &s->ev_rows[n], NULL) !=
         SQLITE_OK) {
         jd_log(JD_LOG_ERROR, "storage: preparing an event insert failed", "db", s->path, "error",
@@ -328,7 +336,10 @@ static sqlite3_stmt *events_stmt(struct jd_store *s, size_t n)
     return s->ev_rows[n];
 }
 
-/* Insert rows[0..n) with one statement; 0 or the record error. */
+/* Insert rows[0..n) with one statement, each with the next ids (a run of
+ * k events takes k: see jd_store.event_max); 0 or the record error. An id
+ * consumed by a rolled-back transaction leaves a gap, which readers do not
+ * mind. */
 static int insert_events(struct jd_store *s, const struct evrow *rows, size_t n)
 {
     sqlite3_stmt *st = events_stmt(s, n);
@@ -336,14 +347,19 @@ static int insert_events(struct jd_store *s, const struct evrow *rows, size_t n)
         return JD_EIO;
     for (size_t i = 0; i < n; i++) {
         const struct evrow *e = &rows[i];
-        int b = (int)i * 7;
+        int b = (int)i * 8;
         sqlite3_bind_int64(st, b + 1, e->job_id);
         sqlite3_bind_int64(st, b + 2, e->seq);
         sqlite3_bind_int64(st, b + 3, e->time_ms);
         sqlite3_bind_int(st, b + 4, e->kind);
         sqlite3_bind_int64(st, b + 5, e->tag);
         bind_text(st, b + 6, e->data);
-        sqlite3_bind_int64(st, b + 7, e->id);
+        sqlite3_bind_int64(st, b + 7, s->event_max + 1);
+        s->event_max += e->more.n;
+        if (e->more.n > 1)
+            sqlite3_bind_text(st, b + 8, e->more.p, (int)e->more.len, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(st, b + 8);
     }
     int rc = run(st);
     return rc == SQLITE_DONE ? 0 : record_error(sqlite3_extended_errcode(s->wdb));
@@ -354,7 +370,12 @@ static int ev_flush(struct jd_store *s, struct vcache *vc)
 {
     size_t n = vc->nev;
     vc->nev = 0;
-    return n ? insert_events(s, vc->ev, n) : 0;
+    for (size_t i = 0; i < n; i += JD_EV_ROWS) {
+        int rc = insert_events(s, vc->ev + i, n - i < JD_EV_ROWS ? n - i : JD_EV_ROWS);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* Append one history event: into vc's buffer on the optimistic path
@@ -364,19 +385,45 @@ static int ev_flush(struct jd_store *s, struct vcache *vc)
 static int append_event(struct jd_store *s, struct vcache *vc, int64_t job_id, int64_t seq,
                         int64_t now, enum jd_event_kind kind, uint32_t tag, const char *data)
 {
-    /* An id never handed out before (see jd_store.event_max); one consumed
-     * by a rolled-back transaction leaves a gap, which readers do not mind. */
-    struct evrow e = {.job_id = job_id,
-                      .seq = seq,
-                      .time_ms = now,
-                      .id = ++s->event_max,
-                      .tag = tag,
-                      .kind = (int)kind,
-                      .data = data};
-    if (!vc)
+    if (!vc) {
+        struct evrow e = {.job_id = job_id,
+                          .seq = seq,
+                          .time_ms = now,
+                          .tag = tag,
+                          .kind = (int)kind,
+                          .data = data,
+                          .more = {.n = 1}};
         return insert_events(s, &e, 1);
-    vc->ev[vc->nev++] = e;
-    return vc->nev == JD_EV_ROWS ? ev_flush(s, vc) : 0;
+    }
+    /* the job's buffered run, if this event continues it */
+    size_t h = jd_idtab_home(job_id, vc->evmcap);
+    while (vc->evm[h].job_id != 0 && vc->evm[h].job_id != job_id)
+        h = (h + 1) & (vc->evmcap - 1);
+    struct evmap *m = &vc->evm[h];
+    if (m->job_id == job_id && m->row < vc->nev) {
+        struct evrow *r = &vc->ev[m->row];
+        if (r->job_id == job_id && r->seq + r->more.n == seq && r->more.n < JD_EV_RUN_MAX) {
+            jd_evpack_put(&r->more, (int)kind, tag, now - r->time_ms, data);
+            return 0;
+        }
+    }
+    if (vc->nev == vc->evcap) {
+        size_t cap = vc->evcap ? 2 * vc->evcap : 64;
+        vc->ev = jd_xrealloc(vc->ev, cap * sizeof *vc->ev);
+        memset(vc->ev + vc->evcap, 0, (cap - vc->evcap) * sizeof *vc->ev);
+        vc->evcap = cap;
+    }
+    *m = (struct evmap){.job_id = job_id, .row = vc->nev};
+    struct evrow *e = &vc->ev[vc->nev++];
+    struct jd_evpack keep = e->more;
+    *e = (struct evrow){.job_id = job_id,
+                        .seq = seq,
+                        .time_ms = now,
+                        .tag = tag,
+                        .kind = (int)kind,
+                        .data = data,
+                        .more = {.p = keep.p, .cap = keep.cap, .n = 1}};
+    return 0;
 }
 
 /* Jobs per queue and state (queue_counts), kept here rather than by row
@@ -580,7 +627,7 @@ static int apply_insert(struct jd_store *s, struct jd_write *w, int64_t now, str
     if (run(st) != SQLITE_DONE)
         return record_error(sqlite3_extended_errcode(s->wdb));
 
-    int rc = append_event(s, vc, id, 1, now, JD_EVK_STATE, 0, state_data[j->state]);
+    int rc = append_event(s, vc, id, 1, now, JD_EVK_STATE, 0, jd_state_event_data[j->state]);
     if (rc == 0) {
         w->version = 1;
         struct qcount *q = qc_entry(qc, j->queue);
@@ -677,7 +724,7 @@ static int apply_change(struct jd_store *s, struct jd_write *w, int64_t now, str
     }
     const char *data = w->data;
     if (!data && w->kind == JD_EVK_STATE && (set & JD_SET_STATE))
-        data = state_data[w->state];
+        data = jd_state_event_data[w->state];
     if (slot && set == 0) {
         /* A history append: the jobs row is brought up to date by vc_flush
          * or by the job's next UPDATE in this batch. */
@@ -1620,6 +1667,10 @@ static void *writer_main(void *arg)
     free(ids);
     free(vc.t);
     free(vc.known);
+    for (size_t i = 0; i < vc.evcap; i++)
+        free(vc.ev[i].more.p);
+    free(vc.ev);
+    free(vc.evm);
     qc_drop(&qc, 0);
     free(qc.t);
     return NULL;

@@ -313,15 +313,15 @@ check "every acknowledged job is found on every live node (missing answers: $mis
     [ "$missing_elsewhere" = 0 ]
 
 # ---- the database's own account ----
-dup=$(sql "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'run' FROM events WHERE kind = 2
+dup=$(sql "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'run' FROM events_all WHERE kind = 2
            GROUP BY 1, 2, 3 HAVING count(*) > 1) d")
 check "no completion recorded twice for a (job, tag, run) (SQL on events: $dup)" [ "$dup" = 0 ]
-gaps=$(sql "SELECT count(*) FROM jobs j WHERE version <> (SELECT count(*) FROM events e WHERE e.job_id = j.id)
-            OR version <> (SELECT max(seq) FROM events e WHERE e.job_id = j.id)")
+gaps=$(sql "SELECT count(*) FROM jobs j WHERE version <> (SELECT count(*) FROM events_all e WHERE e.job_id = j.id)
+            OR version <> (SELECT max(seq) FROM events_all e WHERE e.job_id = j.id)")
 check "every job's history is seq 1..version ($gaps off)" [ "$gaps" = 0 ]
 orphans=$(sql "SELECT count(*) FROM jobs WHERE state < 3 AND owner_node NOT IN (SELECT id FROM jd_nodes)")
 check "no unfinished job is owned by a dead node ($orphans)" [ "$orphans" = 0 ]
-sql "SELECT job_id, kind, tag, time_ms, data FROM events WHERE kind IN (1, 2) ORDER BY job_id, seq" \
+sql "SELECT job_id, kind, tag, time_ms, data FROM events_all WHERE kind IN (1, 2) ORDER BY job_id, seq" \
     >"$WORK/events.tsv"
 
 python3 tests/cluster/check.py --acked "$ACKED" --jobs "$WORK/jobs" --markers "$MARK" \

@@ -190,7 +190,7 @@ rc=$?
 n=9 # check.mjs printed 2..8
 if [ "${CRASH_PG:-0}" = 1 ]; then
     # The database's own account: one completion per (job, tag, run).
-    dup=$(pg_psql -At -c "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'run' FROM events
+    dup=$(pg_psql -At -c "SELECT count(*) FROM (SELECT job_id, tag, data::jsonb->'run' FROM events_all
         WHERE kind = 2 GROUP BY 1, 2, 3 HAVING count(*) > 1) d")
     if [ "$dup" = 0 ]; then
         echo "ok $n - no completion recorded twice for a (job, tag, run) (SQL on events)"

@@ -89,6 +89,38 @@ check_back "reset and half-closed long-polls"
 wait "$PY"
 check "then four long-polls are served, none 429" four_long_polls_served
 
+# ---- mid-wait on a keep-alive connection that long-polled before ----
+# Each connection waits once to its end (a 200 after 300 ms), then waits
+# again on the same socket and hangs up: the second wait's hang-up is
+# noticed too (the socket's watch is re-armed for the new request).
+python3 - "$PORT" "$WJ" <<'EOF' &
+import socket, sys, time
+port, job = int(sys.argv[1]), sys.argv[2]
+socks = []
+for i in range(4):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"GET /v1/jobs/{job}?wait=300ms HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    socks.append(s)
+for s in socks:
+    s.settimeout(5)
+    got = b""
+    while not got.rstrip().endswith(b"}"):
+        got += s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 200"), got[:80]
+for s in socks:
+    s.sendall(f"GET /v1/jobs/{job}?wait=50s HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+time.sleep(1.0)
+for s in socks:
+    s.close()
+time.sleep(3)
+EOF
+PY=$!
+check "four keep-alive long-polls parked again (gauge 4)" gauge_reaches 4
+sleep 1.2
+check_back "second long-polls on keep-alive connections whose clients left"
+wait "$PY"
+check "then four long-polls are served, none 429" four_long_polls_served
+
 # ---- mid-SSE: streams waiting for a change ----
 pids=()
 for _ in 1 2 3 4; do

@@ -182,7 +182,7 @@ check "that job (B's now) cancelled from C" body_has '"state":"cancelled"'
 check "its step after the sleep ran once (B's), none from the fenced node" \
     eval '[ "$(find "$MARK" -name "stop-c.*" | wc -l)" = 1 ]'
 check "the job ended once: one final state event" \
-    eval '[ "$(sql "SELECT count(*) FROM events WHERE job_id = $stopped AND kind = 0 AND data LIKE '"'"'%succeeded%'"'"'")" = 1 ]'
+    eval '[ "$(sql "SELECT count(*) FROM events_all WHERE job_id = $stopped AND kind = 0 AND data LIKE '"'"'%succeeded%'"'"'")" = 1 ]'
 on B req GET /metrics
 check "/metrics: B's claims and takeovers" \
     eval 'body_has "jackdaw_cluster_claims_total{node=" && body_has "jackdaw_cluster_takeovers_total{node="'

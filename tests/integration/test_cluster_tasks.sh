@@ -296,7 +296,7 @@ on B wait_job "$JK" 10s
 check "the job succeeded with the second worker's result" \
     eval 'body_has "\"state\":\"succeeded\"" && body_has "\"by\":\"second\""'
 check "its result is recorded once, the late one not at all" \
-    eval '[ "$(sql "SELECT count(*) FROM events WHERE job_id = $JK AND data LIKE '"'"'%by%second%'"'"'")" -ge 1 ] && [ "$(sql "SELECT count(*) FROM events WHERE job_id = $JK AND data LIKE '"'"'%too late%'"'"'")" = 0 ]'
+    eval '[ "$(sql "SELECT count(*) FROM events_all WHERE job_id = $JK AND data LIKE '"'"'%by%second%'"'"'")" -ge 1 ] && [ "$(sql "SELECT count(*) FROM events_all WHERE job_id = $JK AND data LIKE '"'"'%too late%'"'"'")" = 0 ]'
 
 dropped() { on B req GET /v1/commands/gone && status_is 404; }
 check "B dropped the command deleted on A" until_ok 10 dropped

@@ -103,7 +103,7 @@ req GET /v1/queues/work
 check "queue counts: 40 succeeded" body_has '"succeeded":40'
 
 check "every job's history is seq 1..version" \
-    eval '[ "$(sql "SELECT count(*) FROM jobs j WHERE version <> (SELECT count(*) FROM events e WHERE e.job_id = j.id) OR version <> (SELECT max(seq) FROM events e WHERE e.job_id = j.id)")" = 0 ]'
+    eval '[ "$(sql "SELECT count(*) FROM jobs j WHERE version <> (SELECT count(*) FROM events_all e WHERE e.job_id = j.id) OR version <> (SELECT max(seq) FROM events_all e WHERE e.job_id = j.id)")" = 0 ]'
 check "queue_counts equal the rows" \
     eval '[ "$(sql "SELECT count(*) FROM (SELECT queue, state, count(*) AS n FROM jobs GROUP BY 1, 2) a FULL JOIN (SELECT queue, state, sum(n) AS n FROM queue_counts GROUP BY 1, 2) c USING (queue, state) WHERE coalesce(a.n, 0) <> coalesce(c.n, 0)")" = 0 ]'
 check "no unfinished job is owned by a dead node" \

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,6 +115,61 @@ static void test_asprintf(void **state)
     free(s);
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define OBJCACHE_PASSTHROUGH 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define OBJCACHE_PASSTHROUGH 1
+#endif
+#endif
+
+#define OC_N 1000
+#define OC_SIZE 200
+
+static void *free_all(void *arg)
+{
+    void **v = arg;
+    struct jd_objcache *c = jd_objcache(JD_OC_JOB_WREC, OC_SIZE);
+    for (int i = 0; i < OC_N; i++)
+        jd_objcache_free(c, v[i]);
+    return NULL;
+}
+
+/* Blocks come zeroed however they were left, and blocks freed on another
+ * thread (which then exits) are what this thread gets next: the cache's
+ * point for objects made on one thread and dropped on another. */
+static void test_objcache_zeroes_and_reuses_across_threads(void **state)
+{
+    (void)state;
+    struct jd_objcache *c = jd_objcache(JD_OC_JOB_WREC, OC_SIZE);
+    static void *v[OC_N], *w[OC_N];
+    for (int i = 0; i < OC_N; i++) {
+        v[i] = jd_objcache_calloc(c);
+        memset(v[i], 0xa5, OC_SIZE);
+    }
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_all, v), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    unsigned reused = 0;
+    for (int i = 0; i < OC_N; i++) {
+        w[i] = jd_objcache_calloc(c);
+        const unsigned char *b = w[i];
+        for (int k = 0; k < OC_SIZE; k++)
+            assert_int_equal(b[k], 0);
+        for (int k = 0; k < OC_N; k++)
+            if (w[i] == v[k]) {
+                reused++;
+                break;
+            }
+    }
+#ifndef OBJCACHE_PASSTHROUGH
+    assert_int_equal(reused, OC_N);
+#endif
+    for (int i = 0; i < OC_N; i++)
+        jd_objcache_free(c, w[i]);
+    jd_objcache_free(c, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +180,7 @@ int main(void)
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_durations_reject_non_numbers_and_overflow),
         cmocka_unit_test(test_asprintf),
+        cmocka_unit_test(test_objcache_zeroes_and_reuses_across_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

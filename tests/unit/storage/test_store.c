@@ -466,11 +466,12 @@ static void test_records_of_one_job_in_one_batch_get_consecutive_versions(void *
     run_mixed_batch(*state, true);
 }
 
-/* The batch path writes history events 16 rows to an INSERT (storage/writer.c):
- * an event that cannot be inserted (here: its seq already taken, planted
+/* The batch path writes history rows 16 to an INSERT when the batch ends
+ * (storage/writer.c), a job's consecutive events packed into one row: an
+ * event that cannot be inserted (here: its seq already taken, planted
  * behind the writer's back) still fails only its own record, whether its
- * row went in with a full buffer mid-batch or with the rest at the end,
- * and the other records' events all land, in order. */
+ * row went in with the first INSERT or the last, and the other records'
+ * events all land, in order. */
 static void test_a_failing_event_fails_only_its_record(void **state)
 {
     test_skip_on_pg(); /* plants the row with SQLite */
@@ -1072,6 +1073,415 @@ static void test_recover_returns_non_terminal_jobs_with_their_history(void **sta
     assert_int_equal(log.n, 1);
 }
 
+/* ---- packed runs of events (store_impl.h) ---- */
+
+/* How many events rows job id has, read behind the store's back. */
+static int64_t event_rows(struct fx *f, int64_t id)
+{
+    char sql[96];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM events WHERE job_id = %lld", (long long)id);
+    int64_t n = -1;
+    if (test_pg_url()) {
+        PGconn *c = PQconnectdb(test_pg_url());
+        PGresult *r = PQexec(c, sql);
+        if (PQresultStatus(r) == PGRES_TUPLES_OK)
+            n = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+        PQfinish(c);
+        return n;
+    }
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_open_v2(f->path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return n;
+}
+
+/* What a packed job wrote, in order: seq 1 is its insert. */
+static const struct {
+    int kind;
+    uint32_t tag;
+    const char *data;
+} packed[] = {
+    {JD_EVK_STATE, 0, "{\"state\":\"queued\"}"},
+    {JD_EVK_STATE, 0, "{\"state\":\"running\"}"},
+    {JD_EVK_DISPATCH, 3, "{\"command\":\"x\",\"attempt\":1}"},
+    {JD_EVK_MESSAGE, 0, NULL},
+    {JD_EVK_MESSAGE, 0, "{\"topic\":\"t\",\"data\":\"h\xc3\xa9llo \xe2\x9c\x93, 1:2,3\"}"},
+    {JD_EVK_PROGRESS, 0, ""},
+    {JD_EVK_COMPLETE, 3, "{\"result\":{\"n\":\"a\\\"b\"}}"},
+    {JD_EVK_STATE, 0, "{\"state\":\"succeeded\"}"},
+    {JD_EVK_MESSAGE, 0, "{\"topic\":\"after\"}"},
+    {JD_EVK_MESSAGE, 0, "{\"topic\":\"ninth\"}"},
+    {JD_EVK_MESSAGE, 0, "{\"topic\":\"tenth\"}"},
+};
+#define N_PACKED (sizeof packed / sizeof packed[0])
+
+static void check_packed(const struct jd_job_event *ev, size_t n, int64_t first_seq)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t k = (size_t)(first_seq - 1) + i;
+        assert_int_equal(ev[i].seq, (int64_t)k + 1);
+        assert_int_equal(ev[i].kind, packed[k].kind);
+        assert_int_equal(ev[i].tag, packed[k].tag);
+        if (packed[k].data)
+            assert_string_equal(ev[i].data, packed[k].data);
+        else
+            assert_null(ev[i].data);
+    }
+}
+
+/* A job inserted, then ten changes in one batch (interleaved with another
+ * job's): the writer packs a run of a job's consecutive events into one
+ * row, and every reader sees each event as before, with its own seq, id,
+ * kind, tag and data (NULL, empty, multi-byte and separator characters
+ * included). */
+static void test_a_batch_packs_a_jobs_run_of_events_and_readers_see_each(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "pack", NULL);
+    struct jd_job o = make_job(jd_store_next_id(f->s), "other", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    assert_int_equal(insert_wait(f->s, &o, NULL, &r), 0);
+    int64_t last0;
+    assert_int_equal(jd_store_event_last_id(f->s, &last0), 0);
+
+    struct jd_write w[N_PACKED - 1 + 2];
+    struct tres res[N_PACKED - 1 + 2];
+    int nw = 0;
+    for (size_t k = 1; k < N_PACKED; k++) {
+        w[nw] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                  .job_id = j.id,
+                                  .kind = (enum jd_event_kind)packed[k].kind,
+                                  .tag = packed[k].tag,
+                                  .data = packed[k].data};
+        if (packed[k].kind == JD_EVK_STATE) {
+            w[nw].set = JD_SET_STATE;
+            w[nw].state = k == 1 ? JD_JOB_RUNNING : JD_JOB_SUCCEEDED;
+            w[nw].data = NULL; /* the writer's own {"state":...} */
+        }
+        nw++;
+        if (k == 2 || k == 5) /* the other job's records in between */
+            w[nw++] = (struct jd_write){.op = JD_W_JOB_CHANGE,
+                                        .job_id = o.id,
+                                        .set = JD_SET_STATE,
+                                        .state = k == 2 ? JD_JOB_RUNNING : JD_JOB_FAILED,
+                                        .kind = JD_EVK_STATE};
+    }
+    one_batch(f->s, w, res, nw);
+    for (int i = 0; i < nw; i++)
+        assert_int_equal(res[i].rc, 0);
+    /* the insert's row, and the ten changes in runs of at most 8 */
+    assert_int_equal(event_rows(f, j.id), 3);
+    assert_int_equal(event_rows(f, o.id), 2);
+
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, j.id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, N_PACKED);
+    check_packed(ev, n, 1);
+    jd_job_events_free(ev, n);
+    /* after a seq in the middle of a packed row, and pages that end in one */
+    for (int64_t after = 0; after <= (int64_t)N_PACKED; after++)
+        for (unsigned limit = 1; limit <= 4; limit++) {
+            assert_int_equal(jd_store_events(f->s, j.id, after, limit, &ev, &n), 0);
+            size_t want = N_PACKED - (size_t)after < limit ? N_PACKED - (size_t)after : limit;
+            assert_int_equal(n, want);
+            check_packed(ev, n, after + 1);
+            jd_job_events_free(ev, n);
+        }
+
+    /* the global stream: each state event once, with an id of its own, in
+     * order, and resuming after any id (one in the middle of a run too) */
+    struct jd_event_find q = {.after_id = last0, .limit = 100};
+    struct jd_stream_event *se;
+    size_t ns;
+    int64_t next;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &se, &ns, &next), 0);
+    assert_int_equal(ns, 4); /* j running, succeeded; o running, failed */
+    int64_t ids[4];
+    int64_t jrun = 0;
+    for (size_t i = 0; i < ns; i++) {
+        ids[i] = se[i].id;
+        assert_true(i == 0 || se[i].id > se[i - 1].id);
+        if (se[i].job_id == j.id) {
+            assert_int_equal(se[i].seq, se[i].state == JD_JOB_RUNNING ? 2 : 8);
+            assert_string_equal(se[i].data, se[i].state == JD_JOB_RUNNING
+                                                ? "{\"state\":\"running\"}"
+                                                : "{\"state\":\"succeeded\"}");
+            assert_string_equal(se[i].queue, "pack");
+            if (se[i].state == JD_JOB_RUNNING)
+                jrun = se[i].id;
+        }
+    }
+    assert_true(jrun > 0);
+    int64_t last;
+    assert_int_equal(jd_store_event_last_id(f->s, &last), 0);
+    assert_true(last >= ids[3]);
+    assert_int_equal(last - last0 >= (int64_t)N_PACKED - 1 + 2, true);
+    jd_stream_events_free(se, ns);
+    for (int64_t after = last0; after <= last; after++) {
+        q.after_id = after;
+        q.limit = 1;
+        assert_int_equal(jd_store_event_stream(f->s, &q, &se, &ns, &next), 0);
+        size_t k = 0;
+        while (k < 4 && ids[k] <= after)
+            k++;
+        if (k == 4) {
+            assert_int_equal(ns, 0);
+        } else {
+            assert_int_equal(ns, 1);
+            assert_int_equal(se[0].id, ids[k]);
+            assert_int_equal(next, ids[k]);
+        }
+        jd_stream_events_free(se, ns);
+    }
+    /* a state filter applies to each event of a row */
+    q = (struct jd_event_find){
+        .after_id = last0, .limit = 100, .state_mask = 1u << JD_JOB_SUCCEEDED, .queue = "pack"};
+    assert_int_equal(jd_store_event_stream(f->s, &q, &se, &ns, &next), 0);
+    assert_int_equal(ns, 1);
+    assert_int_equal(se[0].job_id, j.id);
+    assert_int_equal(se[0].seq, 8);
+    assert_true(se[0].id > jrun);
+    assert_true(next >= se[0].id);
+    jd_stream_events_free(se, ns);
+
+    /* deleting the job takes every packed event with it */
+    struct jd_write del = {.op = JD_W_JOB_DELETE, .job_id = j.id};
+    assert_int_equal(submit_wait(f->s, &del, &r), 0);
+    assert_int_equal(jd_store_events(f->s, j.id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 0);
+    free(ev);
+    assert_int_equal(event_rows(f, j.id), 0);
+
+    /* ids are never handed out again after a reopen */
+    jd_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f, true, 0), 0);
+    struct jd_job k2 = make_job(jd_store_next_id(f->s), "pack", NULL);
+    assert_int_equal(insert_wait(f->s, &k2, NULL, &r), 0);
+    q = (struct jd_event_find){.after_id = last, .limit = 10};
+    assert_int_equal(jd_store_event_stream(f->s, &q, &se, &ns, &next), 0);
+    assert_int_equal(ns, 1);
+    assert_int_equal(se[0].job_id, k2.id);
+    assert_true(se[0].id > last);
+    jd_stream_events_free(se, ns);
+}
+
+/* Recovery reads a job's events of kind > 0 out of packed rows too (in
+ * seq order, state events left out), and the run of a job that is
+ * changed again in a later batch goes on in a row of its own. */
+static void test_recover_reads_packed_rows(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    struct jd_write w[4] = {
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = j.id,
+         .set = JD_SET_STATE,
+         .state = JD_JOB_RUNNING,
+         .kind = JD_EVK_STATE},
+        {.op = JD_W_JOB_CHANGE, .job_id = j.id, .kind = JD_EVK_DISPATCH, .tag = 1, .data = "{}"},
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = j.id,
+         .kind = JD_EVK_COMPLETE,
+         .tag = 1,
+         .data = "{\"result\":1}"},
+        {.op = JD_W_JOB_CHANGE, .job_id = j.id, .kind = JD_EVK_DISPATCH, .tag = 2, .data = "{}"},
+    };
+    struct tres res[4];
+    one_batch(f->s, w, res, 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(res[i].rc, 0);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_MESSAGE, 0, "{\"topic\":\"t\"}", &r), 0);
+    assert_int_equal(event_rows(f, j.id), 3);
+
+    struct rec_log log;
+    memset(&log, 0, sizeof log);
+    assert_int_equal(jd_store_recover(f->s, rec_fn, &log), 0);
+    assert_int_equal(log.n, 1);
+    assert_int_equal(log.nev[0], 4);
+    int kinds[4] = {JD_EVK_DISPATCH, JD_EVK_COMPLETE, JD_EVK_DISPATCH, JD_EVK_MESSAGE};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(log.kinds[0][i], kinds[i]);
+        assert_int_equal(log.seqs[0][i], i + 3);
+    }
+    memset(&log, 0, sizeof log);
+    assert_int_equal(jd_store_recover_started(f->s, rec_fn, &log), 0);
+    assert_int_equal(log.n, 1);
+    assert_int_equal(log.nev[0], 4);
+}
+
+/* Run sql (SQLite) or pg_sql (PostgreSQL) on the test's database behind
+ * the store's back. */
+static void exec_raw(struct fx *f, const char *sql, const char *pg_sql)
+{
+    if (test_pg_url()) {
+        PGconn *c = PQconnectdb(test_pg_url());
+        PGresult *r = PQexec(c, pg_sql);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+            fail_msg("%s: %s", pg_sql, PQerrorMessage(c));
+        PQclear(r);
+        PQfinish(c);
+        return;
+    }
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+    char *msg = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("%s: %s", sql, msg);
+    sqlite3_close(db);
+}
+
+/* A database from before packed runs (every row one event, no `more`
+ * column; PostgreSQL: its sequence stepping by 1) is migrated in place:
+ * its rows read as before, new packed rows follow them, and the stream's
+ * ids keep rising across both. */
+static void test_old_unpacked_history_migrates_and_reads_alongside_packed_rows(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    struct jd_job j = make_job(jd_store_next_id(f->s), "old", NULL);
+    assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    assert_int_equal(change_state_wait(f->s, j.id, JD_JOB_RUNNING, &r), 0);
+    assert_int_equal(event_wait(f->s, j.id, JD_EVK_DISPATCH, 1, "{\"attempt\":1}", &r), 0);
+    assert_int_equal(event_rows(f, j.id), 3);
+    jd_store_close(f->s);
+    f->s = NULL;
+    /* back to the schema before migration 14 (SQLite) / 7 (PostgreSQL) */
+    char old_sqlite[128];
+    snprintf(old_sqlite, sizeof old_sqlite,
+             "ALTER TABLE events DROP COLUMN more; PRAGMA user_version = %d;",
+             jd_store_schema_version() - 1);
+    exec_raw(f, old_sqlite,
+             "DROP VIEW events_all; DROP FUNCTION jd_ev_any(text, bigint, bigint, bigint);"
+             " DROP FUNCTION jd_ev_unpack(text); ALTER TABLE events DROP COLUMN more;"
+             " ALTER SEQUENCE events_id_seq INCREMENT BY 1;"
+             " UPDATE meta SET value = value - 1 WHERE key = 'schema_version';");
+    assert_int_equal(fx_open(f, true, 0), 0);
+    if (test_pg_url()) { /* a clean close left the job unowned: this node takes it */
+        char own[96];
+        snprintf(own, sizeof own, "UPDATE jobs SET owner_node = %lld",
+                 (long long)jd_store_node_id(f->s));
+        exec_raw(f, NULL, own);
+    }
+
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, j.id, 0, 100, &ev, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(ev[2].kind, JD_EVK_DISPATCH);
+    assert_string_equal(ev[2].data, "{\"attempt\":1}");
+    jd_job_events_free(ev, n);
+    int64_t last_old;
+    assert_int_equal(jd_store_event_last_id(f->s, &last_old), 0);
+
+    struct jd_write w[3] = {
+        {.op = JD_W_JOB_CHANGE, .job_id = j.id, .kind = JD_EVK_COMPLETE, .tag = 1, .data = "{}"},
+        {.op = JD_W_JOB_CHANGE, .job_id = j.id, .kind = JD_EVK_MESSAGE, .data = "{\"m\":2}"},
+        {.op = JD_W_JOB_CHANGE,
+         .job_id = j.id,
+         .set = JD_SET_STATE,
+         .state = JD_JOB_SUCCEEDED,
+         .kind = JD_EVK_STATE},
+    };
+    struct tres res[3];
+    one_batch(f->s, w, res, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(res[i].rc, 0);
+    assert_int_equal(event_rows(f, j.id), 4);
+    assert_int_equal(jd_store_events(f->s, j.id, 2, 100, &ev, &n), 0);
+    assert_int_equal(n, 4);
+    int kinds[4] = {JD_EVK_DISPATCH, JD_EVK_COMPLETE, JD_EVK_MESSAGE, JD_EVK_STATE};
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(ev[i].seq, (int64_t)i + 3);
+        assert_int_equal(ev[i].kind, kinds[i]);
+    }
+    assert_string_equal(ev[3].data, "{\"state\":\"succeeded\"}");
+    jd_job_events_free(ev, n);
+
+    /* the stream: queued and running from old rows, succeeded from the new */
+    struct jd_event_find q = {.after_id = 0, .limit = 100};
+    struct jd_stream_event *se;
+    size_t ns;
+    int64_t next;
+    assert_int_equal(jd_store_event_stream(f->s, &q, &se, &ns, &next), 0);
+    assert_int_equal(ns, 3);
+    assert_int_equal(se[0].seq, 1);
+    assert_int_equal(se[1].seq, 2);
+    assert_int_equal(se[2].seq, 6);
+    assert_true(se[1].id <= last_old);
+    assert_true(se[2].id > last_old);
+    jd_stream_events_free(se, ns);
+}
+
+/* The task-state rule (a claimed task whose completion is in the job's
+ * history reads as completed, unless a later attempt was dispatched)
+ * reads events packed in a row, written here by hand in the packed form
+ * (store_impl.h) so the test pins the form down too. */
+static void test_task_state_reads_completions_packed_in_a_row(void **state)
+{
+    struct fx *f = *state;
+    struct tres r;
+    int64_t id[3];
+    for (int i = 0; i < 3; i++) {
+        struct jd_job j = make_job(jd_store_next_id(f->s), "default", NULL);
+        id[i] = j.id;
+        assert_int_equal(insert_wait(f->s, &j, NULL, &r), 0);
+    }
+    char sql[1024];
+    /* 0: dispatch and complete of tag 1 packed behind its running event;
+     * 1: tag 1 completed, then its attempt 2 dispatched, in one row;
+     * 2: a completion of tag 1 only (the task asks about tag 2) */
+    const char *more[3] = {"1,1,0,13:{\"attempt\":1}2,1,0,2:{}",
+                           "2,1,0,2:{}1,1,0,13:{\"attempt\":2}",
+                           "1,1,0,-1:2,1,0,11:{\"r\":\"\xc3\xa9t\xc3\xa9\"}"};
+    for (int pg = 0; pg < 2; pg++) {
+        int len = 0;
+        for (int i = 0; i < 3; i++)
+            len += snprintf(sql + len, sizeof sql - (size_t)len,
+                            "INSERT INTO events(job_id, seq, time_ms, kind, tag, data, more%s)"
+                            " VALUES (%lld, 2, 0, 0, 0, '{\"state\":\"running\"}', '%s'%s);"
+                            "INSERT INTO tasks VALUES ('t%d', %lld, %d, 1, 'c', 1, 'w', 0, 0);",
+                            pg ? "" : ", id", (long long)id[i], more[i],
+                            pg ? ""
+                               : (i == 0   ? ", 900000000"
+                                  : i == 1 ? ", 900000010"
+                                           : ", 900000020"),
+                            i, (long long)id[i], i == 2 ? 2 : 1);
+        if (pg == (test_pg_url() != NULL))
+            break;
+    }
+    exec_raw(f, sql, sql);
+    int st;
+    int64_t job;
+    assert_int_equal(jd_store_task_state(f->s, "t0", &st, &job), 0);
+    assert_int_equal(st, JD_TASK_COMPLETED);
+    assert_int_equal(job, id[0]);
+    assert_int_equal(jd_store_task_state(f->s, "t1", &st, &job), 0);
+    assert_int_equal(st, JD_TASK_CLAIMED); /* attempt 2 came after it */
+    assert_int_equal(jd_store_task_state(f->s, "t2", &st, &job), 0);
+    assert_int_equal(st, JD_TASK_CLAIMED); /* no completion for tag 2 */
+    /* and the hand-packed rows read back event by event */
+    struct jd_job_event *ev;
+    size_t n;
+    assert_int_equal(jd_store_events(f->s, id[2], 0, 10, &ev, &n), 0);
+    assert_int_equal(n, 4);
+    assert_int_equal(ev[2].kind, JD_EVK_DISPATCH);
+    assert_null(ev[2].data);
+    assert_int_equal(ev[3].seq, 4);
+    assert_string_equal(ev[3].data, "{\"r\":\"\xc3\xa9t\xc3\xa9\"}");
+    jd_job_events_free(ev, n);
+}
+
 static void test_recover_started_merges_running_and_waiting_by_id(void **state)
 {
     struct fx *f = *state;
@@ -1290,7 +1700,7 @@ static void test_ids_survive_reopen_and_are_never_reused(void **state)
     f->s = NULL;
     assert_int_equal(fx_open(f, false, 0), 0);
     assert_true(jd_store_next_id(f->s) > last);
-    assert_int_equal(jd_store_schema_version(), 13);
+    assert_int_equal(jd_store_schema_version(), 14);
 }
 
 static void test_stats_count_commits_records_and_latency(void **state)
@@ -1570,6 +1980,13 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_recover_returns_non_terminal_jobs_with_their_history,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_batch_packs_a_jobs_run_of_events_and_readers_see_each, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_reads_packed_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_task_state_reads_completions_packed_in_a_row, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(
+            test_old_unpacked_history_migrates_and_reads_alongside_packed_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recover_started_merges_running_and_waiting_by_id,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_queued_page_reads_a_queue_in_run_order_across_pages,

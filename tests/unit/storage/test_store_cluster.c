@@ -725,11 +725,11 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
     assert_int_equal(
         sql_int(f->url, "SELECT count(*) FROM jd_nodes WHERE pending_event_id IS NOT NULL"), 0);
     char q[160];
-    snprintf(q, sizeof q, "SELECT count(*) FROM events WHERE job_id = %lld AND kind = %d",
+    snprintf(q, sizeof q, "SELECT count(*) FROM events_all WHERE job_id = %lld AND kind = %d",
              (long long)id, (int)JD_EVK_PROGRESS);
     assert_in_range(sql_int(f->url, q), 0, 1);
     snprintf(q, sizeof q,
-             "SELECT (SELECT version FROM jobs WHERE id = %lld) - count(*) FROM events "
+             "SELECT (SELECT version FROM jobs WHERE id = %lld) - count(*) FROM events_all "
              "WHERE job_id = %lld",
              (long long)id, (long long)id);
     assert_int_equal(sql_int(f->url, q), 0);

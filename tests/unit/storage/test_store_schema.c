@@ -275,6 +275,7 @@ static void test_every_query_uses_an_index(void **state)
     jd_store_close(s);
     sqlite3 *db;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(read_functions(db), SQLITE_OK);
     for (int i = 0; i < RS_N; i++)
         if (i != RS_BEGIN && i != RS_COMMIT)
             check_plan(db, read_sql[i]);
