@@ -242,7 +242,8 @@ static char *claim_answer_locked(struct jd_jobs *j, struct claim_op *op, int *rc
                 }
             } else {
                 k->st = TS_CLAIMED;
-                tasks_rename_locked(t, k, op->seqs[i]);
+                if (op->seqs[i] > 0) /* else the id without it, found as before */
+                    tasks_rename_locked(t, k, op->seqs[i]);
                 /* Its lease runs even when it is not handed out: the
                  * fallback should the job's cancel never reach the call. */
                 tasks_lease_arm(j, k);
