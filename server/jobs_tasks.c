@@ -762,17 +762,28 @@ static void remote_handle(const struct jd_call_info *info)
     k->key = jd_xstrdup(info->idempotency_key);
     k->created_ms = jd_wall_ms();
     k->refs = 1;
-    /* The job under mu, and tmu taken before mu is let go: a cancel or end
-     * of the job (jobs_tasks_job_over, under mu) either comes first, and
-     * the task is held back here, or finds it in the hash. */
+    /* The job under mu: a cancel or end of the job (jobs_tasks_job_over,
+     * under mu and tmu) either came before, and the task is held back
+     * here, or finds it in the hash. One that came between the two locks
+     * moved over_gen: then (rarely) the job is read again with tmu taken
+     * before mu is let go, which a claim holding tmu would make mu wait on. */
     pthread_mutex_lock(&j->mu);
     const struct job *jb = jobs_job_find(j, job_id);
     k->run = jb && jb->run ? jb->run : 1;
     k->traceparent =
         jb && jb->def && jb->def->traceparent ? jd_xstrdup(jb->def->traceparent) : NULL;
     k->over = jb && (jb->cancel_requested || jb->finished);
-    pthread_mutex_lock(&t->mu);
+    uint64_t gen = t->over_gen;
     pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&t->mu);
+    if (t->over_gen != gen) {
+        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_lock(&j->mu);
+        jb = jobs_job_find(j, job_id);
+        k->over = jb && (jb->cancel_requested || jb->finished);
+        pthread_mutex_lock(&t->mu);
+        pthread_mutex_unlock(&j->mu);
+    }
     struct rcmd *c = tasks_cmd_find(t, info->command);
     if (!c || !c->registered) {
         pthread_mutex_unlock(&t->mu);
@@ -862,6 +873,7 @@ void jobs_tasks_job_over(struct jd_jobs *j, int64_t job_id)
     if (!t)
         return;
     pthread_mutex_lock(&t->mu);
+    t->over_gen++; /* under mu and tmu: remote_handle reads it under either */
     /* Rare (a cancel, or a job that ended with calls out): a walk of the
      * id hash costs less than a per-job index on every task. */
     for (unsigned b = 0; b < TASK_BUCKETS; b++)

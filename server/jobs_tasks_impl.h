@@ -181,8 +181,9 @@ struct jd_tasks {
     size_t nworkers;
     struct prog *progs[TASK_BUCKETS];
     struct rcmd *cmds;
-    size_t ncmds;  /* registered */
-    uint64_t held; /* tasks held back (over while waiting) */
+    size_t ncmds;      /* registered */
+    uint64_t held;     /* tasks held back (over while waiting) */
+    uint64_t over_gen; /* calls of jobs_tasks_job_over (under jd_jobs.mu and tmu) */
     struct task *byid[TASK_BUCKETS];
     struct task *bycall[TASK_BUCKETS];
     struct claimer *claimers;
