@@ -4,10 +4,10 @@
  * submits each as its call's `dispatch` event (claim_rec; one commit as a
  * rule), then answers once those commits are done, each task under the id
  * that names its event's seq (tasks_rename_locked), leaving out any whose
- * job was cancelled or ended meanwhile (`over`); with wait_ms and nothing waiting it parks
- * (struct claimer) until a task arrives (tasks_serve_claimers_locked, from
- * remote_handle), its deadline timer fires (claim_deadline), or the layer
- * drains (jobs_tasks_drain).
+ * job was cancelled or ended meanwhile (`over`); with wait_ms and nothing
+ * waiting it parks (struct claimer) until a task arrives
+ * (tasks_serve_claimers_locked, from remote_handle), its deadline timer
+ * fires (claim_deadline), or the layer drains (jobs_tasks_drain).
  *
  * Threads: jd_jobs_task_claim on an HTTP thread; claim_deadline on the
  * scheduler's timer thread; tasks_claim_committed on the store's completion
@@ -150,8 +150,8 @@ size_t tasks_claim_count(const struct claim_op *op)
 static char *claim_answer_locked(struct jd_jobs *j, struct claim_op *op, int *rc);
 static void claim_op_free(struct claim_op *op);
 
-/* With or without tmu held by nobody: op's answer goes to done(arg), now
- * if its records are all done, else from tasks_claim_committed. */
+/* Without tmu: op's answer goes to done(arg), now if its records are all
+ * done, else from tasks_claim_committed. */
 void tasks_claim_submit(struct jd_jobs *j, struct claim_op *op, jd_action_done_fn done, void *arg)
 {
     struct jd_tasks *t = j->tasks;
