@@ -154,13 +154,15 @@ endef
 $(foreach p,$(TPLUGIN_NAMES),$(eval $(call TPLUGIN_RULE,$(p))))
 
 # ---- unit tests: tests/unit/<layer>/test_*.c -> $(BUILD)/tests/test_*  ----
+# A test's own link flags: test_x_LDFLAGS (link-time seams, -Wl,--wrap=).
+test_tasks_race_LDFLAGS := -Wl,--wrap=jd_store_submit -Wl,--wrap=jd_sched_cancel
 UNIT_TESTS :=
 define UNIT_RULES
 $(1)_TESTS := $(patsubst tests/unit/$(1)/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/$(1)/test_*.c))
 $(BUILD)/tests/%: tests/unit/$(1)/%.c $(call deplibs,$(1))
 	@mkdir -p $$(dir $$@)
 	@$$(if $$(Q),echo "  TEST    $$@")
-	$$(Q)$$(CC) $$(CFLAGS) $$(LDFLAGS) -o $$@ $$< $(call deplibs,$(1)) $$($(1)_LIBS) -lcmocka $(LIBS_SYS)
+	$$(Q)$$(CC) $$(CFLAGS) $$(LDFLAGS) $$($$*_LDFLAGS) -o $$@ $$< $(call deplibs,$(1)) $$($(1)_LIBS) -lcmocka $(LIBS_SYS)
 UNIT_TESTS += $$($(1)_TESTS)
 test-unit-$(1): $$($(1)_TESTS) $(PLUGIN_SOS) $(TPLUGIN_SOS)
 	$(Q)JD_BUILD=$(BUILD) tests/run.sh $$($(1)_TESTS)

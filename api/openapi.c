@@ -274,7 +274,7 @@ const char jd_openapi_yaml[] =
     "    Task:\n"
     "      type: object\n"
     "      properties:\n"
-    "        id: {type: string, description: \"opaque; the job id and 128 random bits, <job>-<32 hex> (on a cluster node after the id of the node that holds it: <node>.<job>-<32 hex>)\"}\n"
+    "        id: {type: string, description: \"opaque; the job id, the seq of the claim's dispatch event and 128 random bits, <job>-<seq>-<32 hex> (on a cluster node after the id of the node that holds it: <node>.<job>-<seq>-<32 hex>)\"}\n"
     "        command: {type: string}\n"
     "        args: {description: the call's args (any JSON)}\n"
     "        job_id: {type: string}\n"

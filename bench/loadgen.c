@@ -58,9 +58,9 @@
 #include <unistd.h>
 
 #define MAX_CONNS 4096
-#define OUT_CAP 8192      /* one request: a batch complete of MAX_BATCH tasks fits */
+#define OUT_CAP 16384     /* one request: a batch complete of MAX_BATCH tasks fits */
 #define MAX_BATCH 64      /* tasks per claim for jackdaw-remote */
-#define TASK_ID_MAX 40    /* Jackdaw task ids are 32 hex digits */
+#define TASK_ID_MAX 96    /* "<node>.<job>-<seq>-<32 hex>": at most 92 (server/tasks.h) */
 #define IN_START 8192     /* response buffer; grows for long job documents */
 #define IN_MAX (4u << 20) /* a response bigger than this is an error */
 #define WAIT_PARAM "30s"  /* long-poll length; re-polled if it expires */

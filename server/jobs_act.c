@@ -113,6 +113,10 @@ static int cancel_do(struct jd_jobs *j, int64_t id, int64_t request_id, jd_actio
         r->user_arg = arg;
         jobs_record(r);
     } else {
+        /* Its calls waiting as remote tasks are handed out no more, and a
+         * worker holding one hears "cancelled" from now on. */
+        if (jb->calls)
+            jobs_tasks_job_over(j, jb->id);
         ce->after = AFTER_CANCEL;
         ce->action_done = done;
         ce->user_arg = arg;

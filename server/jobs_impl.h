@@ -566,11 +566,6 @@ void jobs_notify_start(struct jd_jobs *j, int64_t id, enum jd_job_state state, c
  * args otherwise. Caller frees. */
 char *jobs_trace_args(const char *command, const char *args, const char *traceparent,
                       const char *exec_env_allow);
-/* The traceparent of job id (a copy, caller frees), or NULL when it has
- * none or is not in the table; *run gets the job's run (1 if it is not in
- * the table), which a remote task's claim records. Takes mu: call without
- * it (and without the tasks layer's tmu, which comes after mu). */
-char *jobs_trace_of_job(struct jd_jobs *j, int64_t id, uint32_t *run);
 
 /* jobs_replay.c: read every non-terminal job back and resume it (from
  * jd_jobs_create; 0 or a JD_E* code with err set). */
@@ -611,6 +606,13 @@ int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err);
 void jobs_tasks_drain(struct jd_jobs *j);
 /* Remote tasks, waiting or claimed (any thread; takes the tasks lock). */
 unsigned jobs_tasks_count(struct jd_jobs *j);
+/* Under mu: job_id was cancelled or finished while calls of it may wait
+ * as tasks: no claim takes them from now on (their calls end as the job's
+ * cancel reaches them), and a worker that already holds one hears
+ * "cancelled" from its heartbeat, complete or fail. A task that arrives
+ * later for such a job is held back too (remote_handle reads the job
+ * under mu). Takes the tasks lock (mu before tmu). */
+void jobs_tasks_job_over(struct jd_jobs *j, int64_t job_id);
 void jobs_tasks_destroy(struct jd_jobs *j);
 /* A cluster node's remote commands follow the store (registered, changed
  * or deleted on another node): the cluster thread, once a second; reads

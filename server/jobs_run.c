@@ -299,6 +299,10 @@ void jobs_hook_finished(void *ctx, jd_pid pid, void *user, enum jd_step_status s
     pthread_mutex_lock(&j->mu);
     bool record_it = !jb->finished && !j->stopping && !jb->end_folded;
     jb->finished = true;
+    /* Calls still out (cancelled below, after the end is recorded): no
+     * claim takes their tasks, whose dispatch would follow the end. */
+    if (jb->calls)
+        jobs_tasks_job_over(j, jb->id);
     if (jb->eprevp) { /* off jd_jobs.ending: its end committed before this */
         *jb->eprevp = jb->enext;
         if (jb->enext)

@@ -145,10 +145,10 @@ static int64_t id_number(const char *p, const char *end)
     return v;
 }
 
-/* The shape "[<node>.][<job>-]<32 hex>": false if id is not one. */
-static bool id_parse(const char *id, int64_t *node, int64_t *job)
+/* The shape "[<node>.][<job>-[<seq>-]]<32 hex>": false if id is not one. */
+static bool id_parse(const char *id, int64_t *node, int64_t *job, int64_t *seq)
 {
-    *node = *job = 0;
+    *node = *job = *seq = 0;
     if (!id)
         return false;
     const char *dot = strchr(id, '.');
@@ -164,6 +164,12 @@ static bool id_parse(const char *id, int64_t *node, int64_t *job)
         if ((*job = id_number(rest, dash)) == 0)
             return false;
         hex = dash + 1;
+        const char *dash2 = strchr(hex, '-');
+        if (dash2) {
+            if ((*seq = id_number(hex, dash2)) == 0)
+                return false;
+            hex = dash2 + 1;
+        }
     }
     size_t n = 0;
     for (; hex[n]; n++)
@@ -174,14 +180,31 @@ static bool id_parse(const char *id, int64_t *node, int64_t *job)
 
 bool jd_task_id_parse(const char *id, int64_t *node)
 {
-    int64_t job;
-    return id_parse(id, node, &job);
+    int64_t job, seq;
+    return id_parse(id, node, &job, &seq);
 }
 
 int64_t jd_task_id_job(const char *id)
 {
-    int64_t node, job;
-    return id_parse(id, &node, &job) ? job : 0;
+    int64_t node, job, seq;
+    return id_parse(id, &node, &job, &seq) ? job : 0;
+}
+
+int64_t jd_task_id_claim(const char *id, char base[JD_TASK_ID_MAX + 1])
+{
+    int64_t node, job, seq;
+    if (!id_parse(id, &node, &job, &seq) || job == 0)
+        return -1;
+    if (seq == 0) {
+        snprintf(base, JD_TASK_ID_MAX + 1, "%s", id);
+        return 0;
+    }
+    /* Drop "<seq>-" after "[<node>.]<job>-": the id its dispatch names. */
+    const char *rest = strchr(id, '.') ? strchr(id, '.') + 1 : id;
+    const char *dash = strchr(rest, '-');
+    const char *dash2 = strchr(dash + 1, '-');
+    snprintf(base, JD_TASK_ID_MAX + 1, "%.*s%s", (int)(dash + 1 - id), id, dash2 + 1);
+    return seq;
 }
 
 bool tasks_name_ok(const char *s)
@@ -379,6 +402,23 @@ void tasks_waiting_push(struct task *k, bool front)
  * caller now ends its call. Drops the hashes' reference (k stays valid
  * while the caller holds another, or until tmu is released). */
 
+void tasks_rename_locked(struct jd_tasks *t, struct task *k, int64_t seq)
+{
+    for (struct task **pp = &t->byid[hash_str(k->id)]; *pp; pp = &(*pp)->hnext)
+        if (*pp == k) {
+            *pp = k->hnext;
+            break;
+        }
+    /* k->id is "[<node>.]<job>-<32 hex>": put "<seq>-" before the hex. */
+    char id[TASK_ID_MAX + 1];
+    size_t head = strlen(k->id) - TASK_ID_LEN;
+    snprintf(id, sizeof id, "%.*s%" PRId64 "-%s", (int)head, k->id, seq, k->id + head);
+    memcpy(k->id, id, sizeof k->id);
+    unsigned h = hash_str(k->id);
+    k->hnext = t->byid[h];
+    t->byid[h] = k;
+}
+
 void tasks_take_out(struct jd_jobs *j, struct task *k, const char *reason)
 {
     struct jd_tasks *t = j->tasks;
@@ -386,7 +426,7 @@ void tasks_take_out(struct jd_jobs *j, struct task *k, const char *reason)
         struct tomb *tb = &t->tombs[t->tomb_next++ % TOMBSTONES];
         memcpy(tb->id, k->id, sizeof tb->id);
         tb->reason = reason;
-        struct wkr *w = worker_find(t, k->worker ? k->worker : "");
+        struct wkr *w = k->shown ? worker_find(t, k->worker ? k->worker : "") : NULL;
         if (w && w->in_flight)
             w->in_flight--;
         progress_clear(t, k);
@@ -401,7 +441,9 @@ void tasks_take_out(struct jd_jobs *j, struct task *k, const char *reason)
             *pp = k->cnext;
             break;
         }
-    if (k->st == TS_WAITING)
+    if (k->st == TS_WAITING && k->held)
+        t->held--;
+    else if (k->st == TS_WAITING)
         tasks_waiting_unlink(k);
     else
         k->cmd->in_flight--;
@@ -473,7 +515,7 @@ void tasks_trec_done(void *arg, struct jd_write *w, int rc)
     if (r->claim) {
         if (rc == 0 && w->op == JD_W_JOB_CHANGE) /* its dispatch event: the job moved on */
             jobs_change_committed(r->j, w->job_id, w->version);
-        tasks_claim_committed(r->j, r->claim, r->claim_ix, rc);
+        tasks_claim_committed(r->j, r->claim, r->claim_ix, rc, rc == 0 ? w->version : 0);
     } else if (r->batch) {
         tasks_batch_committed(r->j, r->batch, rc);
     } else if (r->done) {
@@ -718,10 +760,30 @@ static void remote_handle(const struct jd_call_info *info)
     k->attempt = info->attempt;
     k->args = jd_xstrdup(info->args_json ? info->args_json : "{}");
     k->key = jd_xstrdup(info->idempotency_key);
-    k->traceparent = jobs_trace_of_job(j, job_id, &k->run); /* takes mu: before tmu */
     k->created_ms = jd_wall_ms();
     k->refs = 1;
+    /* The job under mu: a cancel or end of the job (jobs_tasks_job_over,
+     * under mu and tmu) either came before, and the task is held back
+     * here, or finds it in the hash. One that came between the two locks
+     * moved over_gen: then (rarely) the job is read again with tmu taken
+     * before mu is let go, which a claim holding tmu would make mu wait on. */
+    pthread_mutex_lock(&j->mu);
+    const struct job *jb = jobs_job_find(j, job_id);
+    k->run = jb && jb->run ? jb->run : 1;
+    k->traceparent =
+        jb && jb->def && jb->def->traceparent ? jd_xstrdup(jb->def->traceparent) : NULL;
+    k->over = jb && (jb->cancel_requested || jb->finished);
+    uint64_t gen = t->over_gen;
+    pthread_mutex_unlock(&j->mu);
     pthread_mutex_lock(&t->mu);
+    if (t->over_gen != gen) {
+        pthread_mutex_unlock(&t->mu);
+        pthread_mutex_lock(&j->mu);
+        jb = jobs_job_find(j, job_id);
+        k->over = jb && (jb->cancel_requested || jb->finished);
+        pthread_mutex_lock(&t->mu);
+        pthread_mutex_unlock(&j->mu);
+    }
     struct rcmd *c = tasks_cmd_find(t, info->command);
     if (!c || !c->registered) {
         pthread_mutex_unlock(&t->mu);
@@ -740,10 +802,16 @@ static void remote_handle(const struct jd_call_info *info)
     h = hash_ptr(k->call);
     k->cnext = t->bycall[h];
     t->bycall[h] = k;
-    tasks_waiting_push(k, false);
-    tasks_serve_claimers_locked(j, c);
-    /* No claim here took it: other nodes' workers may (jobs_tasks_cluster.c). */
-    char *announce = k->st == TS_WAITING ? tasks_left_waiting_locked(j, c) : NULL;
+    char *announce = NULL;
+    if (k->over) {
+        k->held = true; /* the job's cancel reaches the call soon and ends it */
+        t->held++;
+    } else {
+        tasks_waiting_push(k, false);
+        tasks_serve_claimers_locked(j, c);
+        /* No claim here took it: other nodes' workers may (jobs_tasks_cluster.c). */
+        announce = k->st == TS_WAITING ? tasks_left_waiting_locked(j, c) : NULL;
+    }
     pthread_mutex_unlock(&t->mu);
     tasks_announce_send(j, announce);
     /* A cancel that came before the task was recorded found nothing to
@@ -799,6 +867,29 @@ static void remote_cancel(struct jd_call *call)
         jd_registry_host(j->reg)->fail(call, "cancelled", "cancelled", 0, NULL);
 }
 
+void jobs_tasks_job_over(struct jd_jobs *j, int64_t job_id)
+{
+    struct jd_tasks *t = j->tasks;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->over_gen++; /* under mu and tmu: remote_handle reads it under either */
+    /* Rare (a cancel, or a job that ended with calls out): a walk of the
+     * id hash costs less than a per-job index on every task. */
+    for (unsigned b = 0; b < TASK_BUCKETS; b++)
+        for (struct task *k = t->byid[b]; k; k = k->hnext) {
+            if (k->job_id != job_id || k->over)
+                continue;
+            k->over = true;
+            if (k->st == TS_WAITING) {
+                tasks_waiting_unlink(k);
+                k->held = true;
+                t->held++;
+            }
+        }
+    pthread_mutex_unlock(&t->mu);
+}
+
 /* ---- lifecycle ---- */
 
 int jobs_tasks_create(struct jd_jobs *j, struct jd_error *err)
@@ -841,6 +932,7 @@ unsigned jobs_tasks_count(struct jd_jobs *j)
     pthread_mutex_lock(&t->mu);
     for (struct rcmd *c = t->cmds; c; c = c->next)
         n += c->waiting + c->in_flight;
+    n += t->held;
     pthread_mutex_unlock(&t->mu);
     return (unsigned)n;
 }

@@ -1,11 +1,13 @@
 /*
  * Remote tasks, part 2 of 5 (see jobs_tasks.c): claims. A claim takes the
- * oldest waiting tasks of its commands, records each as its call's
- * `dispatch` event (claim_rec; one commit as a rule) and answers once
- * those commits are done; with wait_ms and nothing waiting it parks
- * (struct claimer) until a task arrives (tasks_serve_claimers_locked, from
- * remote_handle), its deadline timer fires (claim_deadline), or the layer
- * drains (jobs_tasks_drain).
+ * oldest waiting tasks of its commands and, in the same hold of tmu,
+ * submits each as its call's `dispatch` event (claim_rec; one commit as a
+ * rule), then answers once those commits are done, each task under the id
+ * that names its event's seq (tasks_rename_locked), leaving out any whose
+ * job was cancelled or ended meanwhile (`over`); with wait_ms and nothing
+ * waiting it parks (struct claimer) until a task arrives
+ * (tasks_serve_claimers_locked, from remote_handle), its deadline timer
+ * fires (claim_deadline), or the layer drains (jobs_tasks_drain).
  *
  * Threads: jd_jobs_task_claim on an HTTP thread; claim_deadline on the
  * scheduler's timer thread; tasks_claim_committed on the store's completion
@@ -26,14 +28,18 @@
 #include <string.h>
 
 /* One claim: the tasks taken for it, a record each (in one commit as a
- * rule); rcs[i] is task i's record's outcome. */
+ * rule); rcs[i] is task i's record's outcome, seqs[i] its dispatch event's
+ * seq. It is answered once every record is done and done is set (armed),
+ * whichever comes last. */
 struct claim_op {
     struct task **tasks;
     int *rcs;
+    int64_t *seqs;
     size_t n;
     jd_action_done_fn done;
     void *arg;
     int remaining;
+    bool armed;
 };
 
 /* Under tmu: task k's claim record. One job change, the call's `dispatch`
@@ -77,16 +83,23 @@ static struct trec *claim_rec(struct jd_jobs *j, struct claim_op *op, size_t ix)
     return r;
 }
 
-/* Submit op's records (built under tmu) one by one, so that one that
- * fails (its job fenced on a cluster) fails alone. The writer still
- * commits them together as a rule. Returns how many were not enqueued
- * (the store is closing): recs[i..n) for i = n - that. */
-static size_t claim_enqueue(struct jd_jobs *j, struct trec **rs, size_t n)
+/* Under tmu: submit op's records one by one, so that one that fails (its
+ * job fenced on a cluster) fails alone; the writer still commits them
+ * together as a rule. One the store refused (it is closing) is done at
+ * once as not recorded (its task waits again). */
+static void claim_enqueue_locked(struct jd_jobs *j, struct claim_op *op)
 {
-    for (size_t i = 0; i < n; i++)
-        if (jd_store_submit(j->store, &rs[i]->w) != 0)
-            return n - i;
-    return 0;
+    op->remaining = (int)op->n;
+    bool closing = false;
+    for (size_t i = 0; i < op->n; i++) {
+        struct trec *r = claim_rec(j, op, i);
+        if (closing || jd_store_submit(j->store, &r->w) != 0) {
+            closing = true;
+            op->rcs[i] = JD_ESHUTDOWN;
+            op->remaining--;
+            tasks_trec_free(r);
+        }
+    }
 }
 
 /* Under tmu: take up to max waiting tasks of cmds (oldest first across
@@ -110,6 +123,7 @@ struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *
             op = jd_xcalloc(1, sizeof *op);
             op->tasks = jd_xcalloc(max, sizeof *op->tasks);
             op->rcs = jd_xcalloc(max, sizeof *op->rcs);
+            op->seqs = jd_xcalloc(max, sizeof *op->seqs);
         }
         tasks_waiting_unlink(best);
         best->cmd->in_flight++;
@@ -123,32 +137,38 @@ struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *
         best->refs++; /* the claim's */
         op->tasks[op->n++] = best;
     }
-    (void)j;
+    if (op)
+        claim_enqueue_locked(j, op); /* before tmu goes: see jobs_tasks_impl.h */
     return op;
 }
 
-/* Without tmu: record every task of op as claimed (claim_rec); done
- * fires from tasks_claim_committed. */
 size_t tasks_claim_count(const struct claim_op *op)
 {
     return op ? op->n : 0;
 }
 
+static char *claim_answer_locked(struct jd_jobs *j, struct claim_op *op, int *rc);
+static void claim_op_free(struct claim_op *op);
+
+/* Without tmu: op's answer goes to done(arg), now if its records are all
+ * done, else from tasks_claim_committed. */
 void tasks_claim_submit(struct jd_jobs *j, struct claim_op *op, jd_action_done_fn done, void *arg)
 {
-    op->done = done;
-    op->arg = arg;
-    struct trec **rs = jd_xcalloc(op->n, sizeof *rs);
     struct jd_tasks *t = j->tasks;
     pthread_mutex_lock(&t->mu);
-    for (size_t i = 0; i < op->n; i++)
-        rs[i] = claim_rec(j, op, i);
-    op->remaining = (int)op->n;
+    op->done = done;
+    op->arg = arg;
+    op->armed = true;
+    if (op->remaining > 0) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    int rc;
+    char *answer = claim_answer_locked(j, op, &rc);
     pthread_mutex_unlock(&t->mu);
-    size_t left = claim_enqueue(j, rs, op->n);
-    for (size_t i = op->n - left; i < op->n; i++)
-        tasks_trec_done(rs[i], &rs[i]->w, JD_ESHUTDOWN);
-    free(rs);
+    op->done(op->arg, rc, answer);
+    free(answer);
+    claim_op_free(op);
 }
 
 static void render_task(struct jd_sbuf *b, const struct task *k)
@@ -178,16 +198,19 @@ static void render_task(struct jd_sbuf *b, const struct task *k)
     jd_sb_puts(b, "\"}");
 }
 
-/* The store's completion thread: one record of op committed (or not). */
-void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, int rc)
+static void claim_op_free(struct claim_op *op)
+{
+    free(op->tasks);
+    free(op->rcs);
+    free(op->seqs);
+    free(op);
+}
+
+/* Under tmu, every record of op done: settle its tasks and return the
+ * answer ({"tasks":[...]}, caller frees) with *rc for done. */
+static char *claim_answer_locked(struct jd_jobs *j, struct claim_op *op, int *rc)
 {
     struct jd_tasks *t = j->tasks;
-    pthread_mutex_lock(&t->mu);
-    op->rcs[ix] = rc;
-    if (--op->remaining > 0) {
-        pthread_mutex_unlock(&t->mu);
-        return;
-    }
     struct jd_sbuf b = {0};
     jd_sb_puts(&b, "{\"tasks\":[");
     size_t shown = 0;
@@ -206,14 +229,27 @@ void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, in
         struct task *k = op->tasks[i];
         if (k->live && k->st == TS_CLAIMING) {
             if (op->rcs[i]) {
-                /* Not recorded: nobody holds it; it waits again, first. */
+                /* Not recorded: nobody holds it; it waits again, first
+                 * (held back if its job is over meanwhile). */
                 k->st = TS_WAITING;
                 k->cmd->in_flight--;
                 k->cmd->claimed_total--;
-                tasks_waiting_push(k, true);
+                if (k->over) {
+                    k->held = true;
+                    t->held++;
+                } else {
+                    tasks_waiting_push(k, true);
+                }
             } else {
                 k->st = TS_CLAIMED;
+                if (op->seqs[i] > 0) /* else the id without it, found as before */
+                    tasks_rename_locked(t, k, op->seqs[i]);
+                /* Its lease runs even when it is not handed out: the
+                 * fallback should the job's cancel never reach the call. */
                 tasks_lease_arm(j, k);
+                if (k->over)
+                    continue; /* its job was cancelled or ended: nobody gets it */
+                k->shown = true;
                 struct wkr *w = tasks_worker_seen(t, k->worker ? k->worker : "", NULL, 0);
                 if (w)
                     w->in_flight++;
@@ -222,16 +258,39 @@ void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, in
                 render_task(&b, k);
             }
         }
-        tasks_unref(k);
     }
+    for (size_t i = 0; i < op->n; i++)
+        tasks_unref(op->tasks[i]);
     jd_sb_puts(&b, "]}");
+    *rc = rc_all == JD_ESHUTDOWN ? 0 : rc_all;
+    if (rc_all == JD_ESHUTDOWN) {
+        free(b.p);
+        return jd_xstrdup("{\"tasks\":[]}");
+    }
+    if (rc_all) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* The store's completion thread: one record of op committed at seq (or not). */
+void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, int rc, int64_t seq)
+{
+    struct jd_tasks *t = j->tasks;
+    pthread_mutex_lock(&t->mu);
+    op->rcs[ix] = rc;
+    op->seqs[ix] = seq;
+    if (--op->remaining > 0 || !op->armed) {
+        pthread_mutex_unlock(&t->mu);
+        return;
+    }
+    int arc;
+    char *answer = claim_answer_locked(j, op, &arc);
     pthread_mutex_unlock(&t->mu);
-    op->done(op->arg, rc_all == JD_ESHUTDOWN ? 0 : rc_all,
-             rc_all == JD_ESHUTDOWN ? "{\"tasks\":[]}" : b.p);
-    free(b.p);
-    free(op->tasks);
-    free(op->rcs);
-    free(op);
+    op->done(op->arg, arc, answer);
+    free(answer);
+    claim_op_free(op);
 }
 
 void tasks_claimer_free(struct claimer *cl)
@@ -270,40 +329,19 @@ void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c)
         tasks_claim_take_locked(j, cl->cmds, cl->ncmds, cl->worker, cl->max, cl->lease_ms);
     op->done = cl->done;
     op->arg = cl->arg;
+    op->armed = true;
     tasks_claimer_free(cl);
-    struct trec **rs = jd_xcalloc(op->n, sizeof *rs);
-    op->remaining = (int)op->n;
-    for (size_t i = 0; i < op->n; i++)
-        rs[i] = claim_rec(j, op, i);
-    size_t left = claim_enqueue(j, rs, op->n);
-    if (left == op->n) {
-        /* Closing: the claim's done must not run under tmu; the waiting
-         * tasks go back and the claim answers empty from drain instead. */
-        for (size_t i = 0; i < op->n; i++) {
-            struct task *k = op->tasks[i];
-            k->st = TS_WAITING;
-            k->cmd->in_flight--;
-            k->cmd->claimed_total--;
-            tasks_waiting_push(k, true);
-            k->refs--;
-            tasks_trec_free(rs[i]);
-        }
-        /* Only while the store closes, after every request was answered
-         * or dropped: the one user callback made under tmu. */
+    if (op->remaining == 0) {
+        /* Closing, nothing recorded: the tasks wait again, and only while
+         * the store closes, after every request was answered or dropped,
+         * is the claim answered (empty) under tmu: the one user callback
+         * made under it. */
+        int rc;
+        char *answer = claim_answer_locked(j, op, &rc);
         op->done(op->arg, 0, "{\"tasks\":[]}");
-        free(op->tasks);
-        free(op->rcs);
-        free(op);
-    } else if (left) {
-        /* The store began closing midway: the rest fail as not recorded
-         * (their commit callbacks take tmu, so not from here). */
-        for (size_t i = op->n - left; i < op->n; i++) {
-            op->rcs[i] = JD_ESHUTDOWN;
-            op->remaining--;
-            tasks_trec_free(rs[i]);
-        }
+        free(answer);
+        claim_op_free(op);
     }
-    free(rs);
 }
 
 static void claim_deadline(void *arg)

@@ -127,6 +127,13 @@ static struct task *take_claimed(struct jd_jobs *j, const char *id, const char *
     struct jd_tasks *t = j->tasks;
     pthread_mutex_lock(&t->mu);
     struct task *k = tasks_find(t, id);
+    if (k && k->st == TS_CLAIMED && k->over) {
+        /* Its job was cancelled (or ended): the cancel ends the call. */
+        pthread_mutex_unlock(&t->mu);
+        *reason = "cancelled";
+        *rc = jd_error_set(err, JD_ECONFLICT, NULL, "the task's job was cancelled");
+        return NULL;
+    }
     if (k && k->st == TS_CLAIMED) {
         tasks_take_out(j, k, "completed");
         int64_t d = jd_wall_ms() - k->claimed_ms;
@@ -473,6 +480,7 @@ int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, 
     struct task *k = tasks_find(t, id);
     int64_t job_id = k ? k->job_id : 0;
     bool claimed = k && k->st == TS_CLAIMED;
+    bool over = k && k->over;
     pthread_mutex_unlock(&t->mu);
     if (!claimed) {
         free(progress);
@@ -482,7 +490,7 @@ int jd_jobs_task_heartbeat(struct jd_jobs *j, const char *id, const char *body, 
     }
     pthread_mutex_lock(&j->mu);
     struct job *jb = jobs_job_find(j, job_id);
-    if (!jb || jb->cancel_requested || jb->finished || j->stopping) {
+    if (over || !jb || jb->cancel_requested || jb->finished || j->stopping) {
         pthread_mutex_unlock(&j->mu);
         free(progress);
         cJSON_Delete(o);

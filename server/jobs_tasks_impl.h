@@ -11,9 +11,13 @@
  * complete/fail, once). States: waiting (in its command's FIFO) ->
  * claiming (its claim is being committed) -> claimed (lease timer
  * armed) -> taken out. A claim is one job change per task: the call's
- * `dispatch` event (a waiting task has none) that also writes the task's
- * row, so that after a restart its id still answers 409 and the replayed
- * job dispatches the call again as attempt + 1, a new task.
+ * `dispatch` event (a waiting task has none), submitted in the same hold
+ * of tmu that took the task, so that after a restart its id still answers
+ * 409 and the replayed job dispatches the call again as attempt + 1, a new
+ * task, and so that nothing that ends the task is recorded before it. A
+ * task whose job was cancelled or ended is `over` (jobs_tasks_job_over):
+ * held out of its FIFO while waiting, never handed out, and refused with
+ * "cancelled" to its worker.
  *
  * Timers (the scheduler's timer heap, no polling): a lease timer per
  * claimed task, re-armed lazily when a heartbeat moved the deadline; a
@@ -41,7 +45,7 @@
 #define TASK_BUCKETS 1024 /* tasks in flight are bounded by running jobs (10^4 by default) */
 
 #define TASK_ID_LEN 32             /* 128 random bits in hex: not guessable, not enumerable */
-#define TASK_ID_MAX JD_TASK_ID_MAX /* on a cluster node "<node id>.<32 hex>" */
+#define TASK_ID_MAX JD_TASK_ID_MAX /* "<node>.<job>-<seq>-<32 hex>" once claimed */
 
 #define NAME_MAX_LEN 64 /* as plugin command names */
 
@@ -101,7 +105,12 @@ struct task {
     char *traceparent; /* the job's W3C trace context, or NULL (issue 19) */
     enum tstate st;
     bool live; /* in the hashes */
-    int refs;  /* the hashes; a claim being committed */
+    /* Its job was cancelled or finished (jobs_tasks_job_over): never handed
+     * out from then on, and a worker that holds it hears "cancelled". */
+    bool over;
+    bool held;  /* waiting but out of its command's FIFO, because over */
+    bool shown; /* handed to a worker (counted in its in_flight) */
+    int refs;   /* the hashes; a claim being committed */
     int64_t created_ms, claimed_ms, lease_expires_ms, lease_ms;
     int64_t progress_ms; /* the last progress event recorded */
     bool timer_armed;
@@ -172,7 +181,9 @@ struct jd_tasks {
     size_t nworkers;
     struct prog *progs[TASK_BUCKETS];
     struct rcmd *cmds;
-    size_t ncmds; /* registered */
+    size_t ncmds;      /* registered */
+    uint64_t held;     /* tasks held back (over while waiting) */
+    uint64_t over_gen; /* calls of jobs_tasks_job_over (under jd_jobs.mu and tmu) */
     struct task *byid[TASK_BUCKETS];
     struct task *bycall[TASK_BUCKETS];
     struct claimer *claimers;
@@ -219,6 +230,10 @@ void tasks_waiting_unlink(struct task *k);
 void tasks_waiting_push(struct task *k, bool front);
 /* Under tmu: take k out of the hashes; the caller now ends its call. */
 void tasks_take_out(struct jd_jobs *j, struct task *k, const char *reason);
+/* Under tmu: claimed task k's dispatch event committed at seq: its id
+ * becomes "[<node>.]<job>-<seq>-<32 hex>", the id handed out, so the store
+ * finds its claim with one read (jd_task_stored_state). */
+void tasks_rename_locked(struct jd_tasks *t, struct task *k, int64_t seq);
 /* A command or task name: 1-64 of a-z 0-9 _ . - starting with a letter. */
 bool tasks_name_ok(const char *s);
 /* A JSON integer in [lo, hi] at o[name], or dflt when absent. */
@@ -241,13 +256,18 @@ void tasks_trec_free(struct trec *r);
 
 /* Under tmu: a task of c arrived; hand it to the oldest parked claim. */
 void tasks_serve_claimers_locked(struct jd_jobs *j, struct rcmd *c);
-/* The store's completion thread: the record of op's task ix committed (or
- * not: that task waits again). */
-void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, int rc);
+/* The store's completion thread: the record of op's task ix committed at
+ * seq (the job's version: the dispatch event's seq) or not (rc: that task
+ * waits again). */
+void tasks_claim_committed(struct jd_jobs *j, struct claim_op *op, size_t ix, int rc, int64_t seq);
 
 /* Under tmu: take up to max waiting tasks of cmds for a claim (NULL if
- * none); submit it without tmu with tasks_claim_submit, which calls
- * done(arg, rc, {"tasks":[...]}) once the rows committed. */
+ * none) and submit their records, in the same hold of tmu: whatever takes
+ * a task out after (a cancel's row and completion, a job's end) is
+ * submitted after its claim's dispatch, so the history never shows a
+ * claim after its task's end. Then, with or without tmu,
+ * tasks_claim_submit names who hears done(arg, rc, {"tasks":[...]}) once
+ * the records committed. */
 struct claim_op *tasks_claim_take_locked(struct jd_jobs *j, struct rcmd *const *cmds, size_t ncmds,
                                          const char *worker, unsigned max, int64_t lease_ms);
 void tasks_claim_submit(struct jd_jobs *j, struct claim_op *op, jd_action_done_fn done, void *arg);

@@ -34,38 +34,76 @@ static bool claimed_by(const struct jd_job_event *e, const char *id)
     return mine;
 }
 
-int jd_task_stored_state(struct jd_store *s, const char *id, int *state, int64_t *job_id)
+/* Events of job after `after` (at most limit in all, or to the end with
+ * limit 0), searched for the claim of base: *found and its step's *tag
+ * once seen; *done once a completion of that step follows with no later
+ * dispatch of the step between. */
+static int scan_claim(struct jd_store *s, int64_t job, int64_t after, unsigned limit,
+                      const char *base, bool *found, uint32_t *tag, bool *done)
 {
-    int rc = jd_store_task_state(s, id, state, job_id);
-    int64_t job = jd_task_id_job(id);
-    if (rc != JD_ENOENT || job <= 0)
-        return rc;
-    /* No row: a claim that nothing wrote since. Its dispatch event names
-     * it; a completion of its step after it, with no later dispatch of the
-     * step between, ended it. */
-    bool found = false, done = false, over = false;
-    uint32_t tag = 0;
-    int64_t after = 0;
+    bool over = false;
+    unsigned seen = 0;
     for (;;) {
         struct jd_job_event *ev = NULL;
         size_t n = 0;
-        if ((rc = jd_store_events(s, job, after, HISTORY_PAGE, &ev, &n)) != 0)
+        unsigned want = limit && limit - seen < HISTORY_PAGE ? limit - seen : HISTORY_PAGE;
+        int rc = jd_store_events(s, job, after, want, &ev, &n);
+        if (rc)
             return rc;
         for (size_t i = 0; i < n && !over; i++) {
-            if (!found) {
-                found = claimed_by(&ev[i], id);
-                tag = ev[i].tag;
-            } else if (ev[i].tag == tag && ev[i].kind == JD_EVK_COMPLETE) {
-                done = over = true;
-            } else if (ev[i].tag == tag && ev[i].kind == JD_EVK_DISPATCH) {
+            if (!*found) {
+                *found = claimed_by(&ev[i], base);
+                *tag = ev[i].tag;
+            } else if (ev[i].tag == *tag && ev[i].kind == JD_EVK_COMPLETE) {
+                *done = over = true;
+            } else if (ev[i].tag == *tag && ev[i].kind == JD_EVK_DISPATCH) {
                 over = true; /* a later attempt: this one did not end in a completion */
             }
         }
+        seen += (unsigned)n;
         after = n ? ev[n - 1].seq : after;
         jd_job_events_free(ev, n);
-        if (n < HISTORY_PAGE || over)
-            break;
+        if (n < want || over || (limit && seen >= limit))
+            return 0;
     }
+}
+
+int jd_task_stored_state(struct jd_store *s, const char *id, int *state, int64_t *job_id)
+{
+    int rc = jd_store_task_state(s, id, state, job_id);
+    char base[JD_TASK_ID_MAX + 1];
+    int64_t seq = rc == JD_ENOENT ? jd_task_id_claim(id, base) : -1;
+    if (rc != JD_ENOENT || seq < 0)
+        return rc;
+    /* No row: a claim that nothing wrote since. Its dispatch event names
+     * it (base); a completion of its step after it, with no later dispatch
+     * of the step between, ended it. An id with a seq names that event:
+     * one read refuses a forged one. */
+    int64_t job = jd_task_id_job(id);
+    bool found = false, done = false;
+    uint32_t tag = 0;
+    if (seq > 0) {
+        struct jd_job_event *ev = NULL;
+        size_t n = 0;
+        rc = jd_store_events(s, job, seq - 1, 1, &ev, &n);
+        found = rc == 0 && n == 1 && ev[0].seq == seq && claimed_by(&ev[0], base);
+        tag = n ? ev[0].tag : 0;
+        jd_job_events_free(ev, n);
+        if (found) /* then what became of it */
+            rc = scan_claim(s, job, seq, 0, base, &found, &tag, &done);
+    } else {
+        /* An id from before ids carried the seq: its claim is among the
+         * job's latest events, unless the job went on long after. */
+        struct jd_job row = {0};
+        rc = jd_store_job_get(s, job, &row);
+        int64_t last = row.version;
+        jd_job_clear(&row);
+        if (rc == 0)
+            rc = scan_claim(s, job, last > JD_TASK_NOSEQ_WINDOW ? last - JD_TASK_NOSEQ_WINDOW : 0,
+                            JD_TASK_NOSEQ_WINDOW, base, &found, &tag, &done);
+    }
+    if (rc)
+        return rc;
     if (!found)
         return JD_ENOENT;
     *state = done ? JD_TASK_COMPLETED : JD_TASK_CLAIMED;

@@ -3,13 +3,12 @@
  * (its own member, or the submit request's header) passes it to http calls
  * as the traceparent header and to exec calls as the TRACEPARENT variable,
  * unless the call's args already set one; a remote command's task shows it
- * as its "traceparent" member (jobs_tasks.c reads it, with the job's
- * run, by jobs_trace_of_job when the task is made). The same value is passed on
+ * as its "traceparent" member (jobs_tasks.c's remote_handle copies it
+ * from the job, under mu, when the task is made). The same value is passed on
  * (no new span id: Jackdaw does not record spans), so the receiver's spans
  * are children of the submitter's.
  *
- * Threading: any thread; jobs_trace_args is pure, jobs_trace_of_job takes
- * mu.
+ * Threading: any thread; jobs_trace_args is pure.
  */
 #include "server/jobs_impl.h"
 
@@ -60,14 +59,4 @@ char *jobs_trace_args(const char *command, const char *args, const char *tracepa
     char *out = cJSON_PrintUnformatted(a);
     cJSON_Delete(a);
     return out;
-}
-
-char *jobs_trace_of_job(struct jd_jobs *j, int64_t id, uint32_t *run)
-{
-    pthread_mutex_lock(&j->mu);
-    const struct job *jb = jobs_job_find(j, id);
-    *run = jb && jb->run ? jb->run : 1;
-    char *tp = jb && jb->def && jb->def->traceparent ? jd_xstrdup(jb->def->traceparent) : NULL;
-    pthread_mutex_unlock(&j->mu);
-    return tp;
 }

@@ -41,23 +41,37 @@
 #define JD_TASK_MAX_COMMANDS 1000      /* remote commands registered at once */
 #define JD_TASK_MAX_CLAIM_COMMANDS 32  /* commands named in one claim */
 #define JD_TASK_MAX_BATCH 1000         /* ends in one batch request */
-#define JD_TASK_ID_MAX 72              /* "<node id>.<job id>-<32 hex>": 19 + 1 + 19 + 1 + 32 */
+#define JD_TASK_ID_MAX 92 /* "<node>.<job>-<seq>-<32 hex>": 19 + 1 + 19 + 1 + 19 + 1 + 32 */
 
 /* Whether id has the shape of a task id this server makes:
- * "<job>-<32 hex>" (lowercase hex; SQLite, one node), or
- * "<node>.<job>-<32 hex>" (a cluster node: node is the id of the
- * incarnation that made it and answers for it); node and job are 1 to
- * 2^63-1 with no leading zero. Ids made before the job was part of them
- * ("<32 hex>", "<node>.<32 hex>") still parse. *node is 0 without one. */
+ * "<job>-<seq>-<32 hex>" (lowercase hex; SQLite, one node), or
+ * "<node>.<job>-<seq>-<32 hex>" (a cluster node: node is the id of the
+ * incarnation that made it and answers for it); node, job and seq are 1
+ * to 2^63-1 with no leading zero. seq is that of the job's `dispatch`
+ * event that recorded the claim. Ids handed out before ("<job>-<32 hex>",
+ * "<32 hex>", and each after "<node>.") still parse. *node is 0 without
+ * one. */
 bool jd_task_id_parse(const char *id, int64_t *node);
 /* The job id a task id names, or 0 (an older id without one, or not an id). */
 int64_t jd_task_id_job(const char *id);
+/* For an id that names its job: base gets the id its claim's dispatch
+ * event names ("[<node>.]<job>-<32 hex>") and the return is that event's
+ * seq, or 0 for an id that carries none ("[<node>.]<job>-<32 hex>"). -1
+ * for an id without a job, or not an id. */
+int64_t jd_task_id_claim(const char *id, char base[JD_TASK_ID_MAX + 1]);
+/* The most recent events of a job searched for the claim of an id that
+ * carries no seq ("[<node>.]<job>-<32 hex>", handed out by the build
+ * before ids carried it): its claim is older than that only if the job
+ * went on for this many events after, and it then answers JD_ENOENT. */
+#define JD_TASK_NOSEQ_WINDOW 256
 /* What the store says of task id, for a task this process does not hold:
  * its row's state (a heartbeat, an end other than a completion, a
  * cancel or expiry wrote one), else what its job's history says (its
  * claim's `dispatch` event names it: JD_TASK_COMPLETED once a completion
  * of its step follows with no later attempt dispatched between, else
- * JD_TASK_CLAIMED). JD_ENOENT if neither knows it. */
+ * JD_TASK_CLAIMED). JD_ENOENT if neither knows it. A refusal is bounded:
+ * the row, then the one event at the id's seq (or, for an id without a
+ * seq, the job's row and its last JD_TASK_NOSEQ_WINDOW events). */
 int jd_task_stored_state(struct jd_store *s, const char *id, int *state, int64_t *job_id);
 
 /* PUT /v1/commands/{name}: body {"timeout_ms": N, "description": "..."}

@@ -270,7 +270,7 @@ req PUT /v1/commands/speccmd -H 'Content-Type: application/json' --data-binary '
 req POST /v1/jobs -H 'Content-Type: application/json' --data-binary '{"handler":"speccmd"}'
 req POST /v1/tasks/claim -H 'Content-Type: application/json' \
     --data-binary '{"commands":["speccmd"],"wait_ms":5000}'
-SPECTASK=$(sed -n 's/.*"id":"\([0-9]*-[0-9a-f]\{32\}\)".*/\1/p' <<<"$BODY")
+SPECTASK=$(sed -n 's/.*"id":"\([0-9]*-[0-9]*-[0-9a-f]\{32\}\)".*/\1/p' <<<"$BODY")
 while read -r m p; do
     case $p in
     /v1/schedules/*) p=${p//\{id\}/specsched} ;;

@@ -50,10 +50,10 @@ J1=$JOB
 req GET "/v1/jobs/$J1/events"
 check "a waiting task has no dispatch in its job's history" py "assert [e for e in j['events'] if e['kind']=='dispatch']==[]"
 claim '{"commands":["resize"],"worker":"t/1","max":10,"lease_ms":30000}'
-check "claim answers the task with its fields" py "t=j['tasks'][0]; assert len(j['tasks'])==1 and t['command']=='resize' and t['args']=={'w':640} and t['job_id']=='$J1' and t['attempt']==1 and t['idempotency_key']=='$J1:1' and re.fullmatch(r'([1-9][0-9]*[.])?$J1-[0-9a-f]{32}', t['id']) and t['lease_expires_at']"
+check "claim answers the task with its fields" py "t=j['tasks'][0]; assert len(j['tasks'])==1 and t['command']=='resize' and t['args']=={'w':640} and t['job_id']=='$J1' and t['attempt']==1 and t['idempotency_key']=='$J1:1' and re.fullmatch(r'([1-9][0-9]*[.])?$J1-[1-9][0-9]*-[0-9a-f]{32}', t['id']) and t['lease_expires_at']"
 T1=$(task_id)
 req GET "/v1/jobs/$J1/events"
-check "its claim is the dispatch: attempt, args, task, worker and lease" py "d=[e for e in j['events'] if e['kind']=='dispatch']; assert len(d)==1 and d[0]['tag']==1 and d[0]['data']['attempt']==1 and d[0]['data']['args']=={'w':640} and d[0]['data']['task']=='$T1' and d[0]['data']['worker']=='t/1' and d[0]['data']['lease_expires_ms']>0, d"
+check "its claim is the dispatch: attempt, args, task (the id less its seq, the event's), worker and lease" py "d=[e for e in j['events'] if e['kind']=='dispatch']; assert len(d)==1 and d[0]['tag']==1 and d[0]['data']['attempt']==1 and d[0]['data']['args']=={'w':640} and d[0]['data']['task'][:-32]+'%d-' % d[0]['seq']+d[0]['data']['task'][-32:]=='$T1' and re.fullmatch(r'([1-9][0-9]*[.])?$J1-[0-9a-f]{32}', d[0]['data']['task']) and d[0]['data']['worker']=='t/1' and d[0]['data']['lease_expires_ms']>0, d"
 req GET /v1/commands/resize
 check "the command shows one in flight" py "assert j['in_flight']==1 and j['waiting']==0"
 claim '{"commands":["resize"]}'
