@@ -63,6 +63,13 @@ enum MHD_Result http_answer_job(struct jd_req *r)
     return ret;
 }
 
+/* The job's Location, /v1/jobs/{id}, at out (room for 48 bytes). */
+static void job_location(char *out, int64_t id)
+{
+    memcpy(out, "/v1/jobs/", 9);
+    i64_text(out + 9, id);
+}
+
 enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t version)
 {
     char etag[32];
@@ -73,31 +80,23 @@ enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t ver
     return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
 }
 
-enum MHD_Result route_job_get(struct jd_req *r)
+/* Wait up to wait_ms for r->job_id to change (since, terminal_only set),
+ * then answer with the job (http_finish_parked). Answers at once when
+ * there is nothing to wait for (wait_ms 0, the server draining, the job
+ * gone); *parked is false when no parked slot was free (nothing answered:
+ * the caller decides). */
+static enum MHD_Result park_on_job(struct jd_req *r, int64_t wait_ms, bool *parked)
 {
     struct jd_http *h = r->h;
-    if (!job_id_from_param(r, &r->job_id))
-        return http_respond_bad_job_id(r);
-    const char *w = http_query(r, "wait");
-    const char *s = http_query(r, "since");
-    if (w == NULL && s == NULL)
-        return http_answer_job(r);
-    int64_t wait_ms = h->max_wait_ms;
-    if (w != NULL && (jd_duration_parse(w, &wait_ms) != 0 || wait_ms < 0))
-        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
-    if (wait_ms > h->max_wait_ms)
-        wait_ms = h->max_wait_ms;
-    r->since = 0;
-    r->terminal_only = s == NULL;
-    if (s != NULL && http_parse_i64(s, &r->since) != 0)
-        return http_respond_problem(r, 400, "since must be a job version (a non-negative integer)",
-                                    NULL);
+    *parked = true;
     /* seq_cst: pairs with jd_http_drain, which sets draining and then wakes
      * the parked list; one of the two sees the other. */
     if (wait_ms == 0 || atomic_load(&h->draining))
         return http_answer_job(r);
-    if (!http_parked_slot_take(r))
-        return http_respond_problem(r, 429, "too many waiting connections", NULL);
+    if (!http_parked_slot_take(r)) {
+        *parked = false;
+        return MHD_YES;
+    }
 
     http_arm(r);
     http_req_ref(r); /* for the watch callback */
@@ -126,6 +125,41 @@ enum MHD_Result route_job_get(struct jd_req *r)
     if (atomic_load(&h->draining))
         http_wake(r, WAKE_SHUTDOWN); /* drain ran between our check and the list add */
     return MHD_YES;
+}
+
+/* ?wait=: a duration (absent: the server's cap), capped at --max-wait.
+ * False when it is not a duration. */
+static bool wait_param(struct jd_req *r, const char *w, int64_t *ms)
+{
+    *ms = r->h->max_wait_ms;
+    if (w != NULL && (jd_duration_parse(w, ms) != 0 || *ms < 0))
+        return false;
+    if (*ms > r->h->max_wait_ms)
+        *ms = r->h->max_wait_ms;
+    return true;
+}
+
+enum MHD_Result route_job_get(struct jd_req *r)
+{
+    if (!job_id_from_param(r, &r->job_id))
+        return http_respond_bad_job_id(r);
+    const char *w = http_query(r, "wait");
+    const char *s = http_query(r, "since");
+    if (w == NULL && s == NULL)
+        return http_answer_job(r);
+    int64_t wait_ms = 0;
+    if (!wait_param(r, w, &wait_ms))
+        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
+    r->since = 0;
+    r->terminal_only = s == NULL;
+    if (s != NULL && http_parse_i64(s, &r->since) != 0)
+        return http_respond_problem(r, 400, "since must be a job version (a non-negative integer)",
+                                    NULL);
+    bool parked;
+    enum MHD_Result ret = park_on_job(r, wait_ms, &parked);
+    if (!parked)
+        return http_respond_problem(r, 429, "too many waiting connections", NULL);
+    return ret;
 }
 
 enum MHD_Result route_job_list(struct jd_req *r)
@@ -226,8 +260,8 @@ static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const c
 
 static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
 {
-    char loc[48] = "/v1/jobs/";
-    i64_text(loc + 9, r->cb_job_id);
+    char loc[48];
+    job_location(loc, r->cb_job_id);
     memcpy(r->job_label, loc + 9, strlen(loc + 9) + 1);
     if (r->cb_unique)
         return answer_unique(r, json, loc);
