@@ -77,7 +77,15 @@ enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t ver
     size_t n = 1 + i64_text(etag + 1, version);
     etag[n] = '"';
     etag[n + 1] = '\0';
-    return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
+    if (r->submit_status == 0)
+        return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
+    /* the end of POST /v1/jobs?wait=: the submit's status and Location */
+    char loc[48];
+    job_location(loc, r->job_id);
+    size_t len;
+    char *b = http_answer_body(r, json, &len);
+    return http_respond(r, r->submit_status, "application/json", b, len, MHD_HTTP_HEADER_LOCATION,
+                        loc, MHD_HTTP_HEADER_ETAG, etag);
 }
 
 /* Wait up to wait_ms for r->job_id to change (since, terminal_only set),
@@ -258,17 +266,48 @@ static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const c
                         loc, NULL, NULL);
 }
 
+/* POST /v1/jobs?wait=: the job is stored (its submit answer is json);
+ * answer when it ends or the wait does, with the job as it is then. With
+ * no parked slot free the job is answered as submitted: it exists, and a
+ * 429 would invite a second submit. */
+static enum MHD_Result wait_submitted(struct jd_req *r, const char *json, int status)
+{
+    r->job_id = r->cb_job_id;
+    r->since = 0;
+    r->terminal_only = true;
+    r->submit_status = status;
+    r->replayed = r->cb_existing;
+    /* The answer of park_on_job uses ans_json: keep the submit's here. */
+    char *submitted = r->ans_json;
+    r->ans_json = NULL;
+    bool parked;
+    enum MHD_Result ret = park_on_job(r, r->submit_wait_ms, &parked);
+    if (!parked) {
+        char loc[48];
+        job_location(loc, r->job_id);
+        size_t n;
+        char *b = http_answer_body(r, json ? json : "{}", &n);
+        ret = http_respond(r, status, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc, NULL,
+                           NULL);
+    }
+    free(submitted);
+    return ret;
+}
+
 static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
 {
     char loc[48];
     job_location(loc, r->cb_job_id);
     memcpy(r->job_label, loc + 9, strlen(loc + 9) + 1);
+    if (r->submit_wait_ms > 0 && r->cb_unique != JD_SUBMIT_UNIQUE_REJECTED)
+        return wait_submitted(r, json, r->cb_unique ? 200 : 201);
     if (r->cb_unique)
         return answer_unique(r, json, loc);
     size_t n;
     char *b = http_answer_body(r, json ? json : "{}", &n);
-    return http_respond(r, 201, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc,
-                        r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
+    r->replayed = r->cb_existing;
+    return http_respond(r, 201, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc, NULL,
+                        NULL);
 }
 
 static enum MHD_Result answer_batch(struct jd_req *r, const char *json)
@@ -301,6 +340,9 @@ enum MHD_Result route_job_submit(struct jd_req *r)
                                     "Idempotency-Keys starting with \"schedule:\" are "
                                     "reserved for schedules",
                                     NULL);
+    const char *w = http_query(r, "wait");
+    if (w != NULL && !wait_param(r, w, &r->submit_wait_ms))
+        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
     r->idem_key = key;
     r->traceparent = trace_header(r);
     return http_async_run(r, start_submit, answer_submitted);
