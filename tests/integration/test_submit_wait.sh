@@ -132,4 +132,5 @@ ms=$(ms_since "$t0")
 check "SIGTERM answers a waiting submit at once with its unfinished job, 201 (${ms} ms)" eval \
     '[ "$(cat "$WORK/drain.status")" = 201 ] && grep -q "\"state\":\"running\"" "$WORK/drain.body" && [ "$ms" -lt 2000 ]'
 stop_server wait
+check "and it stops cleanly" eval '[ "$SERVER_RC" = 0 ]'
 finish
