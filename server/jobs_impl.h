@@ -323,8 +323,9 @@ struct jd_jobs {
     /* The table emptied after a large drain: once jobs_alloc is 0 too, the
      * server gives memory back (jobs_release_check). */
     _Atomic bool release_wait;
-    uint64_t commits;     /* job records committed (their callbacks run): GET /v1/events */
-    char *webhook_secret; /* or NULL (jobs_notify.c) */
+    _Atomic uint64_t releases; /* fired (counted in jd_jobs_stats' heap_trims) */
+    uint64_t commits;          /* job records committed (their callbacks run): GET /v1/events */
+    char *webhook_secret;      /* or NULL (jobs_notify.c) */
     /* Bytes the definitions of live jobs hold (jd_jobdef_charge in
      * jobs_job_new, given back as each is freed) and their bound. */
     _Atomic size_t def_mem;

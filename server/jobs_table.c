@@ -137,7 +137,6 @@ bool jobs_trim_due_locked(struct jd_jobs *j)
     if (j->live == 0 && j->trim_tail) {
         j->trim_tail = false;
         j->live_peak = 0;
-        j->st.heap_trims++;
         atomic_store(&j->release_wait, true);
         jobs_release_check(j);
     }
@@ -148,6 +147,7 @@ void jobs_release_check(struct jd_jobs *j)
 {
     if (atomic_load(&j->jobs_alloc) != 0 || !atomic_exchange(&j->release_wait, false))
         return;
+    atomic_fetch_add(&j->releases, 1);
     jd_objcache_release();
     jd_store_release_memory(j->store); /* the rest on the writer, when it is idle */
 }
