@@ -20,8 +20,11 @@
 # writer thread it does not touch) and medians over several rounds are what
 # to read.
 #
+# RATE=N makes the jackdaw runs open loop (loadgen --rate N jobs/s, CONC
+# connections): the tail at a given load rather than the peak.
+#
 # Environment: ROUNDS (5), JOBS (20000), CONC (256), SYNCS ("normal full"),
-# REMOTE (unset), LOADGEN (build/bench/loadgen).
+# REMOTE (unset), RATE (0: closed loop), LOADGEN (build/bench/loadgen).
 set -u
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-5}
@@ -29,6 +32,7 @@ JOBS=${JOBS:-20000}
 CONC=${CONC:-256}
 SYNCS=${SYNCS:-normal full}
 LOADGEN=${LOADGEN:-build/bench/loadgen}
+RATE=${RATE:-0}
 HZ=$(getconf CLK_TCK)
 [ -x "$LOADGEN" ] || {
     echo "ab.sh: build $LOADGEN first (make build/bench/loadgen)" >&2
@@ -86,7 +90,7 @@ one() {
         else
             c0=$(ticks "$pid")
             line=$("$LOADGEN" --target jackdaw --addr "127.0.0.1:$port" --jobs "$JOBS" \
-                --conns "$CONC" --rate 0 --label ab --threads 1 2>/dev/null)
+                --conns "$CONC" --rate "$RATE" --label ab --threads 1 2>/dev/null)
         fi
     fi
     c1=$(ticks "$pid")
@@ -108,7 +112,9 @@ print(f"{sync:6} {build[-24:]:24} {l['jobs_per_s']:7.0f} j/s p50 {l.get('p50_ms'
 PY
 }
 
-echo "# $(date -u +%FT%H:%MZ) load $(cut -d' ' -f1-3 /proc/loadavg); $JOBS jobs, $CONC in flight${REMOTE:+, remote workers}"
+open=
+[ "$RATE" != 0 ] && open=", open loop at $RATE jobs/s"
+echo "# $(date -u +%FT%H:%MZ) load $(cut -d' ' -f1-3 /proc/loadavg); $JOBS jobs, $CONC in flight${REMOTE:+, remote workers}$open"
 for _ in $(seq "$ROUNDS"); do
     for s in $SYNCS; do
         for b in "$@"; do
