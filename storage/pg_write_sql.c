@@ -227,7 +227,11 @@ static const struct {
      * among the job's records ($5: now). Returns each job's old version,
      * queue, old and new state; a job missing from the answer was missing
      * or fenced. The old state is a plain read of the statement's
-     * snapshot (it does not see the UPDATE), as in a single change. */
+     * snapshot (it does not see the UPDATE), as in a single change.
+     * The rows are found from c, one primary-key probe per job: no
+     * `j.id = ANY($7)` beside the join, which on a new database (the
+     * generic plan costed on a nearly empty jobs) made the plan scan the
+     * jobs by that list and rescan c for each, n * n rows. */
     [PS_JOB_CHANGES] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
          " $4::text[], $18::text[], $19::bigint[]) WITH ORDINALITY"
@@ -246,7 +250,7 @@ static const struct {
          " finished_ms = CASE c.fm WHEN 2 THEN c.finished_ms WHEN 1 THEN"
          " CASE WHEN j.finished_ms = 0 THEN $5 ELSE j.finished_ms END"
          " ELSE j.finished_ms END"
-         " FROM c WHERE j.id = ANY($7) AND j.id = c.id AND j.owner_node = $6" LEASE_VALID(
+         " FROM c WHERE j.id = c.id AND j.owner_node = $6" LEASE_VALID(
              "$6") " RETURNING j.id, j.version - c.k AS base, j.queue, j.state),"
                    " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data, more)"
                    " SELECT v.job_id, u.base + v.off, $5, v.kind, v.tag, v.data, v.more"
