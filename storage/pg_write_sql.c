@@ -271,6 +271,12 @@ static const struct {
                          "ii"},
     [PS_SCHED_EXISTS] = {"SELECT 1 FROM schedules WHERE id = $1", "t"},
     [PS_JOB_VERSION] = {"SELECT version FROM jobs WHERE id = $1", "i"},
+    /* The COMMIT pipeline's horizon and notice (jd_pgw_commit), prepared
+     * like the rest: sent unnamed, each was parsed, analysed and planned
+     * again in every batch. */
+    [PS_HZ_NEXT] = {HZ_NEXT_SQL, "i"},
+    [PS_HZ_CLEAR] = {HZ_CLEAR_SQL, "i"},
+    [PS_NOTIFY] = {"SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", "t"},
 };
 
 int jd_pgw_rc(const PGresult *r)
