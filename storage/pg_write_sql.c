@@ -279,6 +279,21 @@ static const struct {
     [PS_NOTIFY] = {"SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", "t"},
 };
 
+const char *jd_pg_test_changes_sql(const char **types)
+{
+    static char names[JD_PG_MAX_PARAMS * 10];
+    size_t len = 0;
+    for (const char *t = pstmt[PS_JOB_CHANGES].types; *t; t++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? "," : "",
+                                *t == 'i'   ? "bigint"
+                                : *t == 't' ? "text"
+                                : *t == 'I' ? "bigint[]"
+                                : *t == 'T' ? "text[]"
+                                            : "boolean[]");
+    *types = names;
+    return pstmt[PS_JOB_CHANGES].sql;
+}
+
 int jd_pgw_rc(const PGresult *r)
 {
     const char *st = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
