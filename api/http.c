@@ -107,6 +107,8 @@ enum MHD_Result http_respond(struct jd_req *r, int status, const char *ctype, ch
         MHD_add_response_header(resp, h1, v1);
     if (h2 != NULL && v2 != NULL)
         MHD_add_response_header(resp, h2, v2);
+    if (r->replayed)
+        MHD_add_response_header(resp, "Idempotent-Replayed", "true");
     r->status = status;
     r->phase = PH_DONE;
     enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);

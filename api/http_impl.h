@@ -155,6 +155,12 @@ struct jd_req {
     int64_t job_id;
     int64_t since;
     bool terminal_only;
+    /* POST /v1/jobs?wait=: the submit's answer waits for the job to end
+     * (submit_wait_ms, capped); submit_status is 201 or 200 (a unique
+     * key's holder), and the answer carries Location and ETag. */
+    int64_t submit_wait_ms;
+    int submit_status;
+    bool replayed; /* the answer says Idempotent-Replayed: true */
     bool is_sse;
     int64_t sse_seq;
     char *sse_buf; /* one page of events: about SSE_PAGE_BYTES (park.c) */

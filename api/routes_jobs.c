@@ -63,6 +63,13 @@ enum MHD_Result http_answer_job(struct jd_req *r)
     return ret;
 }
 
+/* The job's Location, /v1/jobs/{id}, at out (room for 48 bytes). */
+static void job_location(char *out, int64_t id)
+{
+    memcpy(out, "/v1/jobs/", 9);
+    i64_text(out + 9, id);
+}
+
 enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t version)
 {
     char etag[32];
@@ -70,34 +77,34 @@ enum MHD_Result http_respond_job(struct jd_req *r, const char *json, int64_t ver
     size_t n = 1 + i64_text(etag + 1, version);
     etag[n] = '"';
     etag[n + 1] = '\0';
-    return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
+    if (r->submit_status == 0)
+        return http_respond_json(r, 200, json, MHD_HTTP_HEADER_ETAG, etag);
+    /* the end of POST /v1/jobs?wait=: the submit's status and Location */
+    char loc[48];
+    job_location(loc, r->job_id);
+    size_t len;
+    char *b = http_answer_body(r, json, &len);
+    return http_respond(r, r->submit_status, "application/json", b, len, MHD_HTTP_HEADER_LOCATION,
+                        loc, MHD_HTTP_HEADER_ETAG, etag);
 }
 
-enum MHD_Result route_job_get(struct jd_req *r)
+/* Wait up to wait_ms for r->job_id to change (since, terminal_only set),
+ * then answer with the job (http_finish_parked). Answers at once when
+ * there is nothing to wait for (wait_ms 0, the server draining, the job
+ * gone); *parked is false when no parked slot was free (nothing answered:
+ * the caller decides). */
+static enum MHD_Result park_on_job(struct jd_req *r, int64_t wait_ms, bool *parked)
 {
     struct jd_http *h = r->h;
-    if (!job_id_from_param(r, &r->job_id))
-        return http_respond_bad_job_id(r);
-    const char *w = http_query(r, "wait");
-    const char *s = http_query(r, "since");
-    if (w == NULL && s == NULL)
-        return http_answer_job(r);
-    int64_t wait_ms = h->max_wait_ms;
-    if (w != NULL && (jd_duration_parse(w, &wait_ms) != 0 || wait_ms < 0))
-        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
-    if (wait_ms > h->max_wait_ms)
-        wait_ms = h->max_wait_ms;
-    r->since = 0;
-    r->terminal_only = s == NULL;
-    if (s != NULL && http_parse_i64(s, &r->since) != 0)
-        return http_respond_problem(r, 400, "since must be a job version (a non-negative integer)",
-                                    NULL);
+    *parked = true;
     /* seq_cst: pairs with jd_http_drain, which sets draining and then wakes
      * the parked list; one of the two sees the other. */
     if (wait_ms == 0 || atomic_load(&h->draining))
         return http_answer_job(r);
-    if (!http_parked_slot_take(r))
-        return http_respond_problem(r, 429, "too many waiting connections", NULL);
+    if (!http_parked_slot_take(r)) {
+        *parked = false;
+        return MHD_YES;
+    }
 
     http_arm(r);
     http_req_ref(r); /* for the watch callback */
@@ -126,6 +133,41 @@ enum MHD_Result route_job_get(struct jd_req *r)
     if (atomic_load(&h->draining))
         http_wake(r, WAKE_SHUTDOWN); /* drain ran between our check and the list add */
     return MHD_YES;
+}
+
+/* ?wait=: a duration (absent: the server's cap), capped at --max-wait.
+ * False when it is not a duration. */
+static bool wait_param(struct jd_req *r, const char *w, int64_t *ms)
+{
+    *ms = r->h->max_wait_ms;
+    if (w != NULL && (jd_duration_parse(w, ms) != 0 || *ms < 0))
+        return false;
+    if (*ms > r->h->max_wait_ms)
+        *ms = r->h->max_wait_ms;
+    return true;
+}
+
+enum MHD_Result route_job_get(struct jd_req *r)
+{
+    if (!job_id_from_param(r, &r->job_id))
+        return http_respond_bad_job_id(r);
+    const char *w = http_query(r, "wait");
+    const char *s = http_query(r, "since");
+    if (w == NULL && s == NULL)
+        return http_answer_job(r);
+    int64_t wait_ms = 0;
+    if (!wait_param(r, w, &wait_ms))
+        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
+    r->since = 0;
+    r->terminal_only = s == NULL;
+    if (s != NULL && http_parse_i64(s, &r->since) != 0)
+        return http_respond_problem(r, 400, "since must be a job version (a non-negative integer)",
+                                    NULL);
+    bool parked;
+    enum MHD_Result ret = park_on_job(r, wait_ms, &parked);
+    if (!parked)
+        return http_respond_problem(r, 429, "too many waiting connections", NULL);
+    return ret;
 }
 
 enum MHD_Result route_job_list(struct jd_req *r)
@@ -224,17 +266,48 @@ static enum MHD_Result answer_unique(struct jd_req *r, const char *json, const c
                         loc, NULL, NULL);
 }
 
+/* POST /v1/jobs?wait=: the job is stored (its submit answer is json);
+ * answer when it ends or the wait does, with the job as it is then. With
+ * no parked slot free the job is answered as submitted: it exists, and a
+ * 429 would invite a second submit. */
+static enum MHD_Result wait_submitted(struct jd_req *r, const char *json, int status)
+{
+    r->job_id = r->cb_job_id;
+    r->since = 0;
+    r->terminal_only = true;
+    r->submit_status = status;
+    r->replayed = r->cb_existing;
+    /* The answer of park_on_job uses ans_json: keep the submit's here. */
+    char *submitted = r->ans_json;
+    r->ans_json = NULL;
+    bool parked;
+    enum MHD_Result ret = park_on_job(r, r->submit_wait_ms, &parked);
+    if (!parked) {
+        char loc[48];
+        job_location(loc, r->job_id);
+        size_t n;
+        char *b = http_answer_body(r, json ? json : "{}", &n);
+        ret = http_respond(r, status, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc, NULL,
+                           NULL);
+    }
+    free(submitted);
+    return ret;
+}
+
 static enum MHD_Result answer_submitted(struct jd_req *r, const char *json)
 {
-    char loc[48] = "/v1/jobs/";
-    i64_text(loc + 9, r->cb_job_id);
+    char loc[48];
+    job_location(loc, r->cb_job_id);
     memcpy(r->job_label, loc + 9, strlen(loc + 9) + 1);
+    if (r->submit_wait_ms > 0 && r->cb_unique != JD_SUBMIT_UNIQUE_REJECTED)
+        return wait_submitted(r, json, r->cb_unique ? 200 : 201);
     if (r->cb_unique)
         return answer_unique(r, json, loc);
     size_t n;
     char *b = http_answer_body(r, json ? json : "{}", &n);
-    return http_respond(r, 201, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc,
-                        r->cb_existing ? "Idempotent-Replayed" : NULL, "true");
+    r->replayed = r->cb_existing;
+    return http_respond(r, 201, "application/json", b, n, MHD_HTTP_HEADER_LOCATION, loc, NULL,
+                        NULL);
 }
 
 static enum MHD_Result answer_batch(struct jd_req *r, const char *json)
@@ -267,6 +340,9 @@ enum MHD_Result route_job_submit(struct jd_req *r)
                                     "Idempotency-Keys starting with \"schedule:\" are "
                                     "reserved for schedules",
                                     NULL);
+    const char *w = http_query(r, "wait");
+    if (w != NULL && !wait_param(r, w, &r->submit_wait_ms))
+        return http_respond_problem(r, 400, "wait must be a duration such as 30s or 500ms", NULL);
     r->idem_key = key;
     r->traceparent = trace_header(r);
     return http_async_run(r, start_submit, answer_submitted);

@@ -6,7 +6,9 @@
  *   --target jackdaw     each connection submits {"handler":"echo",...} with
  *                        POST /v1/jobs, then long-polls GET /v1/jobs/{id}?wait=30s
  *                        until the job is terminal; the job is complete when
- *                        that answer says "succeeded".
+ *                        that answer says "succeeded". With --submit-wait the
+ *                        submit itself waits (POST /v1/jobs?wait=30s): one
+ *                        request a job, long-polling only if the wait ended.
  *   --target beanstalkd  producer connections `put` jobs whose body holds the
  *                        submit time; worker connections `reserve` and `delete`
  *                        them (the no-op work); a job is complete when its
@@ -84,6 +86,7 @@ struct opts {
     const char *handler;
     const char *timeline; /* file for the latency histogram over time, or NULL */
     int batch;            /* jackdaw-remote: tasks per claim */
+    bool submit_wait;     /* jackdaw: POST /v1/jobs?wait= (one request a job) */
 };
 
 struct conn {
@@ -321,9 +324,9 @@ static int http_post(struct conn *c, long job)
         snprintf(body, sizeof body, "{\"handler\":\"%s\",\"args\":{\"n\":%ld}}", opt.handler, job);
     c->state = C_POST;
     return conn_send(c,
-                     "POST /v1/jobs HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     "POST /v1/jobs%s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
                      "Content-Length: %d\r\n\r\n%s",
-                     opt.host, opt.port, blen, body);
+                     opt.submit_wait ? "?wait=" WAIT_PARAM : "", opt.host, opt.port, blen, body);
 }
 
 static int http_get(struct conn *c)
@@ -931,8 +934,9 @@ static void usage(void)
             "               [--jobs N] [--batch B]\n"
             "               [--conns C] [--threads T] [--workers W] [--rate JOBS_PER_S]\n"
             "               [--timeout SECS] [--label NAME] [--handler NAME]\n"
-            "               [--timeline FILE]\n"
+            "               [--timeline FILE] [--submit-wait]\n"
             "  jackdaw: C connections, each POST a job then long-poll it to the end\n"
+            "  (--submit-wait: the POST itself waits, POST /v1/jobs?wait=30s)\n"
             "  beanstalkd: C producer connections (at most C jobs in flight) and W\n"
             "  worker connections (default C) doing reserve + delete\n"
             "  jackdaw-remote: C producers POST jobs of remote command --handler (register\n"
@@ -947,17 +951,25 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"target", required_argument, 0, 't'},   {"addr", required_argument, 0, 'a'},
-        {"jobs", required_argument, 0, 'n'},     {"conns", required_argument, 0, 'c'},
-        {"threads", required_argument, 0, 'T'},  {"workers", required_argument, 0, 'w'},
-        {"rate", required_argument, 0, 'r'},     {"timeout", required_argument, 0, 'x'},
-        {"label", required_argument, 0, 'l'},    {"handler", required_argument, 0, 'H'},
-        {"timeline", required_argument, 0, 'L'}, {"batch", required_argument, 0, 'b'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+        {"target", required_argument, 0, 't'},
+        {"addr", required_argument, 0, 'a'},
+        {"jobs", required_argument, 0, 'n'},
+        {"conns", required_argument, 0, 'c'},
+        {"threads", required_argument, 0, 'T'},
+        {"workers", required_argument, 0, 'w'},
+        {"rate", required_argument, 0, 'r'},
+        {"timeout", required_argument, 0, 'x'},
+        {"label", required_argument, 0, 'l'},
+        {"handler", required_argument, 0, 'H'},
+        {"timeline", required_argument, 0, 'L'},
+        {"batch", required_argument, 0, 'b'},
+        {"submit-wait", no_argument, 0, 'W'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     static char host[64];
     int ch;
-    while ((ch = getopt_long(argc, argv, "t:a:n:c:T:w:r:x:l:H:L:b:h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "t:a:n:c:T:w:r:x:l:H:L:b:Wh", longopts, NULL)) != -1) {
         switch (ch) {
         case 't':
             if (!strcmp(optarg, "jackdaw"))
@@ -1007,6 +1019,9 @@ int main(int argc, char **argv)
             break;
         case 'H':
             opt.handler = optarg;
+            break;
+        case 'W':
+            opt.submit_wait = true;
             break;
         case 'L':
             opt.timeline = optarg;

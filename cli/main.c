@@ -85,6 +85,17 @@ static int job_exit(const cJSON *job)
     return JD_EX_WAIT_ENDED;
 }
 
+/* Print a job answer (raw with --json); the exit code: ex, which is the
+ * job's (job_exit) when waiting, else OK unless the server failed. */
+static int show_job(const cJSON *job, const char *raw, int ex, int waiting)
+{
+    if (jd_cli_json)
+        fputs(raw, stdout), fputs(raw[0] && raw[strlen(raw) - 1] == '\n' ? "" : "\n", stdout);
+    else
+        print_job(job);
+    return !waiting && ex != JD_EX_SERVER ? JD_EX_OK : ex;
+}
+
 /* Wait for job id up to wait_ms (0: no wait) and print it. The server caps
  * one ?wait= (60 s by default), so longer waits loop. */
 static int get_job(const char *id, int64_t wait_ms, int waiting)
@@ -110,14 +121,8 @@ static int get_job(const char *id, int64_t wait_ms, int waiting)
         if (!waiting || ex != JD_EX_WAIT_ENDED || ((int64_t)(jd_now_ns() / 1000000)) >= deadline)
             break;
     }
-    if (job) {
-        if (jd_cli_json)
-            fputs(raw, stdout), fputs(raw[0] && raw[strlen(raw) - 1] == '\n' ? "" : "\n", stdout);
-        else
-            print_job(job);
-        if (!waiting && ex != JD_EX_SERVER)
-            ex = JD_EX_OK;
-    }
+    if (job)
+        ex = show_job(job, raw, ex, waiting);
     cJSON_Delete(job);
     free(raw);
     free(eid);
@@ -184,16 +189,25 @@ static int cmd_submit(int argc, char **argv)
         body = with_traceparent(body, traceparent);
     cJSON *job = NULL;
     char *raw = NULL;
-    int ex = jd_cli_call("POST", "/v1/jobs", body, 60, &job, &raw);
+    /* --wait: the submit itself waits (POST ?wait=, capped by the
+     * server's --max-wait); a long-poll goes on for what is left. */
+    int64_t deadline = (int64_t)(jd_now_ns() / 1000000) + wait_ms;
+    char *path = waiting ? jd_xasprintf("/v1/jobs?wait=%" PRId64 "ms", wait_ms) : NULL;
+    int ex = jd_cli_call("POST", path ? path : "/v1/jobs", body,
+                         waiting ? (long)(wait_ms / 1000) + 60 : 60, &job, &raw);
+    free(path);
     free(body);
     if (ex == JD_EX_OK) {
         char id[64];
         jd_cli_num_or_str(job, "id", id, sizeof id);
+        int64_t left = deadline - (int64_t)(jd_now_ns() / 1000000);
         if (!id[0]) {
             fprintf(stderr, "jackdaw: the server's answer has no job id\n");
             ex = JD_EX_SERVER;
+        } else if (waiting && job_exit(job) == JD_EX_WAIT_ENDED && left > 0) {
+            ex = get_job(id, left, 1);
         } else if (waiting) {
-            ex = get_job(id, wait_ms, 1);
+            ex = show_job(job, raw, job_exit(job), 1);
         } else if (jd_cli_json) {
             jd_cli_print_json(job);
         } else {

@@ -8,6 +8,8 @@
 # end, echo plugin); "jackdaw-remote" is beanstalkd's shape over the task
 # routes: producers submit jobs of a remote command, C/16 (1..16) workers
 # claim up to 32 tasks each and end them with one POST /v1/tasks/complete.
+# "jackdaw-wait" is "jackdaw" in one request a
+# job: POST /v1/jobs?wait=30s answers with the finished job.
 #
 # Durability levels compared:
 #   strict   jackdawd --sync full | beanstalkd -b DIR -f 0 | redis appendfsync always
@@ -25,7 +27,8 @@
 #
 # Environment: JD_BUILD (build dir), JOBS (per run, default 30000),
 # CONCS (default "16 64 256"), REPS (default 3), DURABILITY (default
-# "strict relaxed"), SYSTEMS (default "jackdaw beanstalkd bullmq"),
+# "strict relaxed"), SYSTEMS (default "jackdaw jackdaw-wait
+# jackdaw-remote beanstalkd bullmq"),
 # JD_WORKERS (jackdawd --workers, default: one per core), OUT (results dir).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +37,7 @@ JOBS=${JOBS:-30000}
 CONCS=${CONCS:-16 64 256}
 REPS=${REPS:-3}
 DURABILITY=${DURABILITY:-strict relaxed}
-SYSTEMS=${SYSTEMS:-jackdaw jackdaw-remote beanstalkd bullmq}
+SYSTEMS=${SYSTEMS:-jackdaw jackdaw-wait jackdaw-remote beanstalkd bullmq}
 OUT=${OUT:-$BUILD/bench-e2e}
 LOADGEN=$BUILD/bench/loadgen
 JACKDAWD=$BUILD/jackdawd
@@ -126,6 +129,7 @@ start_jackdaw() {
     SERVER_PID=$!
     wait_port "$PORT"
 }
+start_jackdaw-wait() { start_jackdaw "$@"; }
 start_jackdaw-remote() {
     start_jackdaw "$@" || return 1
     curl -s -o /dev/null -X PUT "http://127.0.0.1:$PORT/v1/commands/bench" \
@@ -196,6 +200,7 @@ run_one() {
     cpu0=$(cpu_ticks "$SERVER_PID")
     case $sys in
     jackdaw) line=$("$LOADGEN" --target jackdaw --addr "127.0.0.1:$PORT" "${common[@]}" --threads 1) || true ;;
+    jackdaw-wait) line=$("$LOADGEN" --target jackdaw --submit-wait --addr "127.0.0.1:$PORT" "${common[@]}" --threads 1) || true ;;
     jackdaw-remote)
         local w=$((conc / 16))
         w=$((w < 1 ? 1 : w > 16 ? 16 : w))

@@ -58,6 +58,7 @@ const durNames = {
 const durDetail = {
   jackdaw: { strict: '--sync full', relaxed: '--sync normal' },
   'jackdaw-remote': { strict: '--sync full', relaxed: '--sync normal' },
+  'jackdaw-wait': { strict: '--sync full', relaxed: '--sync normal' },
   beanstalkd: { strict: '-f 0', relaxed: '-f 50' },
   bullmq: { strict: 'appendfsync always', relaxed: 'appendfsync everysec' },
 };
@@ -131,19 +132,22 @@ for (const r of rows.filter((x) => x.rate)) {
   );
 }
 out.push('');
+const inProcess = { jackdaw: 'Jackdaw', 'jackdaw-wait': 'Jackdaw, submit-and-wait' };
 for (const dur of durs) {
-  const jd = peakOf('jackdaw', dur);
   let best = { sys: '', jps: 0, conc: 0 };
   for (const sys of systems.filter((s) => !s.startsWith('jackdaw'))) {
     const p = peakOf(sys, dur);
     if (p.jps > best.jps) best = { sys, ...p };
   }
-  if (!jd.jps || !best.jps) continue;
-  out.push(
-    `${durNames[dur] ?? dur}: Jackdaw peak ${fmt(jd.jps)} jobs/s (${jd.conc} in flight), ` +
-      `best peer ${best.sys} ${fmt(best.jps)} jobs/s (${best.conc} in flight): ` +
-      `ratio ${(jd.jps / best.jps).toFixed(2)}x`,
-  );
+  for (const [sys, name] of Object.entries(inProcess)) {
+    const jd = peakOf(sys, dur);
+    if (!jd.jps || !best.jps) continue;
+    out.push(
+      `${durNames[dur] ?? dur}: ${name} peak ${fmt(jd.jps)} jobs/s (${jd.conc} in flight), ` +
+        `best peer ${best.sys} ${fmt(best.jps)} jobs/s (${best.conc} in flight): ` +
+        `ratio ${(jd.jps / best.jps).toFixed(2)}x`,
+    );
+  }
 }
 // Remote workers against beanstalkd, the same put/reserve/delete shape; then
 // the ratio of the two runs of each round at the same concurrency (they ran

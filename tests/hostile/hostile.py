@@ -184,6 +184,19 @@ def a_long_poll(rng):
     request("GET", f"/v1/jobs/{args.wait_job}?wait={rng.choice(['200ms', '1s', '2s'])}")
 
 
+def a_submit_wait(rng):
+    """Submit and wait in one request; half the clients vanish (RST or FIN)
+    while parked, the others get the job back (or the wait's end)."""
+    body = json.dumps({"handler": "sleep", "args": {"ms": rng.choice([50, 300, 2000])},
+                       "labels": {"hostile": "submit_wait"}}).encode()
+    if rng.random() < 0.5:
+        request("POST", f"/v1/jobs?wait={rng.choice(['200ms', '1s', '3s'])}", body)
+        return
+    raw(b"POST /v1/jobs?wait=30s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body,
+        rng.uniform(0, 0.5), rng.random() < 0.5)
+
+
 def a_splice(rng):
     st = request("POST", "/v1/jobs", rng.choice([SPLICE_SUBMIT, SPLICE_RUN]))
     if st == 201:
@@ -213,7 +226,7 @@ def a_messages(rng):
 
 
 ACTIONS = [a_nested, a_duplicates, a_vanish_wait, a_vanish_sse, a_vanish_body, a_sse_full,
-           a_long_poll, a_splice, a_oversize, a_messages, a_big_live, a_chain]
+           a_long_poll, a_submit_wait, a_splice, a_oversize, a_messages, a_big_live, a_chain]
 if args.only:
     ACTIONS = [a for a in ACTIONS if a.__name__[2:] in args.only.split(",")]
 

@@ -10,7 +10,8 @@ if [ ! -x "$JDC" ]; then
     echo "not ok 1 - $JDC is built (run make first)"
     exit 1
 fi
-start_server || { finish; exit 1; }
+# --max-wait 1s: a --wait longer than one server wait must go on waiting
+start_server --max-wait 1s || { finish; exit 1; }
 export JACKDAW_URL=$BASE
 unset JACKDAW_TOKEN
 OUT=$WORK/out
@@ -65,6 +66,13 @@ run submit "$WORK/sleep.json"
 SL=$(cat "$OUT")
 run get "$SL" --wait 200ms
 check "get --wait: a job still running when the wait ends exits 5" rc_is 5
+run submit "$WORK/sleep.json" --wait 300ms --json
+check "submit --wait: a job still running when the wait ends exits 5, printed" \
+    eval 'rc_is 5 && py "j[\"state\"] in (\"queued\", \"running\") and j[\"id\"]"'
+echo '{"handler":"sleep","args":{"ms":2500}}' >"$WORK/sleep2.json"
+run submit "$WORK/sleep2.json" --wait 10s
+check "submit --wait outlasts the server's --max-wait 1s: the job's end, exit 0" \
+    eval 'rc_is 0 && out_has succeeded'
 
 # bad input and server refusals
 echo '{"handler":' >"$WORK/bad.json"
@@ -112,8 +120,10 @@ check "retry of an unknown job: exit 1" rc_is 1
 run ls --limit 2
 check "ls prints a header and two jobs" eval 'rc_is 0 && [ "$(wc -l <"$OUT")" = 3 ] && out_has "STATE" && err_has -- "--cursor"'
 CUR=$(sed -n 's/^more: --cursor //p' "$ERR")
+# the older of the first page's two jobs (newest first)
+LAST1=$(awk 'NR == 3 {print $1}' "$OUT")
 run --json ls --limit 2 --cursor "$CUR"
-check "ls --cursor gives the next page" py "len(j['jobs']) == 2 and all(int(x['id']) < 6 for x in j['jobs'])"
+check "ls --cursor gives the next page" py "len(j['jobs']) == 2 and all(int(x['id']) < int('$LAST1') for x in j['jobs'])"
 run --json ls --state cancelled
 check "ls --state filters" py "len(j['jobs']) == 1 and j['jobs'][0]['id'] == '$SL'"
 run ls --state nonsense

@@ -15,21 +15,9 @@
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
-if ! pg_start nofsync; then
-    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
-    finish
-    exit 1
-fi
-sql() { pg_psql -At -c "$1"; }
+pg_test_start
 RUNS=$WORK/runs
 mkdir -p "$RUNS"
-
-NODES=()
-kill_nodes() {
-    local p
-    for p in "${NODES[@]}"; do kill -KILL "$p" 2>/dev/null; done
-}
-trap 'kill_nodes; pg_stop; cleanup' EXIT
 
 NODE_FLAGS=(--lease 2s --exec-allow /bin/sh --workers 4) # start_node (lib.sh)
 for n in A B C; do

@@ -12,21 +12,9 @@
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
-if ! pg_start nofsync; then
-    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
-    finish
-    exit 1
-fi
-sql() { pg_psql -At -c "$1"; }
+pg_test_start
 MARK=$WORK/marks
 mkdir -p "$MARK"
-
-NODES=()
-kill_nodes() {
-    local p
-    for p in "${NODES[@]}"; do kill -KILL "$p" 2>/dev/null; done
-}
-trap 'kill_nodes; pg_stop; cleanup' EXIT
 
 NODE_FLAGS=(--lease 2s --exec-allow "/usr/bin/mktemp,/bin/sleep") # start_node (lib.sh)
 
@@ -49,6 +37,23 @@ id=$(location_id)
 on B wait_job "$id"
 check "?wait= on B answers with A's result" \
     eval 'body_has "\"state\":\"succeeded\"" && body_has "\"hello\":\"cluster\""'
+
+# ---- submit-and-wait on B, ended by a message sent on A ----
+curl -s -o "$WORK/sw.body" -w '%{http_code}' --max-time 20 -H 'Content-Type: application/json' \
+    --data-binary '{"steps":[{"id":"w","wait":"go","timeout_ms":60000}]}' \
+    "$BASE_B/v1/jobs?wait=15s" >"$WORK/sw.status" &
+SW=$!
+swid=
+for _ in $(seq 1 100); do
+    on A req GET "/v1/jobs?state=waiting&limit=1"
+    swid=$(python3 -c 'import json,sys; j=json.loads(sys.argv[1])["jobs"]; print(j[0]["id"] if j else "")' "$BODY" 2>/dev/null)
+    [ -n "$swid" ] && break
+    sleep 0.1
+done
+on A json_post "/v1/jobs/$swid/messages" '{"topic":"go","data":{"from":"A"}}'
+wait "$SW"
+check "POST ?wait= on B answers 201 with the job that a message on A ended" \
+    eval '[ "$(cat "$WORK/sw.status")" = 201 ] && grep -q "\"state\":\"succeeded\"" "$WORK/sw.body" && grep -q "\"from\":\"A\"" "$WORK/sw.body"'
 
 # ---- cancel on B of a job running on A ----
 on A json_post /v1/jobs '{"handler":"sleep","args":{"ms":30000}}'

@@ -15,12 +15,7 @@
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
-if ! pg_start nofsync; then
-    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
-    finish
-    exit 1
-fi
-sql() { pg_psql -At -c "$1"; }
+pg_test_start kill_all
 J='Content-Type: application/json'
 
 NODES=()
@@ -30,7 +25,6 @@ kill_all() {
     local p
     for p in "${BG[@]}" "${NODES[@]}"; do kill -KILL "$p" 2>/dev/null; done
 }
-trap 'kill_all; pg_stop; cleanup' EXIT
 
 NODE_FLAGS=(--lease 2s) # start_node (lib.sh)
 py() { python3 -c "import json,sys; j=json.loads(sys.stdin.read()); $1" "${@:2}" <<<"$BODY"; }

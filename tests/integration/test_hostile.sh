@@ -2,8 +2,8 @@
 # The hostile mix (issue 12): a real server under `ulimit -v` (2 GB) takes
 # a generated mix of hostile inputs for JD_HOSTILE_SECONDS (default 20;
 # `make hostile` runs longer) from tests/hostile/hostile.py: giant nested
-# and duplicate-member bodies, clients vanishing mid-wait, mid-SSE and
-# mid-body, many SSE streams, long-polls, huge substitutions, oversized
+# and duplicate-member bodies, clients vanishing mid-wait (a long-poll or a
+# submit that waits), mid-SSE and mid-body, many SSE streams, long-polls, huge substitutions, oversized
 # bodies, message floods, large jobs that stay live for a while
 # (--max-job-memory 32m bounds them: 503 past it) and steps that splice a large output over and over. Meanwhile a probe times /livez every 50 ms.
 # Checks: the server stays up and never answers 5xx (but 503), /livez
@@ -25,7 +25,7 @@ RSS_LIMIT_KB=$((512 * 1024))
 ONLY=
 if asan_build; then
     echo "# AddressSanitizer build: running without ulimit -v or the large-job actions"
-    ONLY=nested,duplicates,vanish_wait,vanish_sse,vanish_body,sse_full,long_poll,splice,oversize
+    ONLY=nested,duplicates,vanish_wait,vanish_sse,vanish_body,sse_full,long_poll,submit_wait,splice,oversize
     ONLY+=,messages
 else
     ulimit -v $((2 * 1024 * 1024)) || exit 1

@@ -14,11 +14,7 @@
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
-if ! pg_start nofsync; then
-    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
-    finish
-    exit 1
-fi
+pg_test_start
 DB=$PG_URL
 reads() {
     pg_psql -At -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'jackdawd-read'"

@@ -17,13 +17,8 @@
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
-if ! pg_start nofsync; then
-    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
-    finish
-    exit 1
-fi
+pg_test_start
 DB=$PG_URL
-sql() { pg_psql -At -c "$1"; }
 
 start_server || exit 1
 check "the ready line shows the database URL" grep -qF "\"db\":\"$PG_URL\"" "$LOG"

@@ -20,20 +20,8 @@
 # shellcheck source=tests/pg/pg.sh
 . tests/pg/pg.sh
 
-if ! pg_start nofsync; then
-    notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
-    finish
-    exit 1
-fi
-sql() { pg_psql -At -c "$1"; }
+pg_test_start
 W=20
-
-NODES=()
-kill_nodes() {
-    local p
-    for p in "${NODES[@]}"; do kill -KILL "$p" 2>/dev/null; done
-}
-trap 'kill_nodes; pg_stop; cleanup' EXIT
 
 # start_node NAME: a node with a small window; sets BASE_NAME, PID_NAME.
 start_node() { pg_node "$1" --listen 127.0.0.1:0 --lease 2s --queue-window "$W"; }

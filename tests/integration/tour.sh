@@ -16,6 +16,9 @@ ID=$(curl -s -o /dev/null -w '%header{location}' -X POST "$JD/v1/jobs" -H "$H" \
 # Wait for it: returns as soon as the job is finished (or after 30 s).
 curl -s "$JD/v1/jobs/$ID?wait=30s"
 
+# Or submit and wait in one request: the answer is the finished job.
+curl -s -X POST "$JD/v1/jobs?wait=30s" -H "$H" -d '{"handler":"echo","args":{"n":1}}'
+
 # Its history as JSON, then as a live Server-Sent Events stream that ends
 # with the job (add -H "Last-Event-ID: 3" to resume after event 3).
 curl -s "$JD/v1/jobs/$ID/events"

@@ -8,6 +8,12 @@
 #   pg_psql -c 'SELECT 1'
 #   pg_stop            # immediate stop, directory removed (also run at exit)
 #
+# For the integration scripts (after tests/integration/lib.sh):
+#   pg_test_start [KILL]  # pg_start nofsync, or one failed TAP line and exit;
+#                         # on exit KILL (default kill_nodes: SIGKILL every
+#                         # node in NODES), pg_stop, lib.sh's cleanup
+#   sql 'SELECT ...'      # one statement's rows, unaligned
+#
 # Debian keeps the server binaries off PATH (/usr/lib/postgresql/<v>/bin), and
 # initdb/postgres refuse to run as root, so as root the server runs as the
 # package's `postgres` user in a directory it owns. It listens on 127.0.0.1
@@ -111,4 +117,22 @@ pg_node() {
     done
     notok "node $n becomes ready" "$(tail -n 5 "$log")"
     return 1
+}
+
+# SIGKILL every node an integration script started (NODES, from pg_node).
+kill_nodes() {
+    local p
+    for p in "${NODES[@]}"; do kill -KILL "$p" 2>/dev/null; done
+}
+
+sql() { pg_psql -At -c "$1"; }
+
+pg_test_start() {
+    if ! pg_start nofsync; then
+        notok "a throwaway PostgreSQL starts (tests/pg/pg.sh)"
+        finish
+        exit 1
+    fi
+    # shellcheck disable=SC2064 # the kill function is chosen now
+    trap "${1:-kill_nodes}; pg_stop; cleanup" EXIT
 }
