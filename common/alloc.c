@@ -102,6 +102,26 @@ struct jd_objcache *jd_objcache(enum jd_objcache_slot slot, size_t size)
     return c;
 }
 
+size_t jd_objcache_release(void)
+{
+    size_t n = 0;
+    for (int i = 0; i < JD_OC_SLOTS; i++) {
+        struct jd_objcache *c = &caches[i];
+        pthread_mutex_lock(&c->mu);
+        void *chain = c->pool;
+        c->pool = NULL;
+        c->npool = 0;
+        pthread_mutex_unlock(&c->mu);
+        while (chain) {
+            void *next = *(void **)chain;
+            free(chain);
+            chain = next;
+            n++;
+        }
+    }
+    return n;
+}
+
 #ifdef JD_OBJCACHE_OFF
 void *jd_objcache_calloc(struct jd_objcache *c)
 {

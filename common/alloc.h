@@ -26,9 +26,9 @@ char *jd_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * a magazine of up to JD_OBJCACHE_MAG blocks per cache and trades half of it
  * with the cache's shared pool under a mutex when it runs empty or full: one
  * lock per JD_OBJCACHE_MAG / 2 objects. A thread's magazines go back to the
- * pool when it exits; blocks in the pool are kept until the process ends.
- * Under ASan or TSan the cache is calloc and free, so their checks still see
- * every object. Thread-safe.
+ * pool when it exits; blocks in the pool are kept until jd_objcache_release
+ * (an idle server) or the process ends. Under ASan or TSan the cache is
+ * calloc and free, so their checks still see every object. Thread-safe.
  */
 #define JD_OBJCACHE_MAG 64
 enum jd_objcache_slot { JD_OC_HTTP_REQ, JD_OC_JOB_WREC, JD_OC_SLOTS };
@@ -39,5 +39,10 @@ struct jd_objcache *jd_objcache(enum jd_objcache_slot slot, size_t size);
 /* A zeroed block (as jd_xcalloc(1, size)); free it with jd_objcache_free. */
 void *jd_objcache_calloc(struct jd_objcache *c);
 void jd_objcache_free(struct jd_objcache *c, void *p); /* p may be NULL */
+/* Free the blocks every cache's shared pool holds (the threads' magazines
+ * stay): after a burst they are scattered over the heap, each keeping a page
+ * resident that malloc_trim could otherwise give back. Returns the number
+ * of blocks freed. */
+size_t jd_objcache_release(void);
 
 #endif

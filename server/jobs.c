@@ -419,6 +419,7 @@ void jd_jobs_destroy(struct jd_jobs *j)
 {
     if (!j)
         return;
+    atomic_store(&j->release_wait, false); /* the jobs freed below release nothing */
     jd_jobs_drain(j, 0);
     jobs_window_fini(j);
     jobs_bulk_fini(j);

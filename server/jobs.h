@@ -398,7 +398,7 @@ struct jd_jobs_stats {
     uint64_t duration_hist[12]; /* job duration buckets: 1,5,10,50,100,500ms,1,5,10,60,300s,+inf */
     uint64_t duration_ms_sum;
     uint64_t quarantined; /* jobs failed at start after crashing the process (max_replays) */
-    uint64_t heap_trims;  /* freed heap given back after a large drain (jobs_table.c) */
+    uint64_t heap_trims;  /* freed heap given back during and after a large drain (jobs_table.c) */
     /* issue 19: bulk operations running or waiting to run; webhook POST
      * attempts and deliveries that ended delivered or failed */
     uint64_t bulk_running, webhook_attempts, webhooks_delivered, webhooks_failed;

@@ -52,6 +52,7 @@
 
 #include <cJSON.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -263,6 +264,7 @@ struct job {
     bool ukey_queued;   /* "while": "queued": held only until it starts */
     int64_t ukey_until; /* wall ms the hold ends ("for_ms"); 0: with the job */
     struct job *unext;
+    struct jd_jobs *owner; /* for jobs_job_free's count (jd_jobs.jobs_alloc) */
 };
 
 /* A watch stays in its bucket (jd_jobs.watches) from jd_jobs_watch until its
@@ -313,10 +315,17 @@ struct jd_jobs {
     /* Jobs in the table, and the most since memory was last given back to
      * the system (jobs_trim_due_locked). */
     size_t live, live_peak;
-    bool trim_tail;       /* a trim happened; one more when the table empties */
-    bool release_due;     /* that last one: the store's page caches go back too */
-    uint64_t commits;     /* job records committed (their callbacks run): GET /v1/events */
-    char *webhook_secret; /* or NULL (jobs_notify.c) */
+    bool trim_tail; /* a trim happened; one more when the table empties */
+    /* struct jobs allocated (jobs_job_new to jobs_job_free): a job leaves
+     * the table when its end is durable, but a process that still finishes
+     * or a write record can hold it a little longer. */
+    _Atomic size_t jobs_alloc;
+    /* The table emptied after a large drain: once jobs_alloc is 0 too, the
+     * server gives memory back (jobs_release_check). */
+    _Atomic bool release_wait;
+    _Atomic uint64_t releases; /* fired (counted in jd_jobs_stats' heap_trims) */
+    uint64_t commits;          /* job records committed (their callbacks run): GET /v1/events */
+    char *webhook_secret;      /* or NULL (jobs_notify.c) */
     /* Bytes the definitions of live jobs hold (jd_jobdef_charge in
      * jobs_job_new, given back as each is freed) and their bound. */
     _Atomic size_t def_mem;
@@ -411,9 +420,15 @@ void jobs_jtimer_unlink(struct job *jb, struct jtimer *t);
 struct job *jobs_job_new(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, int64_t now);
 struct jd_jobdef *jobs_parse_stored(const char *text);
 /* After a job left the table: whether enough jobs have gone since the last
- * trim that the caller should give freed heap back (jobs_trim, without mu). */
+ * trim that the caller should give freed heap back (jobs_trim, without mu).
+ * When the table is empty after a large drain it returns false and arms
+ * release_wait instead (the memory goes back once the last job is freed). */
 bool jobs_trim_due_locked(struct jd_jobs *j);
 void jobs_trim(void);
+/* With release_wait armed and no job allocated: give memory back (the
+ * object caches' pools now; the store's caches and the heap on the writer
+ * once it is idle). Any thread, with or without mu. */
+void jobs_release_check(struct jd_jobs *j);
 
 /* jobs_admit.c: queues and admission (the *_locked ones under mu; jobs_start_list and jobs_admit
  * take it). */

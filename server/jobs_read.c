@@ -134,6 +134,7 @@ void jd_jobs_stats(struct jd_jobs *j, struct jd_jobs_stats *out)
     pthread_mutex_lock(&j->mu);
     *out = j->st;
     out->def_bytes = atomic_load_explicit(&j->def_mem, memory_order_relaxed);
+    out->heap_trims += atomic_load(&j->releases); /* the ones at the end of a drain */
     out->running = out->waiting = 0;
     for (unsigned b = 0; b < NBUCKETS; b++)
         for (struct job *jb = j->table[b]; jb; jb = jb->hnext) {

@@ -293,7 +293,7 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     struct batch *batch = r->batch; /* its last record frees every record */
     char *insert_json = NULL;
     char *fire_json = NULL;
-    bool trim = false, release = false;
+    bool trim = false;
     char *notify_url = NULL;
     int64_t notify_id = 0;
     enum jd_job_state notify_state = JD_JOB_SUCCEEDED;
@@ -410,8 +410,6 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
         }
         jobs_job_remove(j, jb);
         trim = jobs_trim_due_locked(j);
-        release = trim && j->release_due;
-        j->release_due = false;
         jobs_admit_locked(j, &start);
         break;
     case AFTER_QUEUED:
@@ -497,8 +495,6 @@ static void wrec_done(void *arg, struct jd_write *w, int rc)
     jobs_start_list(j, start);
     if (trim)
         jobs_trim(); /* after the admissions: new jobs do not wait for it */
-    if (release)     /* the drain is over: the store's page caches (a hint) */
-        jd_store_release_memory(j->store);
     if (!batch) {
         jobs_wrec_free(r);
         return;

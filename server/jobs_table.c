@@ -66,6 +66,7 @@ void jobs_recs_free(struct rec *r)
 
 void jobs_job_free(struct job *jb)
 {
+    struct jd_jobs *j = jb->owner;
     jobs_recs_free(jb->recs);
     for (struct dlv *d = jb->dlv, *n; d; d = n) {
         n = d->next;
@@ -77,6 +78,8 @@ void jobs_job_free(struct job *jb)
     free(jb->queue);
     free(jb->ukey);
     free(jb);
+    if (j && atomic_fetch_sub(&j->jobs_alloc, 1) == 1)
+        jobs_release_check(j);
 }
 
 /* Under mu. */
@@ -105,12 +108,19 @@ void jobs_job_remove(struct jd_jobs *j, struct job *jb)
  * glibc keeps the heap a large backlog freed (mostly small chunks spread
  * over hundreds of MB) and RSS stays at the backlog's peak. So while the
  * table shrinks, each time it is down to a quarter of its size at the last
- * trim, having lost at least TRIM_MIN_JOBS, and once more when it is empty,
- * the free pages go back (malloc_trim walks every arena). A steady load
- * never shrinks that far and never trims. The one when it is empty also
- * asks the store to give its page caches back (release_due): a drain of a
- * large backlog fills the writer's 32 MiB cache, which an idle server does
- * not need.
+ * trim, having lost at least TRIM_MIN_JOBS, the free pages go back
+ * (malloc_trim walks every arena). A steady load never shrinks that far and
+ * never trims.
+ *
+ * When the table is empty after such a drain, the idle server gives back
+ * what it does not need: the object caches' pools, SQLite's page caches
+ * (the writer's 32 MiB the drain filled), the writer's batch buffers, then
+ * the heap. Not at that moment but once the last struct job is freed too:
+ * a job leaves the table when its end is durable, while its process may
+ * still be finishing and its write record still holds it, and the few
+ * hundred jobs freed just after a trim (each a few KB spread over pages
+ * that are otherwise free) kept up to 40 MB resident in about one drain in
+ * four (docs/performance.md, "RSS after the drain, measured").
  */
 bool jobs_trim_due_locked(struct jd_jobs *j)
 {
@@ -126,12 +136,20 @@ bool jobs_trim_due_locked(struct jd_jobs *j)
     }
     if (j->live == 0 && j->trim_tail) {
         j->trim_tail = false;
-        j->release_due = true;
         j->live_peak = 0;
-        j->st.heap_trims++;
-        return true;
+        atomic_store(&j->release_wait, true);
+        jobs_release_check(j);
     }
     return false;
+}
+
+void jobs_release_check(struct jd_jobs *j)
+{
+    if (atomic_load(&j->jobs_alloc) != 0 || !atomic_exchange(&j->release_wait, false))
+        return;
+    atomic_fetch_add(&j->releases, 1);
+    jd_objcache_release();
+    jd_store_release_memory(j->store); /* the rest on the writer, when it is idle */
 }
 
 void jobs_trim(void)
@@ -169,6 +187,8 @@ void jobs_jtimer_unlink(struct job *jb, struct jtimer *t)
 struct job *jobs_job_new(struct jd_jobs *j, struct jd_jobdef *d, int64_t id, int64_t now)
 {
     struct job *jb = jd_xcalloc(1, sizeof *jb);
+    jb->owner = j;
+    atomic_fetch_add(&j->jobs_alloc, 1);
     jb->id = id;
     jb->def = d;
     if (d)

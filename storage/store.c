@@ -1764,7 +1764,10 @@ static void release_done(void *arg, struct jd_write *w, int rc)
     free(arg);
 }
 
-void jd_store_release_memory(struct jd_store *s)
+/* On the writer thread, when it is idle with release_wanted set
+ * (writer.c): the idle read connections' page caches (a connection in use
+ * keeps its own). */
+void jd_store_release_readers(struct jd_store *s)
 {
     if (s->pg)
         return; /* PostgreSQL keeps its cache in the server, not here */
@@ -1772,6 +1775,10 @@ void jd_store_release_memory(struct jd_store *s)
     for (struct jd_rconn *c = s->pool; c; c = c->next)
         sqlite3_db_release_memory(c->db);
     pthread_mutex_unlock(&s->pool_mu);
+}
+
+void jd_store_release_memory(struct jd_store *s)
+{
     atomic_store(&s->release_wanted, 1);
     /* A barrier wakes the writer, which then finds the flag when idle. */
     struct jd_write *w = jd_xcalloc(1, sizeof *w);

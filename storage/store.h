@@ -563,9 +563,11 @@ int jd_store_task_state(struct jd_store *s, const char *id, int *state, int64_t 
  * before it has been committed. */
 void jd_store_write_barrier(struct jd_write *w);
 
-/* A hint after a large drain (the queued-job window, issue 17): give the
- * page caches back (the idle read connections' now, the writer's once it
- * is idle, then freed heap to the system). A backend may do nothing. */
+/* A hint after a large drain (issue 17): the server is idle, give memory
+ * back. Once the writer is next idle, on its thread: SQLite's page caches
+ * (the idle read connections' and the writer's), the writer's batch
+ * buffers, then freed heap to the system (malloc_trim, every arena). Any
+ * thread, any lock held (it only sets a flag and queues a barrier). */
 void jd_store_release_memory(struct jd_store *s);
 
 /* Was attempt `attempt` of (job_id, tag) ever claimed (has a task row)?

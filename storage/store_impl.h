@@ -324,5 +324,6 @@ int jd_store_sqlite_rc(int rc);
  * gives the calling thread's cached blocks back to glibc. */
 void jd_sqlite_mem_install(void);
 void jd_sqlite_mem_trim(void);
+void jd_store_release_readers(struct jd_store *s); /* store.c, for the writer */
 
 #endif

@@ -281,6 +281,25 @@ static void vc_reset(struct vcache *c, size_t n)
     c->nev = 0;
 }
 
+/* The writer is idle after a large drain (jd_store_release_memory): the
+ * batch buffers go (the event rows' packed runs, one block each, are spread
+ * over the heap and keep its pages resident); the next batch grows them
+ * again. */
+static void vc_release(struct vcache *c)
+{
+    for (size_t i = 0; i < c->evcap; i++)
+        free(c->ev[i].more.p);
+    free(c->ev);
+    c->ev = NULL;
+    c->evcap = c->nev = 0;
+    free(c->t);
+    c->t = NULL;
+    c->cap = 0;
+    free(c->evm);
+    c->evm = NULL;
+    c->evmcap = 0;
+}
+
 static struct known *known_slot(struct vcache *c, int64_t job_id)
 {
     return &c->known[((uint64_t)job_id * 0x9E3779B97F4A7C15ull >> 32) & (JD_KNOWN_SLOTS - 1)];
@@ -1618,8 +1637,12 @@ static void *writer_main(void *arg)
             if (maybe_retention(s))
                 known_clear(&vc);
             if (atomic_exchange(&s->release_wanted, 0)) { /* jd_store_release_memory */
-                sqlite3_db_release_memory(s->wdb);
-                jd_sqlite_mem_trim();
+                vc_release(&vc);
+                if (!s->pg) {
+                    jd_store_release_readers(s);
+                    sqlite3_db_release_memory(s->wdb);
+                    jd_sqlite_mem_trim();
+                }
 #ifdef __GLIBC__
                 malloc_trim(0);
 #endif

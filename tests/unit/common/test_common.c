@@ -170,6 +170,30 @@ static void test_objcache_zeroes_and_reuses_across_threads(void **state)
     jd_objcache_free(c, NULL);
 }
 
+/* jd_objcache_release frees what the pools hold (the blocks a thread
+ * dropped and left behind when it exited), once, and the cache still works
+ * after it. */
+static void test_objcache_release_empties_the_pools(void **state)
+{
+    (void)state;
+    struct jd_objcache *c = jd_objcache(JD_OC_JOB_WREC, OC_SIZE);
+    (void)jd_objcache_release(); /* what earlier tests left */
+    static void *v[OC_N];
+    for (int i = 0; i < OC_N; i++)
+        v[i] = jd_objcache_calloc(c);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_all, v), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+#ifndef OBJCACHE_PASSTHROUGH
+    assert_int_equal(jd_objcache_release(), OC_N);
+#endif
+    assert_int_equal(jd_objcache_release(), 0);
+    unsigned char *b = jd_objcache_calloc(c);
+    for (int k = 0; k < OC_SIZE; k++)
+        assert_int_equal(b[k], 0);
+    jd_objcache_free(c, b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_durations_reject_non_numbers_and_overflow),
         cmocka_unit_test(test_asprintf),
         cmocka_unit_test(test_objcache_zeroes_and_reuses_across_threads),
+        cmocka_unit_test(test_objcache_release_empties_the_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
