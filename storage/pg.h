@@ -281,6 +281,9 @@ int jd_pg_jobs_hand(struct jd_store *s, const int64_t *ids, size_t nids, jd_stor
 /* Tests: the writer's next COMMIT is sent and its connection then shut
  * down before the answer is read (a connection lost during COMMIT). */
 void jd_pg_test_drop_at_commit(struct jd_store *s);
+/* Tests: the SQL of the writer's grouped job changes and its parameter
+ * types as PostgreSQL names them, comma-separated (for EXPLAIN). */
+const char *jd_pg_test_changes_sql(const char **types);
 void jd_pg_give_up_lease(struct jd_pg *pg, const char *why);
 
 /* Map a libpq result to a JD_E* code (0 for PGRES_COMMAND_OK/TUPLES_OK). */

@@ -252,10 +252,10 @@ bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const ch
     int hz_at = hz == HZ_KEEP ? -1 : counts != NULL;
     bool ok = (!counts || PQsendQueryPrepared(c, jd_pgw_stmt(PS_COUNT_ADD), counts->n, counts->v,
                                               NULL, NULL, 0)) &&
-              (hz == HZ_KEEP || PQsendQueryParams(c, hz == HZ_NEXT ? HZ_NEXT_SQL : HZ_CLEAR_SQL, 1,
-                                                  NULL, cv, NULL, NULL, 0)) &&
-              (!note || PQsendQueryParams(c, "SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", 1,
-                                          NULL, nv, NULL, NULL, 0)) &&
+              (hz == HZ_KEEP ||
+               PQsendQueryPrepared(c, jd_pgw_stmt(hz == HZ_NEXT ? PS_HZ_NEXT : PS_HZ_CLEAR), 1, cv,
+                                   NULL, NULL, 0)) &&
+              (!note || PQsendQueryPrepared(c, jd_pgw_stmt(PS_NOTIFY), 1, nv, NULL, NULL, 0)) &&
               PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
     /* each statement's result, then NULL; then the sync */
     for (int k = 0; k < nst && ok; k++) {

@@ -63,6 +63,9 @@ enum {
     PS_SCHED_EXISTS,
     PS_JOB_CHANGES,
     PS_JOB_VERSION,
+    PS_HZ_NEXT,
+    PS_HZ_CLEAR,
+    PS_NOTIFY,
     PS_N
 };
 

@@ -227,7 +227,11 @@ static const struct {
      * among the job's records ($5: now). Returns each job's old version,
      * queue, old and new state; a job missing from the answer was missing
      * or fenced. The old state is a plain read of the statement's
-     * snapshot (it does not see the UPDATE), as in a single change. */
+     * snapshot (it does not see the UPDATE), as in a single change.
+     * The rows are found from c, one primary-key probe per job: no
+     * `j.id = ANY($7)` beside the join, which on a new database (the
+     * generic plan costed on a nearly empty jobs) made the plan scan the
+     * jobs by that list and rescan c for each, n * n rows. */
     [PS_JOB_CHANGES] =
         {"WITH v AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[],"
          " $4::text[], $18::text[], $19::bigint[]) WITH ORDINALITY"
@@ -246,7 +250,7 @@ static const struct {
          " finished_ms = CASE c.fm WHEN 2 THEN c.finished_ms WHEN 1 THEN"
          " CASE WHEN j.finished_ms = 0 THEN $5 ELSE j.finished_ms END"
          " ELSE j.finished_ms END"
-         " FROM c WHERE j.id = ANY($7) AND j.id = c.id AND j.owner_node = $6" LEASE_VALID(
+         " FROM c WHERE j.id = c.id AND j.owner_node = $6" LEASE_VALID(
              "$6") " RETURNING j.id, j.version - c.k AS base, j.queue, j.state),"
                    " e AS (INSERT INTO events(job_id, seq, time_ms, kind, tag, data, more)"
                    " SELECT v.job_id, u.base + v.off, $5, v.kind, v.tag, v.data, v.more"
@@ -267,7 +271,28 @@ static const struct {
                          "ii"},
     [PS_SCHED_EXISTS] = {"SELECT 1 FROM schedules WHERE id = $1", "t"},
     [PS_JOB_VERSION] = {"SELECT version FROM jobs WHERE id = $1", "i"},
+    /* The COMMIT pipeline's horizon and notice (jd_pgw_commit), prepared
+     * like the rest: sent unnamed, each was parsed, analysed and planned
+     * again in every batch. */
+    [PS_HZ_NEXT] = {HZ_NEXT_SQL, "i"},
+    [PS_HZ_CLEAR] = {HZ_CLEAR_SQL, "i"},
+    [PS_NOTIFY] = {"SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", "t"},
 };
+
+const char *jd_pg_test_changes_sql(const char **types)
+{
+    static char names[JD_PG_MAX_PARAMS * 10];
+    size_t len = 0;
+    for (const char *t = pstmt[PS_JOB_CHANGES].types; *t; t++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? "," : "",
+                                *t == 'i'   ? "bigint"
+                                : *t == 't' ? "text"
+                                : *t == 'I' ? "bigint[]"
+                                : *t == 'T' ? "text[]"
+                                            : "boolean[]");
+    *types = names;
+    return pstmt[PS_JOB_CHANGES].sql;
+}
 
 int jd_pgw_rc(const PGresult *r)
 {

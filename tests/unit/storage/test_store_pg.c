@@ -401,6 +401,50 @@ static void test_grouped_changes_never_scan_the_jobs_table(void **state)
     assert_in_range(jobs_seq_scans(f->url) - before, 0, 3);
 }
 
+/* The grouped changes' generic plan, made as the writer's is, on a new
+ * database (a nearly empty jobs table): each job row is found by a
+ * primary-key probe from the changes' list, never by scanning jobs for
+ * the whole list and rescanning the list for every row found (n * n rows
+ * a batch; the plan PostgreSQL made from `j.id = ANY($7)` beside the
+ * join). */
+static void test_grouped_changes_probe_each_job_by_key(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    (void)insert_job(f); /* a row or two, as a new database has */
+    const char *types;
+    const char *sql = jd_pg_test_changes_sql(&types);
+    PGconn *c = PQconnectdb(f->url);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    size_t cap = strlen(sql) + strlen(types) + 64;
+    char *prep = malloc(cap);
+    assert_non_null(prep);
+    snprintf(prep, cap, "PREPARE p(%s) AS %s", types, sql);
+    const char *steps[] = {"SET enable_seqscan = off", "SET plan_cache_mode = force_generic_plan",
+                           prep};
+    for (size_t i = 0; i < 3; i++) {
+        PGresult *r = PQexec(c, steps[i]);
+        assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+        PQclear(r);
+    }
+    free(prep);
+    PGresult *r =
+        PQexec(c, "EXPLAIN EXECUTE p('{1}','{0}','{0}','{x}',1,1,'{1}','{1}','{1}',"
+                  "'{3}','{NULL}','{NULL}','{0}','{0}','{0}','{0}','{0}','{NULL}','{1}')");
+    assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+    bool probe = false, filter = false;
+    for (int i = 0; i < PQntuples(r); i++) {
+        const char *line = PQgetvalue(r, i, 0);
+        probe = probe || strstr(line, "Index Cond: (id = c.id)") != NULL;
+        filter = filter || strstr(line, "Join Filter: (j.id = c.id)") != NULL;
+    }
+    PQclear(r);
+    PQfinish(c);
+    assert_true(probe);
+    assert_false(filter);
+}
+
 static int count_job(void *arg, const struct jd_job *job, const struct jd_job_event *ev, size_t n)
 {
     (void)job;
@@ -544,6 +588,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batched_inserts_keep_every_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_batch_folds_a_jobs_changes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_grouped_changes_never_scan_the_jobs_table, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_grouped_changes_probe_each_job_by_key, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_labels_found_where_parsing_finds_them, setup,
                                         teardown),
