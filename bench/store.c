@@ -16,7 +16,15 @@
  * the process's CPU time per record (writer + producers; steadier than
  * records/s on a shared machine).
  * Runs are repeated --reps times, interleaved (full, normal, full, ...), and
- * the median of each column is printed. The database lives in a fresh
+ * the median of each column is printed.
+ *
+ * The baseline, run right after each run in the same round: plain SQLite
+ * (one thread, no store) writing the same mix (a job row with the same
+ * definition, then three history rows for recent jobs) into two plain
+ * tables, in transactions of the run's own mean batch size, at the same
+ * synchronous setting, WAL mode. Printed as its records/s and the store's
+ * ratio to it: what the store's writer, records and callbacks cost over the
+ * bare inserts at the same batching (SQLite databases only). The database lives in a fresh
  * directory under --dir (default: build), on the real disk, so fsync is real;
  * or, with --db postgres://..., in that PostgreSQL database (emptied before
  * each run: its schema is dropped; CPU per record is then only this
@@ -32,6 +40,7 @@
 #include "storage/store.h"
 
 #include <libpq-fe.h>
+#include <sqlite3.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -312,6 +321,75 @@ static int run_once(const char *dir, bool full, unsigned producers, unsigned win
     return 0;
 }
 
+/* Plain SQLite at batch records a transaction for secs (see the file
+ * comment): records/s into *rps. 0 or -1. */
+static int plain_sqlite(const char *dir, bool full, double batch, double secs, double *rps)
+{
+    char tmpl[4096];
+    snprintf(tmpl, sizeof tmpl, "%s/bench-plain-XXXXXX", dir);
+    if (!mkdtemp(tmpl)) {
+        perror("mkdtemp");
+        return -1;
+    }
+    char *path = jd_xasprintf("%s/plain.db", tmpl);
+    sqlite3 *db = NULL;
+    sqlite3_stmt *ins_job = NULL, *ins_ev = NULL;
+    int rc = -1;
+    char pragmas[400];
+    snprintf(pragmas, sizeof pragmas,
+             "PRAGMA journal_mode = WAL; PRAGMA synchronous = %s;"
+             " CREATE TABLE jobs (id INTEGER PRIMARY KEY, definition TEXT, state INT);"
+             " CREATE TABLE events (job_id INT, seq INT, data TEXT, PRIMARY KEY (job_id, seq));",
+             full ? "FULL" : "NORMAL");
+    if (sqlite3_open(path, &db) != SQLITE_OK || sqlite3_exec(db, pragmas, 0, 0, 0) != SQLITE_OK ||
+        sqlite3_prepare_v2(db, "INSERT INTO jobs (definition, state) VALUES (?, 0)", -1, &ins_job,
+                           NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(db, "INSERT INTO events (job_id, seq, data) VALUES (?, ?, ?)", -1,
+                           &ins_ev, NULL) != SQLITE_OK) {
+        fprintf(stderr, "plain sqlite: %s\n", db ? sqlite3_errmsg(db) : "cannot open");
+        goto out;
+    }
+    unsigned per_tx = batch >= 1 ? (unsigned)(batch + 0.5) : 1;
+    int64_t jobs = 0, seq = 0;
+    uint64_t records = 0, t0 = jd_now_ns(), deadline = t0 + (uint64_t)(secs * 1e9);
+    unsigned seed = 7;
+    while (jd_now_ns() < deadline) {
+        sqlite3_exec(db, "BEGIN", 0, 0, 0);
+        for (unsigned i = 0; i < per_tx; i++, records++) {
+            if (records % 4 == 0 || jobs == 0) {
+                sqlite3_bind_text(ins_job, 1, definition, -1, SQLITE_STATIC);
+                sqlite3_step(ins_job);
+                sqlite3_reset(ins_job);
+                jobs++;
+            } else {
+                int64_t span = jobs < ACTIVE_SET ? jobs : ACTIVE_SET;
+                sqlite3_bind_int64(ins_ev, 1, jobs - (int64_t)(rand_r(&seed) % span));
+                sqlite3_bind_int64(ins_ev, 2, ++seq);
+                sqlite3_bind_text(ins_ev, 3, "{\"state\":\"running\",\"attempt\":1}", -1,
+                                  SQLITE_STATIC);
+                sqlite3_step(ins_ev);
+                sqlite3_reset(ins_ev);
+            }
+        }
+        if (sqlite3_exec(db, "COMMIT", 0, 0, 0) != SQLITE_OK) {
+            fprintf(stderr, "plain sqlite: %s\n", sqlite3_errmsg(db));
+            goto out;
+        }
+    }
+    *rps = (double)records / ((double)(jd_now_ns() - t0) / 1e9);
+    rc = 0;
+out:
+    sqlite3_finalize(ins_job);
+    sqlite3_finalize(ins_ev);
+    sqlite3_close(db);
+    char *cmd = jd_xasprintf("rm -rf '%s'", tmpl);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpl);
+    free(cmd);
+    free(path);
+    return rc;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -361,10 +439,11 @@ int main(int argc, char **argv)
     static const unsigned nprod[3] = {1, 4, 16};
     printf("storage bench: %.1fs per run, window %u per producer, median of %d interleaved runs\n",
            secs, window, reps);
-    printf("%-7s %9s %12s %11s %8s %9s %9s %9s %11s\n", "sync", "producers", "records/s",
-           "commits/s", "batch", "p50 ms", "p99 ms", "max ms", "cpu us/rec");
+    printf("%-7s %9s %12s %11s %8s %9s %9s %9s %11s %12s %6s\n", "sync", "producers", "records/s",
+           "commits/s", "batch", "p50 ms", "p99 ms", "max ms", "cpu us/rec", "plain rec/s",
+           "ratio");
     for (int pi = 0; pi < 3; pi++) {
-        double v[2][7][50];
+        double v[2][9][50];
         if (only_producers && nprod[pi] != only_producers)
             continue;
         for (int r = 0; r < reps; r++) {
@@ -381,14 +460,21 @@ int main(int argc, char **argv)
                 v[m][4][r] = res.p99_ms;
                 v[m][5][r] = res.max_ms;
                 v[m][6][r] = res.cpu_us;
+                /* the baseline right after, at this run's batch size */
+                double plain = 0;
+                if (!pg_url && plain_sqlite(dir, m == 0, res.batch, secs, &plain) != 0)
+                    return 1;
+                v[m][7][r] = plain;
+                v[m][8][r] = plain > 0 ? res.rps / plain : 0;
             }
         }
         for (int m = 0; m < 2; m++)
             if (only_sync < 0 || only_sync == (m == 0))
-                printf("%-7s %9u %12.0f %11.0f %8.1f %9.2f %9.2f %9.2f %11.2f\n",
+                printf("%-7s %9u %12.0f %11.0f %8.1f %9.2f %9.2f %9.2f %11.2f %12.0f %5.2fx\n",
                        m == 0 ? "full" : "normal", nprod[pi], median(v[m][0], reps),
                        median(v[m][1], reps), median(v[m][2], reps), median(v[m][3], reps),
-                       median(v[m][4], reps), median(v[m][5], reps), median(v[m][6], reps));
+                       median(v[m][4], reps), median(v[m][5], reps), median(v[m][6], reps),
+                       median(v[m][7], reps), median(v[m][8], reps));
         fflush(stdout);
     }
     return 0;
