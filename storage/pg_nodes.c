@@ -182,6 +182,14 @@ static PGresult *gq(struct jd_pg *pg, PGconn *c, const char *sql, int n, const c
 }
 
 /* "{1,2,3}" of ids (caller frees). */
+/* Append r's first column (job ids) to out[*n..cap) and free r. */
+static void take_ids(PGresult *r, int64_t *out, size_t *n, size_t cap)
+{
+    for (int i = 0; i < PQntuples(r) && *n < cap; i++)
+        out[(*n)++] = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+    PQclear(r);
+}
+
 static char *id_array(const int64_t *ids, size_t n)
 {
     char *out = jd_xmalloc(n * 21 + 3);
@@ -303,9 +311,7 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
         free(arr);
         if (!r)
             return JD_EIO;
-        for (int i = 0; i < PQntuples(r) && *ng < a->nids; i++)
-            granted[(*ng)++] = strtoll(PQgetvalue(r, i, 0), NULL, 10);
-        PQclear(r);
+        take_ids(r, granted, ng, a->nids);
     }
     size_t again = *ng;
     /* This node's demand: the rank of its best ready job (its ready list's
@@ -375,9 +381,7 @@ static int grant_tx(struct jd_pg *pg, PGconn *c, const struct jd_queue_grant_ask
             free(arr);
             if (!r)
                 return JD_EIO;
-            for (int i = 0; i < PQntuples(r) && *ng < a->nids; i++)
-                granted[(*ng)++] = strtoll(PQgetvalue(r, i, 0), NULL, 10);
-            PQclear(r);
+            take_ids(r, granted, ng, a->nids);
         }
     }
     size_t fresh = *ng - again;
