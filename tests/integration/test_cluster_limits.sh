@@ -52,6 +52,17 @@ submit() {
     JOB=$(location_id)
 }
 
+# submit_round QUEUE N MS: N jobs of MS ms each to A, B, C in turn (the
+# runs' files QUEUE.1..N); their ids in ids.
+submit_round() {
+    local i nodes=(A B C)
+    ids=()
+    for i in $(seq 1 "$2"); do
+        submit "${nodes[$((i % 3))]}" "$1" "$1.$i" "$3"
+        ids+=("$JOB")
+    done
+}
+
 # most_at_once FILES...: the most runs whose [start, stop] overlap.
 most_at_once() {
     cat "$@" | python3 -c '
@@ -83,12 +94,7 @@ wait_all() {
 # ---- max_running 2 across three nodes ----
 put_limits lim '{"max_running":2}' '"max_running":2'
 check "every node applies max_running 2" body_has '"max_running":2'
-ids=()
-for i in $(seq 1 24); do
-    node=$(printf 'A\nB\nC\n' | sed -n "$((i % 3 + 1))p")
-    submit "$node" lim "lim.$i" 300
-    ids+=("$JOB")
-done
+submit_round lim 24 300
 check "24 jobs submitted to the three nodes" test "${#ids[@]}" = 24
 good=$(wait_all "${ids[@]}")
 check "all 24 finished succeeded ($good)" test "$good" = 24
@@ -105,12 +111,7 @@ check "no grant is left once the queue is idle" eval \
 # submission order (run order: priority, then id), so no node's jobs wait
 # while another node's later ones run.
 put_limits turns '{"max_running":1}' '"max_running":1'
-ids=()
-for i in $(seq 1 9); do
-    node=$(printf 'A\nB\nC\n' | sed -n "$((i % 3 + 1))p")
-    submit "$node" turns "turns.$i" 300
-    ids+=("$JOB")
-done
+submit_round turns 9 300
 good=$(wait_all "${ids[@]}")
 check "all 9 jobs of the queue with max_running 1 finished ($good)" test "$good" = 9
 order=$(for i in $(seq 1 9); do echo "$(cut -d' ' -f1 "$RUNS/turns.$i") $i"; done |
@@ -127,12 +128,7 @@ check "they started in submission order across the nodes ($order)" \
 # ---- a rate across three nodes ----
 put_limits rl '{"rate":{"limit":3,"per":"1s"}}' '"rate":{"limit":3,"per":"1s"}'
 check "every node applies the rate" body_has '"rate":{"limit":3,"per":"1s"}'
-ids=()
-for i in $(seq 1 15); do
-    node=$(printf 'A\nB\nC\n' | sed -n "$((i % 3 + 1))p")
-    submit "$node" rl "rl.$i" 10
-    ids+=("$JOB")
-done
+submit_round rl 15 10
 good=$(wait_all "${ids[@]}")
 check "all 15 rate-limited jobs finished ($good)" test "$good" = 15
 starts=$(cat "$RUNS"/rl.* | awk '{print $1}' | sort -n)
@@ -154,12 +150,7 @@ check "any node shows the cluster's bucket (rate_available)" body_has '"rate_ava
 # run again elsewhere (their first run's process, orphaned, ends by
 # itself before that); B and C then run 2 at once.
 put_limits busy '{"max_running":2}' '"max_running":2'
-ids=()
-for i in $(seq 1 24); do
-    node=$(printf 'A\nB\nC\n' | sed -n "$((i % 3 + 1))p")
-    submit "$node" busy "busy.$i" 1000
-    ids+=("$JOB")
-done
+submit_round busy 24 1000
 for _ in $(seq 1 50); do
     [ "$(sql "SELECT count(*) FROM jobs j JOIN jd_nodes n ON n.id = j.owner_node
         WHERE j.queue = 'busy' AND j.state = 1 AND n.id = (SELECT min(id) FROM jd_nodes)")" -ge 1 ] &&
