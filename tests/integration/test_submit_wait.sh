@@ -66,11 +66,17 @@ for w in forever -1s 10parsecs '' 99999999999999999999h; do
     json_post "/v1/jobs?wait=$w" '{"handler":"echo"}'
     check "wait=$w: 400 problem" is_problem 400
 done
+json_post "/v1/jobs?wait=$(head -c 10000 /dev/zero | tr '\0' 9)ms" '{"handler":"echo"}'
+check "a 10,000-digit wait: 400 problem" is_problem 400
 json_post '/v1/jobs?wait=forever' '{"handler":"nope"}'
 check "a bad wait is refused before the body is looked at" is_problem 400
 check "and none of them created a job" eval '[ "$(count_jobs)" = "$before" ]'
 json_post '/v1/jobs?wait=5s' '{"handler":"nope"}'
 check "a bad definition with a wait: 422 as without" is_problem 422
+
+json_post '/v1/jobs?wait=10s&wait=forever' '{"handler":"echo","args":{"twice":1}}'
+check "wait given twice: the first counts (201, the job ended)" eval \
+    'status_is 201 && body_has "\"state\":\"succeeded\""'
 
 # ---- idempotent replays and unique keys wait too ----
 json_post '/v1/jobs?wait=10s' '{"handler":"sleep","args":{"ms":300}}' -H 'Idempotency-Key: sw-1'
