@@ -309,6 +309,10 @@ static void render_cluster(struct buf *b, const struct jd_metrics_cluster *c)
          offsetof(struct jd_metrics_cluster, lease_lost)},
         {"jackdaw_cluster_heartbeats_total", "counter", "Lease heartbeats answered.",
          offsetof(struct jd_metrics_cluster, heartbeats)},
+        {"jackdaw_cluster_notices_total", "counter",
+         "Change notices this node received (job changes are sent only while some node "
+         "watches another node's jobs; inbox requests, schedules and claims always).",
+         offsetof(struct jd_metrics_cluster, notices)},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         family(b, rows[i].name, rows[i].type, rows[i].help);
@@ -359,6 +363,10 @@ static void render_cluster(struct buf *b, const struct jd_metrics_cluster *c)
     family(b, "jackdaw_cluster_heartbeat_seconds_max", "gauge", "The slowest lease heartbeat.");
     put(b, "jackdaw_cluster_heartbeat_seconds_max{node=\"%lld\"} %.6f\n", (long long)c->node,
         (double)c->heartbeat_us_max / 1e6);
+    family(b, "jackdaw_cluster_watching", "gauge",
+           "1 while this node wants job-change notices: it has (or had in the last 30 s) a "
+           "wait or stream on a job another node holds, or an event stream open.");
+    put(b, "jackdaw_cluster_watching{node=\"%lld\"} %d\n", (long long)c->node, c->watching ? 1 : 0);
     /* The read pool: waits say --db-readers is too small for the load
      * before the timeouts (503s) do. */
     family(b, "jackdaw_db_read_waits_total", "counter",

@@ -51,6 +51,8 @@ struct jd_metrics_cluster {
     int64_t node;
     uint64_t claims, takeovers, fenced, requests_applied, lease_lost;
     uint64_t heartbeats, heartbeat_us_sum, heartbeat_us_max;
+    uint64_t notices; /* change notices this node's listener received */
+    bool watching;    /* this node wants job-change notices (jd_jobs_cluster_watching) */
     /* The PostgreSQL read pool (struct jd_cluster_stats). */
     uint64_t read_waits, read_wait_us, read_timeouts;
     unsigned read_open, read_idle, read_max;

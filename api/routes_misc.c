@@ -83,6 +83,8 @@ enum MHD_Result route_metrics(struct jd_req *r)
                                          .requests_applied =
                                              j ? jd_jobs_cluster_requests_applied(j) : 0,
                                          .lease_lost = cs2.lease_lost,
+                                         .notices = cs2.notices,
+                                         .watching = j && jd_jobs_cluster_watching(j),
                                          .heartbeats = cs2.heartbeats,
                                          .heartbeat_us_sum = cs2.heartbeat_us_sum,
                                          .heartbeat_us_max = cs2.heartbeat_us_max,

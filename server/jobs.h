@@ -444,5 +444,8 @@ void jd_jobs_cluster_requests(struct jd_jobs *j);
 void jd_jobs_cluster_claimable(struct jd_jobs *j);
 /* Inbox requests this node applied since start (/metrics). */
 uint64_t jd_jobs_cluster_requests_applied(struct jd_jobs *j);
+/* Whether this node wants job-change notices now (it has, or had within
+ * 30 s, a watch on a job another node holds, or an event stream open). */
+bool jd_jobs_cluster_watching(struct jd_jobs *j);
 
 #endif

@@ -16,6 +16,11 @@
  *             them (?wait=, SSE) fire from change notices, after a re-read
  *             of the row; every second all such watched jobs are re-read.
  *             Watches on any job (/v1/events) wake on every notice.
+ *             Writers send job-change notices only while some node wants
+ *             them (storage/pg.h, JD_PG_WATCH_LOCK_SQL): such a watch turns
+ *             them on before its first read (jobs_cluster_want_notices);
+ *             once a second, when none is left and none started for
+ *             NOTICES_HOLD_MS, this node's want is withdrawn;
  *
  *   grants    a queue with max_running or a rate holds it cluster-wide: its
  *             ready jobs start only once the database granted them
@@ -50,10 +55,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CLAIM_MAX 256     /* jobs one claim takes at most (the store's bound) */
-#define REQUESTS_MAX 256  /* inbox requests read at once */
-#define RECHECK_MAX 4096  /* watched jobs re-read in one fallback pass */
-#define CHANGES_MAX 65536 /* noticed ids kept before "re-read them all" */
+#define CLAIM_MAX 256         /* jobs one claim takes at most (the store's bound) */
+#define REQUESTS_MAX 256      /* inbox requests read at once */
+#define RECHECK_MAX 4096      /* watched jobs re-read in one fallback pass */
+#define CHANGES_MAX 65536     /* noticed ids kept before "re-read them all" */
+#define NOTICES_HOLD_MS 30000 /* notices stay wanted this long after the last watch started */
+#define NOTICES_RETRY_MS 1000 /* after a failure to turn them on, not again before this */
 
 struct jobs_cluster {
     pthread_mutex_t mu;
@@ -70,6 +77,14 @@ struct jobs_cluster {
     unsigned req_inflight;
     _Atomic uint64_t applied;
     _Atomic bool stopping;
+    /* Job-change notices wanted (jd_store_watch_notices). notices_on and
+     * watch_ms pair up like Dekker's flags (seq_cst): a watch stores
+     * watch_ms then loads notices_on; the sweep stores notices_on false
+     * then loads watch_ms, so one of them sees the other. */
+    pthread_mutex_t notice_mu; /* turning them on or off, one at a time */
+    _Atomic bool notices_on;
+    _Atomic int64_t watch_ms;  /* jobs_mono_ms of the last watch that wanted them */
+    int64_t notices_failed_ms; /* under notice_mu: the last failure to turn them on */
 };
 
 static void hint(struct jobs_cluster *c, bool claim, bool requests)
@@ -119,6 +134,11 @@ uint64_t jd_jobs_cluster_requests_applied(struct jd_jobs *j)
     return j->cl ? atomic_load(&j->cl->applied) : 0;
 }
 
+bool jd_jobs_cluster_watching(struct jd_jobs *j)
+{
+    return j->cl && atomic_load(&j->cl->notices_on);
+}
+
 void jobs_cluster_lease_wait(struct jd_jobs *j)
 {
     struct jobs_cluster *c = j->cl;
@@ -151,6 +171,64 @@ void jobs_cluster_fenced_locked(struct jd_jobs *j, struct job *jb, jd_pid *kill)
 }
 
 /* ---- watches on jobs held elsewhere ---- */
+
+bool jobs_cluster_held(const struct job *jb)
+{
+    return jb && !jb->unowned; /* an unowned one leaves at its commit, for any node */
+}
+
+void jobs_cluster_want_notices(struct jd_jobs *j)
+{
+    struct jobs_cluster *c = j->cl;
+    if (!c)
+        return;
+    int64_t now = jobs_mono_ms();
+    atomic_store(&c->watch_ms, now);
+    if (atomic_load(&c->notices_on))
+        return;
+    pthread_mutex_lock(&c->notice_mu);
+    if (!atomic_load(&c->notices_on) &&
+        (!c->notices_failed_ms || now - c->notices_failed_ms >= NOTICES_RETRY_MS)) {
+        if (jd_store_watch_notices(j->store, true) == 0) {
+            atomic_store(&c->notices_on, true);
+            c->notices_failed_ms = 0;
+        } else {
+            c->notices_failed_ms = now; /* the once-a-second re-read covers it */
+        }
+    }
+    pthread_mutex_unlock(&c->notice_mu);
+}
+
+/* Under mu: whether a pending watch wants notices (jobs_cluster_held). */
+static bool notices_wanted_locked(struct jd_jobs *j)
+{
+    for (unsigned b = 0; b < NBUCKETS; b++)
+        for (struct watch *w = j->watches[b]; w; w = w->next)
+            if (!w->fired && (w->job_id == 0 || !jobs_cluster_held(jobs_job_find(j, w->job_id))))
+                return true;
+    return false;
+}
+
+/* Once a second: withdraw this node's want of notices when no watch needs
+ * them and none started for NOTICES_HOLD_MS (an event stream re-arms its
+ * watch after each wake, a long-poll client comes back). */
+static void notices_sweep(struct jd_jobs *j)
+{
+    struct jobs_cluster *c = j->cl;
+    if (!atomic_load(&c->notices_on))
+        return;
+    pthread_mutex_lock(&c->notice_mu);
+    atomic_store(&c->notices_on, false); /* a watch starting now takes notice_mu */
+    bool keep = jobs_mono_ms() - atomic_load(&c->watch_ms) < NOTICES_HOLD_MS;
+    if (!keep) {
+        pthread_mutex_lock(&j->mu);
+        keep = notices_wanted_locked(j);
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (keep || jd_store_watch_notices(j->store, false) != 0)
+        atomic_store(&c->notices_on, true);
+    pthread_mutex_unlock(&c->notice_mu);
+}
 
 /* Under mu: whether some pending watch waits on job id. */
 static bool watched_locked(struct jd_jobs *j, int64_t id)
@@ -590,6 +668,7 @@ static void *cluster_main(void *arg)
         pthread_mutex_unlock(&c->mu);
 
         if (tick) {
+            notices_sweep(j);
             sync_paused(j);
             jobs_queue_controls_sync(j);
             jobs_tasks_sync_commands(j); /* remote commands set on other nodes */
@@ -628,6 +707,7 @@ void jobs_cluster_init(struct jd_jobs *j)
     struct jobs_cluster *c = jd_xcalloc(1, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
+    pthread_mutex_init(&c->notice_mu, NULL);
     j->cl = c;
 }
 
@@ -653,6 +733,7 @@ void jobs_cluster_free(struct jd_jobs *j)
     if (!c)
         return;
     free(c->ids);
+    pthread_mutex_destroy(&c->notice_mu);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);

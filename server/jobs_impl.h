@@ -607,6 +607,14 @@ void jobs_cluster_fenced_locked(struct jd_jobs *j, struct job *jb, jd_pid *kill)
  * ended (its slot is free once that commits): ask the database for grants
  * soon (the cluster thread does). */
 void jobs_cluster_grants_wanted_locked(struct jd_jobs *j);
+/* Without mu, before a watch on a job this node does not hold (or on any
+ * job) reads the job: job-change notices are on cluster-wide once it
+ * returns (jd_store_watch_notices), so none falls between that read and
+ * the watch. Returns at once for SQLite, and when they are on already. */
+void jobs_cluster_want_notices(struct jd_jobs *j);
+/* Under mu: whether jb (NULL: not in the table) commits here, so that its
+ * watches fire from its commits and need no notice. */
+bool jobs_cluster_held(const struct job *jb);
 /* jobs_act.c: a cancel or message from this node's inbox, applied through
  * the local path with the request deleted in the same commit. 0, or
  * JD_ENOENT (not here) / JD_ECONFLICT (ended, or over its message limits). */

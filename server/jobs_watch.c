@@ -122,12 +122,13 @@ static void watch_add_locked(struct jd_jobs *j, int64_t id, int64_t since, bool 
 
 /* A long-poll that comes after its job ended (the usual case for a short
  * job: the job is gone from the table by the time the GET arrives) is
- * answered from one store read, rendered here, without j->mu: the ended row
- * is a state the job was in after the request came, so answering with it
- * needs no watch and misses none. Called without mu for a job that was not
- * in the table; false (a job not ended, a failed read) sends the caller
- * back to its locked path. */
+ * answered from one store read (rendered here for fn_json), without j->mu:
+ * the ended row is a state the job was in after the request came, so
+ * answering with it needs no watch and misses none. Called without mu for
+ * a job that was not in the table; false (a job not ended, a failed read)
+ * sends the caller back to its locked path. One of fn and fn_json is set. */
 static bool ended_answer(struct jd_jobs *j, int64_t id, int64_t since_version,
+                         void (*fn)(void *arg, int rc, int64_t version),
                          void (*fn_json)(void *arg, int rc, int64_t version, const char *json),
                          void *arg)
 {
@@ -135,12 +136,15 @@ static bool ended_answer(struct jd_jobs *j, int64_t id, int64_t since_version,
     if (jd_store_job_get(j->store, id, &row) != 0)
         return false;
     bool ready = jd_job_state_terminal(row.state) && row.version > since_version;
-    char *json = ready ? jd_render_job_json(&row) : NULL;
+    char *json = ready && fn_json ? jd_render_job_json(&row) : NULL;
     int64_t version = row.version;
     jd_job_clear(&row);
-    if (!json)
+    if (!ready || (fn_json && !json))
         return false;
-    fn_json(arg, 0, version, json);
+    if (fn_json)
+        fn_json(arg, 0, version, json);
+    else
+        fn(arg, 0, version);
     free(json);
     return true;
 }
@@ -154,10 +158,14 @@ static int watch_add(struct jd_jobs *j, int64_t id, int64_t since_version, bool 
     if (watch_id)
         *watch_id = 0;
     pthread_mutex_lock(&j->mu);
-    if (fn_json && !jobs_job_find(j, id)) {
+    struct job *here = jobs_job_find(j, id);
+    if (!jobs_cluster_held(here)) {
         pthread_mutex_unlock(&j->mu);
-        if (ended_answer(j, id, since_version, fn_json, arg))
+        if (!here && ended_answer(j, id, since_version, fn, fn_json, arg))
             return 0;
+        /* its changes may commit on another node: notices on before the
+         * read below (jobs_cluster_want_notices) */
+        jobs_cluster_want_notices(j);
         pthread_mutex_lock(&j->mu);
     }
     int64_t version = 0;
@@ -210,6 +218,7 @@ int jd_jobs_watch_any(struct jd_jobs *j, uint64_t since_commits,
 {
     if (watch_id)
         *watch_id = 0;
+    jobs_cluster_want_notices(j); /* other nodes' commits count too */
     pthread_mutex_lock(&j->mu);
     if (j->commits > since_commits) {
         int64_t v = (int64_t)j->commits;

@@ -236,6 +236,24 @@ int jd_pg_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_
  * the orphan sweep): "JDWKCHOR". */
 #define JD_PG_CHORE_LOCK 0x4a44574b43484f52LL
 #define JD_PG_CHORE_LOCK_SQL "5351498237985967954" /* the same, for SQL text */
+/* Job-change notices only while someone wants them. A notice costs every
+ * writer PostgreSQL's database-wide notify lock, held through its COMMIT's
+ * WAL flush (the nodes' commits take turns at the flush instead of sharing
+ * one), and wakes every listener; an unwatched cluster needs none. So a
+ * batch sends its "id:version" entries only while jd_watchers has a row
+ * (some node has a watch on a job it does not hold, or an event stream
+ * open); "r", "s" and "c" always go.
+ *
+ * No change may fall between a watch that starts and a batch that saw no
+ * watcher. Every batch takes this lock shared (JD_PG_WATCH_LOCK_SQL) as its
+ * first statement after BEGIN and reads jd_watchers in its COMMIT pipeline,
+ * a later statement, so a later snapshot; a node adds its row under the
+ * lock exclusive and only then reads the watched row (jd_pg_node_watching).
+ * A batch that read no row had its shared lock before the row committed,
+ * so it committed before the exclusive lock was granted: the watcher's read
+ * sees its change. A batch whose lock came after sees the row and sends.
+ * "JDWKWTCH". */
+#define JD_PG_WATCH_LOCK_SQL "5351498238322295624"
 /* At open, on wconn: register this incarnation (a jd_nodes row), then one
  * takeover pass (s->unclean: it unowned jobs of a node that did not close). */
 int jd_pg_node_register(struct jd_store *s, struct jd_error *err);

@@ -9,6 +9,8 @@
  * tasks_waiting hook). Also the grants that make a queue's max_running and
  * rate hold cluster-wide (jd_store_queue_grant; store.h says how; migration
  * 8's queue_grants, queue_tokens and queue_demand), one transaction per ask.
+ * And a node's row in jd_watchers (migration 9) while it wants job-change
+ * notices (jd_store_watch_notices; pg.h, JD_PG_WATCH_LOCK_SQL).
  *
  * A lookup answers only for a live row (expires_at > now(), the database's
  * clock, as the heartbeat's test): a node whose lease lapsed cannot renew
@@ -33,7 +35,9 @@
 #include <string.h>
 
 /* Run sql on nconn (connecting first if need be); the result or NULL.
- * Under node_mu. One retry on a fresh connection when the old one broke. */
+ * Under node_mu. One retry on a fresh connection when the old one broke.
+ * Without parameters sql may be several statements (the last one's result;
+ * one that fails leaves no transaction open). */
 static PGresult *nq(struct jd_pg *pg, const char *sql, int n, const char *const *v)
 {
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -45,12 +49,16 @@ static PGresult *nq(struct jd_pg *pg, const char *sql, int n, const char *const 
             pg->nconn = jd_pg_connect(pg->url, pg->display, pg->sync_full, NULL);
         if (!pg->nconn)
             return NULL;
-        PGresult *r = PQexecParams(pg->nconn, sql, n, NULL, v, NULL, NULL, 0);
+        PGresult *r =
+            n ? PQexecParams(pg->nconn, sql, n, NULL, v, NULL, NULL, 0) : PQexec(pg->nconn, sql);
         if (jd_pg_rc(r) == 0)
             return r;
         PQclear(r);
-        if (PQstatus(pg->nconn) == CONNECTION_OK)
+        if (PQstatus(pg->nconn) == CONNECTION_OK) {
+            if (PQtransactionStatus(pg->nconn) != PQTRANS_IDLE)
+                PQclear(PQexec(pg->nconn, "ROLLBACK"));
             break; /* the statement failed, not the connection */
+        }
     }
     char msg[200];
     snprintf(msg, sizeof msg, "%s", pg->nconn ? PQerrorMessage(pg->nconn) : "no connection");
@@ -117,6 +125,33 @@ int jd_store_tasks_announce(struct jd_store *s, const char *payload)
         return JD_EINVAL;
     const char *v[] = {payload};
     PGresult *r = nq_locked(pg, "SELECT pg_notify('" JD_PG_TASKS_CHANNEL "', $1)", 1, v);
+    if (!r)
+        return JD_EIO;
+    PQclear(r);
+    return 0;
+}
+
+int jd_store_watch_notices(struct jd_store *s, bool on)
+{
+    struct jd_pg *pg = s->pg;
+    if (!pg)
+        return JD_EINVAL;
+    /* On: the row under the watch lock exclusive, which waits for the
+     * batches holding it shared to commit, and holds new ones until this
+     * commits (pg.h, JD_PG_WATCH_LOCK_SQL). lock_timeout bounds what a
+     * stalled node's open batch can cost the cluster's writers queued
+     * behind this request. */
+    char sql[384];
+    if (on)
+        snprintf(sql, sizeof sql,
+                 "BEGIN; SET LOCAL lock_timeout = %d;"
+                 " SELECT pg_advisory_xact_lock(" JD_PG_WATCH_LOCK_SQL ");"
+                 " INSERT INTO jd_watchers(node) VALUES (%lld) ON CONFLICT DO NOTHING; COMMIT",
+                 JD_STORE_WATCH_LOCK_MS, (long long)pg->node_id);
+    else
+        snprintf(sql, sizeof sql, "DELETE FROM jd_watchers WHERE node = %lld",
+                 (long long)pg->node_id);
+    PGresult *r = nq_locked(pg, sql, 0, NULL);
     if (!r)
         return JD_EIO;
     PQclear(r);

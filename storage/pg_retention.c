@@ -52,7 +52,7 @@ bool jd_pg_retention_step(struct jd_store *s)
     }
     PQclear(qs);
     qs = NULL;
-    if (!jd_pgw_commit(s, NULL, NULL, HZ_KEEP))
+    if (!jd_pgw_commit(s, NULL, NULL, NULL, HZ_KEEP))
         goto fail;
     atomic_fetch_add_explicit(&s->st_retention_deleted, (uint64_t)deleted,
                               memory_order_relaxed); /* a statistic */

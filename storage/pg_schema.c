@@ -294,6 +294,13 @@ static const char *const migrations[] = {
     "  at TIMESTAMPTZ NOT NULL,"
     "  PRIMARY KEY (queue, node)"
     ");",
+    /* 9: the nodes that want job-change notices (storage/pg.h,
+     * JD_PG_WATCH_LOCK): a row while a node has a watch on a job it does
+     * not hold or an event stream open. A batch sends its job changes only
+     * while some row exists; the row goes with its node's. */
+    "CREATE TABLE jd_watchers ("
+    "  node BIGINT PRIMARY KEY REFERENCES jd_nodes(id) ON DELETE CASCADE"
+    ");",
 };
 
 _Static_assert(JD_EV_RUN_MAX == 8, "migration 7 steps the events sequence by JD_EV_RUN_MAX");

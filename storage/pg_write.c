@@ -122,32 +122,42 @@ int jd_pgw_session(struct jd_store *s)
 
 #define JD_PG_NOTIFY_MAX 7900 /* a NOTIFY payload is at most 8000 bytes */
 
-/* Append entry e to the notice being built; past the cap it becomes "*". */
-static void note_add(char *buf, size_t *len, bool *all, const char *e)
+/* A notice being built: past the cap it says "everything" instead. */
+struct notice {
+    char buf[JD_PG_NOTIFY_MAX + 1];
+    size_t len;
+    bool all;
+};
+
+static void note_add(struct notice *nb, const char *e)
 {
     size_t k = strlen(e);
-    if (*all)
+    if (nb->all)
         return;
-    if (*len + k + 2 > JD_PG_NOTIFY_MAX) {
-        *all = true;
+    if (nb->len + k + 2 > JD_PG_NOTIFY_MAX) {
+        nb->all = true;
         return;
     }
-    if (*len)
-        buf[(*len)++] = ',';
-    memcpy(buf + *len, e, k + 1);
-    *len += k;
+    if (nb->len)
+        nb->buf[nb->len++] = ',';
+    memcpy(nb->buf + nb->len, e, k + 1);
+    nb->len += k;
 }
 
-/* The payload of the batch's one change notice (NULL: nothing to say),
- * sent inside its transaction by jd_pgw_commit() (delivered at commit, dropped
- * with a rollback): "id:version" per job record applied, "s:<id>" per
- * schedule, "r" for inbox requests, or "*" when it would not fit. Hints
- * only: listeners re-read. *nreq: inbox requests in it. */
-static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint64_t *nreq_out)
+/* The batch's change notice, sent inside its transaction by
+ * jd_pgw_commit() (delivered at commit, dropped with a rollback): "id:version"
+ * per job record applied, "s:<id>" per schedule, "r" for inbox requests, or
+ * "*" when it would not fit. Hints only: listeners re-read. The whole
+ * notice goes only while some node watches (pg.h, JD_PG_WATCH_LOCK_SQL);
+ * *must is the part that always goes ("r", "s"; "" if none). NULL: nothing
+ * to say. *nreq: inbox requests in it. */
+static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, const char **must,
+                             uint64_t *nreq_out)
 {
-    static _Thread_local char buf[JD_PG_NOTIFY_MAX + 1];
-    size_t len = 0;
-    bool all = false, req = false;
+    static _Thread_local struct notice whole, always;
+    whole.len = always.len = 0;
+    whole.all = always.all = false;
+    bool req = false;
     uint64_t nreq = 0;
     for (size_t i = 0; i < n; i++) {
         struct jd_write *w = b[i];
@@ -159,7 +169,7 @@ static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint
         case JD_W_JOB_CHANGE:
         case JD_W_JOB_DELETE:
             snprintf(e, sizeof e, "%lld:%lld", (long long)w->job_id, (long long)w->version);
-            note_add(buf, &len, &all, e);
+            note_add(&whole, e);
             break;
         case JD_W_JOB_REQUEST:
             req = true;
@@ -172,21 +182,26 @@ static const char *notice_of(struct jd_write **b, const int *rcs, size_t n, uint
                 snprintf(e, sizeof e, "s:%s", w->sched.id);
             else
                 snprintf(e, sizeof e, "s");
-            note_add(buf, &len, &all, e);
+            note_add(&whole, e);
+            note_add(&always, e);
             break;
         default:
             break;
         }
     }
-    if (req)
-        note_add(buf, &len, &all, "r");
-    if (all) {
-        /* "*" says any job may have changed; keep the inbox hint beside it */
-        snprintf(buf, sizeof buf, req ? "*,r,s" : "*,s");
-        len = strlen(buf);
+    if (req) {
+        note_add(&whole, "r");
+        note_add(&always, "r");
     }
+    /* "*" says any job may have changed, "s" any schedule; keep the inbox
+     * hint beside them */
+    if (whole.all)
+        whole.len = (size_t)snprintf(whole.buf, sizeof whole.buf, req ? "*,r,s" : "*,s");
+    if (always.all)
+        always.len = (size_t)snprintf(always.buf, sizeof always.buf, req ? "r,s" : "s");
     *nreq_out = nreq;
-    return len ? buf : NULL;
+    *must = always.buf;
+    return whole.len ? whole.buf : NULL;
 }
 
 void jd_pg_test_hold_commit(struct jd_store *s, bool hold)
@@ -216,7 +231,8 @@ void jd_pg_test_drop_at_commit(struct jd_store *s)
     atomic_store(&s->pg->test_drop_commit, true);
 }
 
-bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note, int hz)
+bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note,
+                   const char *must, int hz)
 {
     PGconn *c = s->pg->wconn;
     if (PQtransactionStatus(c) != PQTRANS_INTRANS)
@@ -246,7 +262,7 @@ bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const ch
     char me[24];
     snprintf(me, sizeof me, "%lld", (long long)s->pg->node_id);
     bool next_set = false;
-    const char *nv[] = {note}, *cv[] = {me};
+    const char *nv[] = {note, must ? must : ""}, *cv[] = {me};
     /* the statements in order: counts, horizon, notice, COMMIT */
     int nst = (counts != NULL) + (hz != HZ_KEEP) + (note != NULL) + 1;
     int hz_at = hz == HZ_KEEP ? -1 : counts != NULL;
@@ -255,7 +271,7 @@ bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const ch
               (hz == HZ_KEEP ||
                PQsendQueryPrepared(c, jd_pgw_stmt(hz == HZ_NEXT ? PS_HZ_NEXT : PS_HZ_CLEAR), 1, cv,
                                    NULL, NULL, 0)) &&
-              (!note || PQsendQueryPrepared(c, jd_pgw_stmt(PS_NOTIFY), 1, nv, NULL, NULL, 0)) &&
+              (!note || PQsendQueryPrepared(c, jd_pgw_stmt(PS_NOTIFY), 2, nv, NULL, NULL, 0)) &&
               PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
     /* each statement's result, then NULL; then the sync */
     for (int k = 0; k < nst && ok; k++) {
@@ -302,7 +318,8 @@ again:
         goto fail;
     }
     if (fast > 0) {
-        if (jd_pgw_exec(s, "BEGIN") != 0) {
+        if (jd_pgw_exec(s, "BEGIN; SELECT pg_advisory_xact_lock_shared(" JD_PG_WATCH_LOCK_SQL
+                           ")") != 0) {
             jd_pgw_log_failure(s, "begin");
             goto fail;
         }
@@ -310,7 +327,8 @@ again:
             goto fail;
     }
     uint64_t nreq = 0;
-    const char *note = notice_of(b, rcs, n, &nreq);
+    const char *must = NULL;
+    const char *note = notice_of(b, rcs, n, &must, &nreq);
     test_hold(s->pg);
     commit_sent = true;
     /* More records wait: this COMMIT publishes the next batch's bound
@@ -320,7 +338,7 @@ again:
     int hz = more ? HZ_NEXT : s->pg->hz_pending ? HZ_CLEAR : HZ_KEEP;
     struct jd_pgw_prm counts;
     bool have_counts = jd_pgw_counts_prm(&c, &counts);
-    if (!jd_pgw_commit(s, have_counts ? &counts : NULL, note, hz)) {
+    if (!jd_pgw_commit(s, have_counts ? &counts : NULL, note, must, hz)) {
         jd_pgw_log_failure(s, "commit");
         goto fail;
     }

@@ -66,6 +66,7 @@ enum {
     PS_HZ_NEXT,
     PS_HZ_CLEAR,
     PS_NOTIFY,
+    PS_WATCH_SHARED,
     PS_N
 };
 
@@ -266,9 +267,11 @@ int jd_pgw_session(struct jd_store *s);
 enum { HZ_KEEP, HZ_CLEAR, HZ_NEXT }; /* what a COMMIT does to the horizon */
 /* COMMIT, true only if the server committed (an aborted transaction
  * answers COMMIT with ROLLBACK); with counts, PS_COUNT_ADD first, with
- * note, pg_notify(note), and with hz, the horizon's clear or next bound,
- * all in the same round trip (a pipeline). */
-bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note, int hz);
+ * note, pg_notify(note) if some node watches, else pg_notify(must) if must
+ * is not empty (PS_NOTIFY), and with hz, the horizon's clear or next
+ * bound, all in the same round trip (a pipeline). */
+bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note,
+                   const char *must, int hz);
 
 /* ---- pg_horizon.c: the event horizon (storage/pg.h) ---- */
 

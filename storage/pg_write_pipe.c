@@ -258,7 +258,7 @@ static int pipe_drain(struct jd_pgw_ctx *c)
             /* an earlier statement failed: already counted */
         } else if (!ws->pq[k].w) {
             if (jd_pgw_rc(r) != 0)
-                out = PIPE_FATAL; /* the BEGIN */
+                out = PIPE_FATAL; /* the BEGIN or the watch lock */
         } else {
             int rc = jd_pgw_take(c, ws->pq[k].w, ws->pq[k].kind, r);
             if (rc == NOROW || jd_pgw_record_fault(rc))
@@ -556,7 +556,9 @@ int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, 
         return -1;
     c->pipe = true;
     int out = PIPE_OK;
-    if (!PQsendQueryParams(conn, "BEGIN", 0, NULL, NULL, NULL, NULL, 0)) {
+    /* BEGIN, then the watch lock shared (pg.h, JD_PG_WATCH_LOCK_SQL) */
+    if (!PQsendQueryParams(conn, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) ||
+        !PQsendQueryPrepared(conn, jd_pgw_stmt(PS_WATCH_SHARED), 0, NULL, NULL, NULL, 0)) {
         out = PIPE_FATAL;
     } else {
         if (ws->cappq == 0) {
@@ -564,6 +566,7 @@ int jd_pgw_apply_pipelined(struct jd_pgw_ctx *c, struct jd_write **b, int *rcs, 
             ws->pq = jd_xrealloc(ws->pq, ws->cappq * sizeof *ws->pq);
         }
         ws->pq[ws->npq++] = (struct jd_pgw_pend){0}; /* w NULL: the BEGIN */
+        ws->pq[ws->npq++] = (struct jd_pgw_pend){0}; /* and the lock */
         c->b = b;
         c->nb = n;
         int rc = emit_inserts(c);

@@ -276,7 +276,13 @@ static const struct {
      * again in every batch. */
     [PS_HZ_NEXT] = {HZ_NEXT_SQL, "i"},
     [PS_HZ_CLEAR] = {HZ_CLEAR_SQL, "i"},
-    [PS_NOTIFY] = {"SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', $1)", "t"},
+    /* $1 the whole notice, $2 the part that goes whether or not a node
+     * watches ("r", "s"; may be empty); pg.h, JD_PG_WATCH_LOCK_SQL */
+    [PS_NOTIFY] = {"SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', p) FROM (SELECT CASE WHEN"
+                   " EXISTS (SELECT 1 FROM jd_watchers) THEN $1 ELSE $2 END AS p) n"
+                   " WHERE p <> ''",
+                   "tt"},
+    [PS_WATCH_SHARED] = {"SELECT pg_advisory_xact_lock_shared(" JD_PG_WATCH_LOCK_SQL ")", ""},
 };
 
 const char *jd_pg_test_changes_sql(const char **types)

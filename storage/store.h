@@ -597,10 +597,11 @@ void jd_store_stats(struct jd_store *s, struct jd_store_stats *out);
  * Cancels and messages for a job another node owns go to the job's inbox
  * (JD_W_JOB_REQUEST); the owner takes them (jd_store_requests) and records
  * them in its own history order, deleting the request in that same commit
- * (jd_write.request_id). Every commit that changed jobs sends one NOTIFY
- * carrying the (id, version) pairs (or an overflow mark), which each node's
- * listener hands to the hooks below. For SQLite, jd_store_clustered is
- * false and none of the rest is called.
+ * (jd_write.request_id). A commit that changed jobs sends one NOTIFY
+ * carrying the (id, version) pairs (or an overflow mark) while some node
+ * wants them (jd_store_watch_notices); requests and schedule changes are
+ * always sent. Each node's listener hands them to the hooks below. For
+ * SQLite, jd_store_clustered is false and none of the rest is called.
  */
 bool jd_store_clustered(const struct jd_store *s);
 int64_t jd_store_node_id(const struct jd_store *s); /* this incarnation; 0 for SQLite */
@@ -732,6 +733,17 @@ void jd_store_nodes_free(int64_t *ids, char **urls, size_t n);
  * JD_STORE_ANNOUNCE_MAX bytes, as that hook receives it): 0 or JD_EIO. */
 #define JD_STORE_ANNOUNCE_MAX 7900 /* NOTIFY payloads end at 8000 bytes */
 int jd_store_tasks_announce(struct jd_store *s, const char *payload);
+
+/* Whether this node wants job-change notices (the changed hook): on while
+ * it has a watch on a job it does not hold or an event stream open. Turned
+ * on, it returns only once every commit after the return sends them and
+ * every commit that did not is visible to reads that start after it: read
+ * the watched row after this, not before, and no change falls between.
+ * Blocks on the database (nconn, like the functions above; the lock waits
+ * for batches in flight, at most JD_STORE_WATCH_LOCK_MS): 0, JD_EIO (the
+ * caller falls back to its periodic re-reads), JD_EINVAL for SQLite. */
+#define JD_STORE_WATCH_LOCK_MS 250
+int jd_store_watch_notices(struct jd_store *s, bool on);
 
 struct jd_cluster_stats {
     uint64_t claims, takeovers, fenced, requests, notices, lease_lost;

@@ -31,12 +31,48 @@ if ! start_node B; then
 fi
 check "two nodes joined (two node rows)" eval '[ "$(sql "SELECT count(*) FROM jd_nodes")" = 2 ]'
 
+# metric NODE NAME: that /metrics value of NODE
+metric() {
+    on "$1" req GET /metrics
+    sed -n "s/^$2{node=\"[0-9]*\"} \([0-9]*\).*/\1/p" <<<"$BODY"
+}
+
+# ---- no job-change notices while no node watches another's jobs ----
+n0=$(metric B jackdaw_cluster_notices_total)
+for i in 1 2 3 4 5; do
+    on A json_post "/v1/jobs?wait=10s" '{"handler":"echo","args":{}}'
+done
+# a schedule change is always announced: once B heard it, it heard A's
+# commits before it too (notices come in commit order)
+on A req PUT /v1/schedules/probe -H 'Content-Type: application/json' \
+    --data-binary '{"cron":"0 0 1 1 *","job":{"handler":"echo","args":{}}}'
+for _ in $(seq 1 50); do
+    [ "$(metric B jackdaw_cluster_notices_total)" -gt "$n0" ] 2>/dev/null && break
+    sleep 0.1
+done
+sleep 0.3
+n1=$(metric B jackdaw_cluster_notices_total)
+check "nobody watches: of A's commits B heard the schedule's notice only ($((n1 - n0)))" \
+    eval '[ "$((n1 - n0))" = 1 ] && [ "$(sql "SELECT count(*) FROM jd_watchers")" = 0 ] && [ "$(metric A jackdaw_cluster_watching)" = 0 ]'
+on A req DELETE /v1/schedules/probe
+
 # ---- a job submitted on A, waited for on B ----
-on A json_post /v1/jobs '{"handler":"echo","args":{"hello":"cluster"}}'
+on A json_post /v1/jobs '{"steps":[{"id":"w","wait":"go","timeout_ms":60000}]}'
 id=$(location_id)
-on B wait_job "$id"
+curl -s -o "$WORK/xwait.body" --max-time 20 "$BASE_B/v1/jobs/$id?wait=15s" &
+XW=$!
+for _ in $(seq 1 50); do
+    [ "$(metric B jackdaw_cluster_watching)" = 1 ] && break
+    sleep 0.1
+done
+check "a wait on B for A's job: B wants job-change notices (jd_watchers row, gauge 1)" \
+    eval '[ "$(metric B jackdaw_cluster_watching)" = 1 ] && [ "$(sql "SELECT count(*) FROM jd_watchers")" = 1 ]'
+n2=$(metric B jackdaw_cluster_notices_total)
+on A json_post "/v1/jobs/$id/messages" '{"topic":"go","data":{"hello":"cluster"}}'
+wait "$XW"
 check "?wait= on B answers with A's result" \
-    eval 'body_has "\"state\":\"succeeded\"" && body_has "\"hello\":\"cluster\""'
+    eval 'grep -q "\"state\":\"succeeded\"" "$WORK/xwait.body" && grep -q "\"hello\":\"cluster\"" "$WORK/xwait.body"'
+check "and B heard A's job changes as notices" eval '[ "$(metric B jackdaw_cluster_notices_total)" -gt "$n2" ]'
 
 # ---- submit-and-wait on B, ended by a message sent on A ----
 curl -s -o "$WORK/sw.body" -w '%{http_code}' --max-time 20 -H 'Content-Type: application/json' \

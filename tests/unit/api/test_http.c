@@ -612,6 +612,12 @@ uint64_t jd_jobs_cluster_requests_applied(struct jd_jobs *j)
     (void)j;
     return 0;
 }
+
+bool jd_jobs_cluster_watching(struct jd_jobs *j)
+{
+    (void)j;
+    return false;
+}
 int jd_jobs_create(const struct jd_jobs_config *cfg, struct jd_jobs **out, struct jd_error *err)
 {
     return JD_EINTERNAL;

@@ -1365,8 +1365,8 @@ static void test_old_unpacked_history_migrates_and_reads_alongside_packed_rows(v
              "DROP VIEW events_all; DROP FUNCTION jd_ev_any(text, bigint, bigint, bigint);"
              " DROP FUNCTION jd_ev_unpack(text); ALTER TABLE events DROP COLUMN more;"
              " ALTER SEQUENCE events_id_seq INCREMENT BY 1;"
-             /* and migration 8 (queue grants), re-run after 7 */
-             " DROP TABLE queue_grants, queue_tokens, queue_demand;"
+             /* and migrations 8 (queue grants) and 9 (watchers), re-run after 7 */
+             " DROP TABLE queue_grants, queue_tokens, queue_demand, jd_watchers;"
              " UPDATE meta SET value = 6 WHERE key = 'schema_version';");
     assert_int_equal(fx_open(f, true, 0), 0);
     if (test_pg_url()) { /* a clean close left the job unowned: this node takes it */

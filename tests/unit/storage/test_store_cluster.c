@@ -522,12 +522,11 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
     h.id = id;
     h.version = 2;
     pthread_mutex_unlock(&h.mu);
+    /* no node wants job-change notices: the change goes without one, while
+     * an inbox request and a schedule change are heard all the same */
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 0);
     assert_int_equal(change_state_wait(f->a, id, JD_JOB_RUNNING, &r), 0);
     assert_int_equal(r.version, 2);
-    for (int w = 0; w < WAIT_MS && !heard_version(&h, 2); w += 20)
-        sleep_ms(20);
-    assert_true(heard_version(&h, 2));
-    /* an inbox request and a schedule change are heard too */
     struct jd_write q = {.op = JD_W_JOB_REQUEST,
                          .job_id = id,
                          .kind = JD_EVK_MESSAGE,
@@ -548,6 +547,20 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
     assert_true(h.requests > 0);
     assert_string_equal(h.sched, "nightly");
     pthread_mutex_unlock(&h.mu);
+    /* (notices arrive in commit order: the change's would have come first) */
+    assert_false(heard_version(&h, 2));
+    /* B wants them: from the return on, A's changes are heard */
+    assert_int_equal(jd_store_watch_notices(f->b, true), 0);
+    assert_int_equal(jd_store_watch_notices(f->b, true), 0); /* twice is once */
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 1);
+    pthread_mutex_lock(&h.mu);
+    h.version = 3;
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
+    assert_int_equal(r.version, 3);
+    for (int w = 0; w < WAIT_MS && !heard_version(&h, 3); w += 20)
+        sleep_ms(20);
+    assert_true(heard_version(&h, 3));
     struct jd_cluster_stats st;
     jd_store_cluster_stats(f->b, &st);
     assert_true(st.notices >= 3);
@@ -580,13 +593,33 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
     pthread_mutex_unlock(&h.mu);
     /* and hears notices again */
     pthread_mutex_lock(&h.mu);
-    h.version = 3;
+    h.version = 4;
     pthread_mutex_unlock(&h.mu);
     assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
-    assert_int_equal(r.version, 3);
-    for (int w = 0; w < WAIT_MS && !heard_version(&h, 3); w += 20)
+    assert_int_equal(r.version, 4);
+    for (int w = 0; w < WAIT_MS && !heard_version(&h, 4); w += 20)
         sleep_ms(20);
-    assert_true(heard_version(&h, 3));
+    assert_true(heard_version(&h, 4));
+    /* withdrawn: A's changes go without a notice again */
+    assert_int_equal(jd_store_watch_notices(f->b, false), 0);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 0);
+    pthread_mutex_lock(&h.mu);
+    h.version = 5;
+    h.requests = 0;
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
+    assert_int_equal(r.version, 5);
+    assert_int_equal(submit_wait(f->a, &q, &r), 0);
+    for (int w = 0; w < WAIT_MS; w += 20) {
+        pthread_mutex_lock(&h.mu);
+        bool done = h.requests > 0;
+        pthread_mutex_unlock(&h.mu);
+        if (done)
+            break;
+        sleep_ms(20);
+    }
+    assert_false(heard_version(&h, 5));
+    assert_int_equal(jd_store_watch_notices(f->b, true), 0);
     /* close stops the hooks: nothing is called after it returns */
     jd_store_close(f->b);
     f->b = NULL;
@@ -913,6 +946,7 @@ static void test_sqlite_answers_as_one_node(void **state)
     assert_int_equal(st.claims + st.heartbeats, 0);
     char *url = NULL;
     assert_int_equal(jd_store_node_advertise(s1, "http://x"), JD_EINVAL);
+    assert_int_equal(jd_store_watch_notices(s1, true), JD_EINVAL);
     assert_int_equal(jd_store_node_url(s1, 1, &url), JD_EINVAL);
     assert_null(url);
     assert_int_equal(jd_store_tasks_announce(s1, "1 x:1"), JD_EINVAL);
