@@ -141,6 +141,16 @@ int jd_pg_schema_migrate(PGconn *c, const char *display, struct jd_error *err);
  * JD_EIO when the transaction failed (every rcs[i] is then JD_EIO). The
  * caller fires done() as for SQLite. */
 int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t n);
+/* pg_horizon.c, on the writer thread, when it found no records: the
+ * nanoseconds it may wait for more while its event horizon stays
+ * published (0: none is), and the clear it then owes. A writer that has
+ * more records within JD_PG_HZ_LINGER_US of its last COMMIT finds its
+ * bound published already (that COMMIT set it) and saves the round trip
+ * and the transaction of a publish; the price is other nodes' event
+ * readers waiting as long for events numbered after that bound. */
+#define JD_PG_HZ_LINGER_US 3000
+uint64_t jd_pg_hz_linger_ns(struct jd_store *s);
+void jd_pg_hz_idle(struct jd_store *s);
 /* A job write (JD_W_JOB_CHANGE, JD_W_JOB_CRASHES) for a job this node does
  * not own (jobs.owner_node is another incarnation's or nobody's: it was
  * taken over), or made after this node's lease lapsed (its jd_nodes row is
@@ -153,11 +163,12 @@ int jd_pg_commit_batch(struct jd_store *s, struct jd_write **b, int *rcs, size_t
  * Before each batch the writer publishes, on hzconn (autocommit, so at
  * once visible), jd_nodes.pending_event_id = nextval of the events
  * sequence (CACHE 1): every id its transaction then takes is greater. The
- * same transaction clears it in the pipeline of its COMMIT, so the clear
- * and the events become visible together, or, when more records are
- * queued, sets the next batch's bound there (no round trip for a busy
- * writer; an idle one holds none); a failed batch clears it on hzconn
- * (not after a COMMIT lost in flight: the takeover deletes the row).
+ * same transaction sets the next batch's bound in the pipeline of its
+ * COMMIT, so the new bound and the events become visible together: a
+ * writer with more records within JD_PG_HZ_LINGER_US pays no round trip
+ * for it, one without clears it on hzconn then (an idle writer holds no
+ * bound for longer); a failed batch clears it on hzconn (not after a
+ * COMMIT lost in flight: the takeover deletes the row).
  * Readers of the stream return only ids below JD_PG_HORIZON_SQL, read in
  * the same statement (one snapshot). A node whose row is gone (its lease
  * lost) publishes nothing. */

@@ -3,8 +3,9 @@
  * storage/pg.h, "The event horizon"): before a batch that may insert
  * events, jd_nodes.pending_event_id is set on the writer's second,
  * autocommit connection (hzconn) so it is visible at once; the batch's
- * COMMIT clears it or sets the next bound (jd_pgw_commit, pg_write.c); a
- * batch that did not commit clears it here.
+ * COMMIT sets the next bound (jd_pgw_commit, pg_write.c), and a writer
+ * that then finds no records for JD_PG_HZ_LINGER_US clears it here, as
+ * does a batch that did not commit.
  *
  * Threading: the writer thread only.
  */
@@ -72,6 +73,16 @@ int jd_pgw_hz_publish(struct jd_store *s)
     s->pg->hz_pending = strcmp(PQcmdTuples(r), "1") == 0;
     PQclear(r);
     return 0;
+}
+
+uint64_t jd_pg_hz_linger_ns(struct jd_store *s)
+{
+    return s->pg->hz_pending ? (uint64_t)JD_PG_HZ_LINGER_US * 1000u : 0;
+}
+
+void jd_pg_hz_idle(struct jd_store *s)
+{
+    jd_pgw_hz_clear(s);
 }
 
 void jd_pgw_hz_clear(struct jd_store *s)

@@ -266,13 +266,12 @@ bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const ch
     /* the statements in order: counts, horizon, notice, COMMIT */
     int nst = (counts != NULL) + (hz != HZ_KEEP) + (note != NULL) + 1;
     int hz_at = hz == HZ_KEEP ? -1 : counts != NULL;
-    bool ok = (!counts || PQsendQueryPrepared(c, jd_pgw_stmt(PS_COUNT_ADD), counts->n, counts->v,
-                                              NULL, NULL, 0)) &&
-              (hz == HZ_KEEP ||
-               PQsendQueryPrepared(c, jd_pgw_stmt(hz == HZ_NEXT ? PS_HZ_NEXT : PS_HZ_CLEAR), 1, cv,
-                                   NULL, NULL, 0)) &&
-              (!note || PQsendQueryPrepared(c, jd_pgw_stmt(PS_NOTIFY), 2, nv, NULL, NULL, 0)) &&
-              PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
+    bool ok =
+        (!counts ||
+         PQsendQueryPrepared(c, jd_pgw_stmt(PS_COUNT_ADD), counts->n, counts->v, NULL, NULL, 0)) &&
+        (hz == HZ_KEEP || PQsendQueryPrepared(c, jd_pgw_stmt(PS_HZ_NEXT), 1, cv, NULL, NULL, 0)) &&
+        (!note || PQsendQueryPrepared(c, jd_pgw_stmt(PS_NOTIFY), 2, nv, NULL, NULL, 0)) &&
+        PQsendQueryParams(c, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) && PQpipelineSync(c);
     /* each statement's result, then NULL; then the sync */
     for (int k = 0; k < nst && ok; k++) {
         PGresult *r = PQgetResult(c);
@@ -331,11 +330,12 @@ again:
     const char *note = notice_of(b, rcs, n, &must, &nreq);
     test_hold(s->pg);
     commit_sent = true;
-    /* More records wait: this COMMIT publishes the next batch's bound
+    /* With a bound published, this COMMIT publishes the next batch's
      * (visible with it, before that batch takes an id), saving its round
-     * trip; else it clears the bound (an idle writer holds none). */
+     * trip if records come within JD_PG_HZ_LINGER_US; the writer clears it
+     * if none do (an idle writer holds none for longer). */
     bool more = atomic_load_explicit(&s->head, memory_order_relaxed) != NULL;
-    int hz = more ? HZ_NEXT : s->pg->hz_pending ? HZ_CLEAR : HZ_KEEP;
+    int hz = s->pg->hz_pending || more ? HZ_NEXT : HZ_KEEP;
     struct jd_pgw_prm counts;
     bool have_counts = jd_pgw_counts_prm(&c, &counts);
     if (!jd_pgw_commit(s, have_counts ? &counts : NULL, note, must, hz)) {

@@ -64,7 +64,6 @@ enum {
     PS_JOB_CHANGES,
     PS_JOB_VERSION,
     PS_HZ_NEXT,
-    PS_HZ_CLEAR,
     PS_NOTIFY,
     PS_WATCH_SHARED,
     PS_N
@@ -264,12 +263,12 @@ int jd_pgw_take_changes(struct jd_pgw_ctx *c, const PGresult *r);
  * in, reconnected (and statements prepared again) if the connection was
  * lost. 0 or JD_EIO. */
 int jd_pgw_session(struct jd_store *s);
-enum { HZ_KEEP, HZ_CLEAR, HZ_NEXT }; /* what a COMMIT does to the horizon */
+enum { HZ_KEEP, HZ_NEXT }; /* what a COMMIT does to the horizon */
 /* COMMIT, true only if the server committed (an aborted transaction
  * answers COMMIT with ROLLBACK); with counts, PS_COUNT_ADD first, with
  * note, pg_notify(note) if some node watches, else pg_notify(must) if must
- * is not empty (PS_NOTIFY), and with hz, the horizon's clear or next
- * bound, all in the same round trip (a pipeline). */
+ * is not empty (PS_NOTIFY), and with HZ_NEXT, the horizon's next bound
+ * (PS_HZ_NEXT), all in the same round trip (a pipeline). */
 bool jd_pgw_commit(struct jd_store *s, const struct jd_pgw_prm *counts, const char *note,
                    const char *must, int hz);
 

@@ -275,7 +275,6 @@ static const struct {
      * like the rest: sent unnamed, each was parsed, analysed and planned
      * again in every batch. */
     [PS_HZ_NEXT] = {HZ_NEXT_SQL, "i"},
-    [PS_HZ_CLEAR] = {HZ_CLEAR_SQL, "i"},
     /* $1 the whole notice, $2 the part that goes whether or not a node
      * watches ("r", "s"; may be empty); pg.h, JD_PG_WATCH_LOCK_SQL */
     [PS_NOTIFY] = {"SELECT pg_notify('" JD_PG_NOTIFY_CHANNEL "', p) FROM (SELECT CASE WHEN"

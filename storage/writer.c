@@ -1558,6 +1558,28 @@ static bool writer_wait(struct jd_store *s)
     return stop;
 }
 
+/* Wait up to ns for records (PostgreSQL's horizon linger): true if some came. */
+static bool writer_wait_for(struct jd_store *s, uint64_t ns)
+{
+    atomic_store_explicit(&s->writer_sleeping, 1, memory_order_seq_cst);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec += (long)(ns % 1000000000u);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (atomic_load_explicit(&s->head, memory_order_seq_cst) == NULL && !s->stop)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0)
+            break;
+    bool some = atomic_load_explicit(&s->head, memory_order_seq_cst) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    atomic_store_explicit(&s->writer_sleeping, 0, memory_order_relaxed);
+    return some;
+}
+
 /* Group commit on PostgreSQL: a COMMIT there costs a round trip and a WAL
  * flush (~3 ms on a busy VM) whatever it carries, and with several nodes
  * each writer sees a share of the load, so its batches come out small and
@@ -1624,6 +1646,7 @@ static void *writer_main(void *arg)
     struct jd_store *s = arg;
     struct jd_write *pend = NULL, *pend_tail = NULL; /* taken, not yet committed, FIFO */
     uint64_t pg_last_us = 0; /* PostgreSQL: how long the last batch's commit took */
+    bool lingered = false;   /* PostgreSQL: waited out the horizon's linger since that commit */
     size_t cap = 0;
     struct jd_write **b = NULL;
     int *rcs = NULL;
@@ -1633,6 +1656,17 @@ static void *writer_main(void *arg)
 
     for (;;) {
         take_pushed(s, &pend, &pend_tail);
+        if (!pend && s->pg) {
+            /* once per idle spell: a clear that failed waits for the next
+             * batch (its COMMIT sets the bound anew) */
+            uint64_t linger = lingered ? 0 : jd_pg_hz_linger_ns(s);
+            if (linger) {
+                lingered = true;
+                if (!writer_wait_for(s, linger))
+                    jd_pg_hz_idle(s);
+                continue;
+            }
+        }
         if (!pend) {
             if (maybe_retention(s))
                 known_clear(&vc);
@@ -1677,6 +1711,7 @@ static void *writer_main(void *arg)
             uint64_t t0 = jd_now_ns();
             commit_batch_pg(s, b, rcs, n);
             pg_last_us = (jd_now_ns() - t0) / 1000;
+            lingered = false;
         } else
             commit_batch(s, b, rcs, ids, n, &vc);
         bool stale = maybe_retention(s);
