@@ -23,12 +23,24 @@
 # Targets (issue 16): pg1 / sqlite >= 0.5 at strict durability; pg2 / pg1
 # and pg3 / pg1 >= ~1.0 (not falling).
 #
-# Environment: JD_BUILD, JOBS (per run, 10000), CONC (64), REPS (3),
-# CONFIGS (default "sqlite pg1 pg2 pg3"), LEASE (10s), OUT (results dir).
+# Nodes sized to their share of the machine: N nodes on one machine get
+# --workers max(1, cores / N) and --http-threads max(1, 2 / N) each (for
+# one node that is its defaults), as an operator co-locating nodes would
+# set them and as separate machines would give them; without it three
+# nodes run three times the scheduler and HTTP threads on the same cores
+# (SIZED=0 runs every node with its defaults, to see that cost).
+#
+# Runs of 30,000 jobs (3 s or so): at 10,000 a run lasted about a second,
+# and each node's start (connections, the first executions' plans, its
+# first claims) weighed on the ratios, the more so with more nodes.
+#
+# Environment: JD_BUILD, JOBS (per run, 30000), CONC (64), REPS (3),
+# CONFIGS (default "sqlite pg1 pg2 pg3"), LEASE (10s), SIZED (1), OUT
+# (results dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${JD_BUILD:-build}
-JOBS=${JOBS:-10000}
+JOBS=${JOBS:-30000}
 CONC=${CONC:-64}
 REPS=${REPS:-3}
 CONFIGS=${CONFIGS:-sqlite pg1 pg2 pg3}
@@ -36,6 +48,7 @@ OUT=${OUT:-$BUILD/bench-cluster}
 LOADGEN=$BUILD/bench/loadgen
 JACKDAWD=$BUILD/jackdawd
 CLK_TCK=$(getconf CLK_TCK)
+CORES=$(nproc)
 if [ ! -x "$LOADGEN" ] || [ ! -x "$JACKDAWD" ]; then
     echo "bench-cluster: build first: make BUILD=$BUILD all $LOADGEN" >&2
     exit 1
@@ -98,9 +111,12 @@ pg_writes() {
 # index entry a job costs, in bytes).
 pg_wal_lsn() { pg_psql -At -c "SELECT pg_current_wal_insert_lsn()"; }
 
-start_node() { # DB_URL_OR_PATH LOG: appends to PIDS, sets ADDR
-    local extra=()
+start_node() { # DB_URL_OR_PATH LOG [NODES]: appends to PIDS, sets ADDR
+    local extra=() n=${3:-1}
     [ "$HAVE_LEASE" = 1 ] && [[ "$1" == postgres://* ]] && extra=(--lease "${LEASE:-10s}")
+    if [ "${SIZED:-1}" = 1 ] && [ "$n" -gt 1 ]; then
+        extra+=(--workers $((CORES / n > 1 ? CORES / n : 1)) --http-threads $((2 / n > 1 ? 2 / n : 1)))
+    fi
     : >"$2" # the log exists before the wait loop reads it (the node opens it in the background)
     "$JACKDAWD" --listen 127.0.0.1:0 --db "$1" --plugin-dir "$BUILD/plugins" --sync full \
         --max-parked 4096 --max-connections 4096 --log-level info "${extra[@]}" >/dev/null 2>"$2" &
@@ -144,7 +160,7 @@ run_one() { # CONFIG
     c0=$(pg_cpu_ticks)
     l0=$(pg_wal_lsn)
     for i in $(seq 1 "$nodes"); do
-        start_node "$url" "$WORK/run$run.$i.log"
+        start_node "$url" "$WORK/run$run.$i.log" "$nodes"
         addrs+=(--addr "$ADDR")
     done
     n0=$(nodes_cpu_ticks)
@@ -166,7 +182,8 @@ run_one() { # CONFIG
 }
 
 echo "bench-cluster: $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%dT%H:%MZ), load $(cut -d' ' -f1-3 /proc/loadavg);" \
-    "$JOBS jobs a run, $CONC connections, $REPS reps of {$CONFIGS}, interleaved" >&2
+    "$JOBS jobs a run, $CONC connections, $REPS reps of {$CONFIGS}, interleaved;" \
+    "$([ "${SIZED:-1}" = 1 ] && echo "nodes sized to their share of the cores" || echo "every node with its defaults")" >&2
 if [ "$HAVE_LEASE" = 0 ]; then
     echo "bench-cluster: this jackdawd has no --lease (phase 1): one node per database only" >&2
     CONFIGS=$(tr ' ' '\n' <<<"$CONFIGS" | grep -vE '^pg[2-9]$' | tr '\n' ' ')
