@@ -60,7 +60,13 @@
 #define RECHECK_MAX 4096      /* watched jobs re-read in one fallback pass */
 #define CHANGES_MAX 65536     /* noticed ids kept before "re-read them all" */
 #define NOTICES_HOLD_MS 30000 /* notices stay wanted this long after the last watch started */
-#define NOTICES_RETRY_MS 1000 /* after a failure to turn them on, not again before this */
+/* After a failure to turn them on, not again before this: the try waits
+ * on the watch lock (JD_STORE_WATCH_LOCK_MS), and every node's batches
+ * queue behind it meanwhile, so a node stalled inside a batch (it holds
+ * the lock shared until PostgreSQL ends its transaction, about a lease)
+ * must not have this try every second. The once-a-second re-read covers
+ * the watches meanwhile. */
+#define NOTICES_RETRY_MS 5000
 
 struct jobs_cluster {
     pthread_mutex_t mu;

@@ -742,7 +742,7 @@ int jd_store_tasks_announce(struct jd_store *s, const char *payload);
  * Blocks on the database (nconn, like the functions above; the lock waits
  * for batches in flight, at most JD_STORE_WATCH_LOCK_MS): 0, JD_EIO (the
  * caller falls back to its periodic re-reads), JD_EINVAL for SQLite. */
-#define JD_STORE_WATCH_LOCK_MS 250
+#define JD_STORE_WATCH_LOCK_MS 100
 int jd_store_watch_notices(struct jd_store *s, bool on);
 
 struct jd_cluster_stats {

@@ -849,6 +849,43 @@ static void test_the_event_stream_waits_for_an_open_writer(void **state)
     assert_int_equal(held, 0);
 }
 
+static int64_t mono_ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A node that starts wanting job-change notices waits for the batches in
+ * flight (they may have read no watcher), and gives up after
+ * JD_STORE_WATCH_LOCK_MS on one that stalls, adding no row. */
+static void test_wanting_notices_waits_for_open_batches(void **state)
+{
+    struct fx *f = *state;
+    if (!f)
+        skip();
+    jd_pg_test_hold_commit(f->a, true);
+    struct jd_job ja = make_job(jd_store_next_id(f->a), "default", NULL);
+    struct tres ra = {.rc = 12345};
+    struct jd_write wa = {.op = JD_W_JOB_INSERT, .job = &ja, .done = tres_done, .arg = &ra};
+    assert_int_equal(jd_store_submit(f->a, &wa), 0);
+    for (int w = 0; w < WAIT_MS && !jd_pg_test_commit_held(f->a); w += 5)
+        sleep_ms(5);
+    assert_true(jd_pg_test_commit_held(f->a));
+    int64_t t0 = mono_ms_now();
+    assert_int_equal(jd_store_watch_notices(f->b, true), JD_EIO);
+    int64_t took = mono_ms_now() - t0;
+    assert_true(took >= JD_STORE_WATCH_LOCK_MS - 5);
+    assert_true(took < 5000);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 0);
+    /* a commits: now b's row goes in */
+    jd_pg_test_hold_commit(f->a, false);
+    assert_int_equal(jd_store_sync(f->a), 0);
+    assert_int_equal(ra.rc, 0);
+    assert_int_equal(jd_store_watch_notices(f->b, true), 0);
+    assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 1);
+}
+
 struct announced {
     pthread_mutex_t mu;
     char payload[128];
@@ -983,6 +1020,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_conditional_fire_commits_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_stale_retry_cannot_reopen_a_job, setup, teardown),
         cmocka_unit_test_setup_teardown(test_the_event_stream_waits_for_an_open_writer, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_wanting_notices_waits_for_open_batches, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_node_urls_and_task_announcements, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_commit_lost_in_flight_gives_the_node_up, setup,
