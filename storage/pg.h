@@ -168,7 +168,8 @@ void jd_pg_hz_idle(struct jd_store *s);
  * writer with more records within JD_PG_HZ_LINGER_US pays no round trip
  * for it, one without clears it on hzconn then (an idle writer holds no
  * bound for longer); a failed batch clears it on hzconn (not after a
- * COMMIT lost in flight: the takeover deletes the row).
+ * COMMIT lost in flight: the takeover deletes the row; once the lease is
+ * lost nothing clears or moves the bound).
  * Readers of the stream return only ids below JD_PG_HORIZON_SQL, read in
  * the same statement (one snapshot). A node whose row is gone (its lease
  * lost) publishes nothing. */

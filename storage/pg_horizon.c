@@ -77,7 +77,8 @@ int jd_pgw_hz_publish(struct jd_store *s)
 
 uint64_t jd_pg_hz_linger_ns(struct jd_store *s)
 {
-    return s->pg->hz_pending ? (uint64_t)JD_PG_HZ_LINGER_US * 1000u : 0;
+    bool lost = atomic_load(&s->pg->lease_lost); /* the bound stays (jd_pgw_hz_clear) */
+    return s->pg->hz_pending && !lost ? (uint64_t)JD_PG_HZ_LINGER_US * 1000u : 0;
 }
 
 void jd_pg_hz_idle(struct jd_store *s)
@@ -87,7 +88,11 @@ void jd_pg_hz_idle(struct jd_store *s)
 
 void jd_pgw_hz_clear(struct jd_store *s)
 {
-    if (!s->pg->hz_pending)
+    /* Once the lease is lost (given up after a COMMIT lost in flight, or
+     * lapsed), that COMMIT, or one that raced the loss, may still land with
+     * event ids above the bound: the bound stays until a takeover deletes
+     * the row. */
+    if (!s->pg->hz_pending || atomic_load(&s->pg->lease_lost))
         return;
     PGresult *r = hz_exec(s, HZ_CLEAR_SQL);
     if (r)

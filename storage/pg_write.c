@@ -335,7 +335,7 @@ again:
      * trip if records come within JD_PG_HZ_LINGER_US; the writer clears it
      * if none do (an idle writer holds none for longer). */
     bool more = atomic_load_explicit(&s->head, memory_order_relaxed) != NULL;
-    int hz = s->pg->hz_pending || more ? HZ_NEXT : HZ_KEEP;
+    int hz = (s->pg->hz_pending || more) && !atomic_load(&s->pg->lease_lost) ? HZ_NEXT : HZ_KEEP;
     struct jd_pgw_prm counts;
     bool have_counts = jd_pgw_counts_prm(&c, &counts);
     if (!jd_pgw_commit(s, have_counts ? &counts : NULL, note, must, hz)) {
