@@ -260,7 +260,7 @@ int jd_pg_task_claimed(struct jd_store *s, int64_t job_id, uint32_t tag, uint32_
  * watcher. Every batch takes this lock shared (JD_PG_WATCH_LOCK_SQL) as its
  * first statement after BEGIN and reads jd_watchers in its COMMIT pipeline,
  * a later statement, so a later snapshot; a node adds its row under the
- * lock exclusive and only then reads the watched row (jd_pg_node_watching).
+ * lock exclusive and only then reads the watched row (jd_store_watch_notices).
  * A batch that read no row had its shared lock before the row committed,
  * so it committed before the exclusive lock was granted: the watcher's read
  * sees its change. A batch whose lock came after sees the row and sends.

@@ -1522,11 +1522,13 @@ static bool maybe_retention(struct jd_store *s)
     return true;
 }
 
-/* Wait until a record is pushed, stop is requested, or the retention pass is
- * due. Returns true if stop was requested and nothing is queued. */
-static bool writer_wait(struct jd_store *s)
+/* Wait until a record is pushed, stop is requested, the retention pass is
+ * due, or max_ns passed (0: no bound; PostgreSQL's horizon linger).
+ * Returns true if stop was requested and nothing is queued. */
+static bool writer_wait(struct jd_store *s, uint64_t max_ns)
 {
     bool stop = false;
+    uint64_t until_ns = max_ns ? jd_now_ns() + max_ns : 0;
     /* seq_cst: pairs with the producer's push + load (see the file comment). */
     atomic_store_explicit(&s->writer_sleeping, 1, memory_order_seq_cst);
     pthread_mutex_lock(&s->mu);
@@ -1535,17 +1537,28 @@ static bool writer_wait(struct jd_store *s)
             stop = true;
             break;
         }
+        uint64_t wait_ns = 0; /* 0: until signalled */
         if (retention_on(s)) {
             int64_t wait_ms = s->retention_due_ms - jd_wall_ms();
             if (wait_ms <= 0)
                 break;
+            wait_ns = (uint64_t)wait_ms * 1000000u;
+        }
+        if (until_ns) {
+            uint64_t now = jd_now_ns();
+            if (now >= until_ns)
+                break;
+            if (!wait_ns || until_ns - now < wait_ns)
+                wait_ns = until_ns - now;
+        }
+        if (wait_ns) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += wait_ms / 1000;
-            ts.tv_nsec += (wait_ms % 1000) * 1000000;
-            if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec += (time_t)(wait_ns / 1000000000u);
+            ts.tv_nsec += (long)(wait_ns % 1000000000u);
+            if (ts.tv_nsec >= 1000000000L) {
                 ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
+                ts.tv_nsec -= 1000000000L;
             }
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         } else {
@@ -1556,28 +1569,6 @@ static bool writer_wait(struct jd_store *s)
     /* relaxed: a producer that still sees 1 only sends one needless signal */
     atomic_store_explicit(&s->writer_sleeping, 0, memory_order_relaxed);
     return stop;
-}
-
-/* Wait up to ns for records (PostgreSQL's horizon linger): true if some came. */
-static bool writer_wait_for(struct jd_store *s, uint64_t ns)
-{
-    atomic_store_explicit(&s->writer_sleeping, 1, memory_order_seq_cst);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)(ns / 1000000000u);
-    ts.tv_nsec += (long)(ns % 1000000000u);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&s->mu);
-    while (atomic_load_explicit(&s->head, memory_order_seq_cst) == NULL && !s->stop)
-        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0)
-            break;
-    bool some = atomic_load_explicit(&s->head, memory_order_seq_cst) != NULL;
-    pthread_mutex_unlock(&s->mu);
-    atomic_store_explicit(&s->writer_sleeping, 0, memory_order_relaxed);
-    return some;
 }
 
 /* Group commit on PostgreSQL: a COMMIT there costs a round trip and a WAL
@@ -1662,7 +1653,8 @@ static void *writer_main(void *arg)
             uint64_t linger = lingered ? 0 : jd_pg_hz_linger_ns(s);
             if (linger) {
                 lingered = true;
-                if (!writer_wait_for(s, linger))
+                bool stop = writer_wait(s, linger);
+                if (stop || !atomic_load_explicit(&s->head, memory_order_relaxed))
                     jd_pg_hz_idle(s);
                 continue;
             }
@@ -1681,7 +1673,7 @@ static void *writer_main(void *arg)
                 malloc_trim(0);
 #endif
             }
-            if (writer_wait(s))
+            if (writer_wait(s, 0))
                 break;
             continue;
         }

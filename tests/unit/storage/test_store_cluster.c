@@ -502,6 +502,26 @@ static bool heard_version(struct heard *h, int64_t want)
     return ok;
 }
 
+/* a records a progress event on job id, which makes its version v; h
+ * listens for v. */
+static void progress_on_a(struct fx *f, struct heard *h, int64_t id, int64_t v)
+{
+    pthread_mutex_lock(&h->mu);
+    h->version = v;
+    pthread_mutex_unlock(&h->mu);
+    struct tres r;
+    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
+    assert_int_equal(r.version, v);
+}
+
+/* Whether h hears version v within WAIT_MS. */
+static bool hears_version(struct heard *h, int64_t v)
+{
+    for (int w = 0; w < WAIT_MS && !heard_version(h, v); w += 20)
+        sleep_ms(20);
+    return heard_version(h, v);
+}
+
 static void test_a_commit_notice_reaches_the_other_node(void **state)
 {
     struct fx *f = *state;
@@ -553,14 +573,8 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
     assert_int_equal(jd_store_watch_notices(f->b, true), 0);
     assert_int_equal(jd_store_watch_notices(f->b, true), 0); /* twice is once */
     assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 1);
-    pthread_mutex_lock(&h.mu);
-    h.version = 3;
-    pthread_mutex_unlock(&h.mu);
-    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
-    assert_int_equal(r.version, 3);
-    for (int w = 0; w < WAIT_MS && !heard_version(&h, 3); w += 20)
-        sleep_ms(20);
-    assert_true(heard_version(&h, 3));
+    progress_on_a(f, &h, id, 3);
+    assert_true(hears_version(&h, 3));
     struct jd_cluster_stats st;
     jd_store_cluster_stats(f->b, &st);
     assert_true(st.notices >= 3);
@@ -592,23 +606,15 @@ static void test_a_commit_notice_reaches_the_other_node(void **state)
     assert_string_equal(h.sched, "(all)");
     pthread_mutex_unlock(&h.mu);
     /* and hears notices again */
-    pthread_mutex_lock(&h.mu);
-    h.version = 4;
-    pthread_mutex_unlock(&h.mu);
-    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
-    assert_int_equal(r.version, 4);
-    for (int w = 0; w < WAIT_MS && !heard_version(&h, 4); w += 20)
-        sleep_ms(20);
-    assert_true(heard_version(&h, 4));
+    progress_on_a(f, &h, id, 4);
+    assert_true(hears_version(&h, 4));
     /* withdrawn: A's changes go without a notice again */
     assert_int_equal(jd_store_watch_notices(f->b, false), 0);
     assert_int_equal(sql_int(f->url, "SELECT count(*) FROM jd_watchers"), 0);
     pthread_mutex_lock(&h.mu);
-    h.version = 5;
     h.requests = 0;
     pthread_mutex_unlock(&h.mu);
-    assert_int_equal(event_wait(f->a, id, JD_EVK_PROGRESS, 0, "{}", &r), 0);
-    assert_int_equal(r.version, 5);
+    progress_on_a(f, &h, id, 5);
     assert_int_equal(submit_wait(f->a, &q, &r), 0);
     for (int w = 0; w < WAIT_MS; w += 20) {
         pthread_mutex_lock(&h.mu);
