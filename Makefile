@@ -8,8 +8,9 @@
 #   make bench-sched | bench-store | bench-compare | bench-e2e | bench-schedules | bench-parse | bench-backlog
 #   make hostile         the hostile mix (tests/integration/test_hostile.sh) for 2 minutes
 #   make crash | fuzz | docker-smoke | format | clean   (make crash DB=pg: the node on PostgreSQL)
-#   make bench-cluster   1, 2, 3 nodes on one PostgreSQL beside SQLite; targets: 1 node >= 0.5x SQLite
-#                        (strict durability), no fall in jobs/s as nodes are added
+#   make bench-cluster   1, 2, 3 nodes on one PostgreSQL beside SQLite, sharing the cores and capped at
+#                        NODE_CPU cores each; targets: 1 node >= 0.5x SQLite (strict durability),
+#                        no fall in jobs/s as nodes are added
 #   make cluster-test    3 nodes on a throwaway PostgreSQL under SIGKILL/SIGSTOP: nothing lost or run twice
 #
 # SANITIZER=address|thread builds into build/<sanitizer>/. V=1 shows commands.

@@ -34,9 +34,20 @@
 # and each node's start (connections, the first executions' plans, its
 # first claims) weighed on the ratios, the more so with more nodes.
 #
+# Nodes on machines of their own (MODES "capped"): co-located on these
+# two cores, adding a node cannot add CPU, so the shared mode above says
+# what a node costs, not whether the cluster scales out. The capped mode
+# gives every node, SQLite's too, a CPU budget of its own, NODE_CPU cores
+# (0.25: a cgroup CPU quota, 10 ms period, one worker and one HTTP
+# thread), as if each ran on a small machine of its own beside the
+# PostgreSQL server: pgN / pg1 there says whether adding nodes adds
+# throughput while the nodes are the bottleneck (the reason to add them).
+# It needs a writable cgroup cpu controller (v1 or v2, root); without one
+# the mode is skipped with a message.
+#
 # Environment: JD_BUILD, JOBS (per run, 30000), CONC (64), REPS (3),
-# CONFIGS (default "sqlite pg1 pg2 pg3"), LEASE (10s), SIZED (1), OUT
-# (results dir).
+# CONFIGS (default "sqlite pg1 pg2 pg3"), LEASE (10s), SIZED (1), MODES
+# ("shared capped"), NODE_CPU (0.25), OUT (results dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${JD_BUILD:-build}
@@ -44,6 +55,8 @@ JOBS=${JOBS:-30000}
 CONC=${CONC:-64}
 REPS=${REPS:-3}
 CONFIGS=${CONFIGS:-sqlite pg1 pg2 pg3}
+MODES=${MODES:-shared capped}
+NODE_CPU=${NODE_CPU:-0.25}
 OUT=${OUT:-$BUILD/bench-cluster}
 LOADGEN=$BUILD/bench/loadgen
 JACKDAWD=$BUILD/jackdawd
@@ -58,16 +71,56 @@ RESULTS=$OUT/results.jsonl
 : >"$RESULTS"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/jackdaw-bench-cluster.XXXXXX")
 PIDS=()
+CGROUPS=()
 stop_nodes() {
     local p
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     PIDS=()
+    for p in "${CGROUPS[@]}"; do rmdir "$p" 2>/dev/null || true; done
+    CGROUPS=()
 }
 # shellcheck disable=SC2317 # the EXIT trap
 cleanup() {
     stop_nodes
     rm -rf "$WORK"
+}
+
+# The capped mode's cgroups: CG_ROOT is a directory whose children can get
+# a CPU quota (cgroup v1's cpu hierarchy, or a v2 group with the cpu
+# controller enabled for its children), CG_V its version; empty: none.
+CG_ROOT='' CG_V=''
+cg_find() {
+    local d v2
+    d=$(awk '$3 == "cgroup" && $4 ~ /(^|,)cpu(,|$)/ {print $2; exit}' /proc/mounts)
+    if [ -n "$d" ] && [ -w "$d" ] && mkdir -p "$d/jackdaw-bench" 2>/dev/null; then
+        CG_ROOT=$d/jackdaw-bench CG_V=1
+        return 0
+    fi
+    v2=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
+    if [ -n "$v2" ] && grep -qw cpu "$v2/cgroup.controllers" 2>/dev/null &&
+        mkdir -p "$v2/jackdaw-bench" 2>/dev/null &&
+        echo +cpu >"$v2/cgroup.subtree_control" 2>/dev/null &&
+        echo +cpu >"$v2/jackdaw-bench/cgroup.subtree_control" 2>/dev/null; then
+        CG_ROOT=$v2/jackdaw-bench CG_V=2
+        return 0
+    fi
+    return 1
+}
+
+# cg_cap PID NAME: PID (and its threads) into a new group of NODE_CPU cores.
+cg_cap() {
+    local g=$CG_ROOT/$2 quota
+    quota=$(awk -v c="$NODE_CPU" 'BEGIN {printf "%d", c * 10000}')
+    mkdir -p "$g"
+    CGROUPS+=("$g")
+    if [ "$CG_V" = 1 ]; then
+        echo 10000 >"$g/cpu.cfs_period_us"
+        echo "$quota" >"$g/cpu.cfs_quota_us"
+    else
+        echo "$quota 10000" >"$g/cpu.max"
+    fi
+    echo "$1" >"$g/cgroup.procs"
 }
 trap cleanup EXIT
 # shellcheck source=tests/pg/pg.sh
@@ -114,13 +167,16 @@ pg_wal_lsn() { pg_psql -At -c "SELECT pg_current_wal_insert_lsn()"; }
 start_node() { # DB_URL_OR_PATH LOG [NODES]: appends to PIDS, sets ADDR
     local extra=() n=${3:-1}
     [ "$HAVE_LEASE" = 1 ] && [[ "$1" == postgres://* ]] && extra=(--lease "${LEASE:-10s}")
-    if [ "${SIZED:-1}" = 1 ] && [ "$n" -gt 1 ]; then
+    if [ "$MODE" = capped ]; then
+        extra+=(--workers "$(awk -v c="$NODE_CPU" 'BEGIN {w = int(c); if (w < c) w++; print w}')" --http-threads 1)
+    elif [ "${SIZED:-1}" = 1 ] && [ "$n" -gt 1 ]; then
         extra+=(--workers $((CORES / n > 1 ? CORES / n : 1)) --http-threads $((2 / n > 1 ? 2 / n : 1)))
     fi
     : >"$2" # the log exists before the wait loop reads it (the node opens it in the background)
     "$JACKDAWD" --listen 127.0.0.1:0 --db "$1" --plugin-dir "$BUILD/plugins" --sync full \
         --max-parked 4096 --max-connections 4096 --log-level info "${extra[@]}" >/dev/null 2>"$2" &
     PIDS+=($!)
+    [ "$MODE" = capped ] && cg_cap "$!" "node${#PIDS[@]}"
     local addr=
     for _ in $(seq 1 400); do
         addr=$(sed -n 's/.*"msg":"ready".*"addr":"\([^"]*\)".*/\1/p' "$2" | head -n1)
@@ -139,7 +195,7 @@ run=0
 run_one() { # CONFIG
     local cfg=$1 nodes db url addrs=() line w0 w1 c0 c1 n0 n1 l0 l1 i
     run=$((run + 1))
-    echo "[$cfg] run $run" >&2
+    echo "[$MODE $cfg] run $run" >&2
     if [ "$cfg" = sqlite ]; then
         start_node "$WORK/run$run.db" "$WORK/run$run.log"
         addrs+=(--addr "$ADDR")
@@ -148,7 +204,7 @@ run_one() { # CONFIG
         n1=$(nodes_cpu_ticks)
         stop_nodes
         rm -f "$WORK/run$run".db*
-        echo "{\"config\":\"$cfg\",\"nodes\":1,\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
+        echo "{\"mode\":\"$MODE\",\"config\":\"$cfg\",\"nodes\":1,\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
         return
     fi
     nodes=${cfg#pg}
@@ -177,7 +233,7 @@ run_one() { # CONFIG
     done_jobs=${done_jobs:-0}
     xacts=$((${w1%:*} - ${w0%:*}))
     tups=$((${w1#*:} - ${w0#*:}))
-    echo "{\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_wal_bytes\":$wal,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
+    echo "{\"mode\":\"$MODE\",\"config\":\"$cfg\",\"nodes\":$nodes,\"pg_xacts\":$xacts,\"pg_tuples\":$tups,\"pg_wal_bytes\":$wal,\"pg_cpu_us\":$(((c1 - c0) * 1000000 / CLK_TCK)),\"node_cpu_us\":$(((n1 - n0) * 1000000 / CLK_TCK)),${line#\{}" >>"$RESULTS"
     pg_psql -c "DROP DATABASE $db" >/dev/null
 }
 
@@ -188,42 +244,62 @@ if [ "$HAVE_LEASE" = 0 ]; then
     echo "bench-cluster: this jackdawd has no --lease (phase 1): one node per database only" >&2
     CONFIGS=$(tr ' ' '\n' <<<"$CONFIGS" | grep -vE '^pg[2-9]$' | tr '\n' ' ')
 fi
-for _ in $(seq 1 "$REPS"); do
-    for cfg in $CONFIGS; do
-        run_one "$cfg"
+if [[ " $MODES " == *" capped "* ]] && ! cg_find; then
+    echo "bench-cluster: no writable cgroup cpu controller (root, cgroup v1 cpu or v2 +cpu): the capped mode is skipped" >&2
+    MODES=$(tr ' ' '\n' <<<"$MODES" | grep -vx capped | tr '\n' ' ')
+fi
+[[ " $MODES " == *" capped "* ]] && echo "bench-cluster: capped mode: every node in a cgroup of $NODE_CPU cores (cgroup v$CG_V)" >&2
+for MODE in $MODES; do
+    for _ in $(seq 1 "$REPS"); do
+        for cfg in $CONFIGS; do
+            run_one "$cfg"
+        done
     done
 done
+[ -n "$CG_ROOT" ] && rmdir "$CG_ROOT" 2>/dev/null
 
-# The table: medians over the reps, and the ratios.
-python3 - "$RESULTS" <<'EOF' | tee "$OUT/table.md"
+# The tables: one a mode, medians over the reps, and the ratios.
+python3 - "$RESULTS" "$NODE_CPU" <<'EOF' | tee "$OUT/table.md"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-by = {}
-for r in rows:
-    by.setdefault(r["config"], []).append(r)
 med = lambda xs: statistics.median(xs) if xs else 0
-print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG WAL B/job | PG CPU us/job | nodes' CPU us/job | runs |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-jps = {}
-for cfg in ("sqlite", "pg1", "pg2", "pg3"):
-    rs = by.get(cfg)
-    if not rs:
+titles = {"shared": "nodes sharing this machine's cores",
+          "capped": f"every node capped at {sys.argv[2]} cores of its own (cgroup), as on machines of their own"}
+for mode in ("shared", "capped"):
+    by = {}
+    for r in rows:
+        if r.get("mode", "shared") == mode:
+            by.setdefault(r["config"], []).append(r)
+    if not by:
         continue
-    jps[cfg] = med([r.get("jobs_per_s", 0) for r in rs])
-    p99 = med([r.get("p99_ms", 0) for r in rs])
-    def per(k):
-        v = [r[k] / r["completed"] for r in rs if k in r and r.get("completed")]
-        return f"{med(v):.2f}" if v else "-"
-    bad = sum(1 for r in rs if r.get("completed", 0) != r.get("jobs"))
-    print(f"| {cfg} | {rs[0]['nodes']} | {jps[cfg]:.0f} | {p99:.1f} | {per('pg_xacts')} | "
-          f"{per('pg_tuples')} | {per('pg_wal_bytes')} | {per('pg_cpu_us')} | {per('node_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
-print()
-def ratio(a, b, target):
-    if jps.get(a) and jps.get(b):
-        r = jps[a] / jps[b]
-        print(f"{a} / {b}: {r:.2f}x (target >= {target}x){'' if r >= target else '  BELOW TARGET'}")
-ratio("pg1", "sqlite", 0.5)
-ratio("pg2", "pg1", 1.0)
-ratio("pg3", "pg1", 1.0)
+    print(f"### {titles[mode]}")
+    print()
+    print("| config | nodes | jobs/s | p99 ms | PG xacts/job | PG tuples/job | PG WAL B/job | PG CPU us/job | nodes' CPU us/job | runs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    jps = {}
+    for cfg in ("sqlite", "pg1", "pg2", "pg3"):
+        rs = by.get(cfg)
+        if not rs:
+            continue
+        jps[cfg] = med([r.get("jobs_per_s", 0) for r in rs])
+        p99 = med([r.get("p99_ms", 0) for r in rs])
+        def per(k):
+            v = [r[k] / r["completed"] for r in rs if k in r and r.get("completed")]
+            return f"{med(v):.2f}" if v else "-"
+        bad = sum(1 for r in rs if r.get("completed", 0) != r.get("jobs"))
+        print(f"| {cfg} | {rs[0]['nodes']} | {jps[cfg]:.0f} | {p99:.1f} | {per('pg_xacts')} | "
+              f"{per('pg_tuples')} | {per('pg_wal_bytes')} | {per('pg_cpu_us')} | {per('node_cpu_us')} | {len(rs)}{' (' + str(bad) + ' incomplete)' if bad else ''} |")
+    print()
+    def ratio(a, b, target):
+        if jps.get(a) and jps.get(b):
+            r = jps[a] / jps[b]
+            if target is None:
+                print(f"{a} / {b}: {r:.2f}x")
+            else:
+                print(f"{a} / {b}: {r:.2f}x (target >= {target}x){'' if r >= target else '  BELOW TARGET'}")
+    ratio("pg1", "sqlite", 0.5 if mode == "shared" else None)
+    ratio("pg2", "pg1", 1.0)
+    ratio("pg3", "pg1", 1.0)
+    print()
 EOF
 echo "raw results: $RESULTS" >&2
