@@ -57,6 +57,11 @@ REPS=${REPS:-3}
 CONFIGS=${CONFIGS:-sqlite pg1 pg2 pg3}
 MODES=${MODES:-shared capped}
 NODE_CPU=${NODE_CPU:-0.25}
+if ! awk -v c="$NODE_CPU" -v n="$(nproc)" 'BEGIN {exit !(c + 0 >= 0.01 && c + 0 <= n)}' </dev/null ||
+    ! [[ "$NODE_CPU" =~ ^[0-9]*\.?[0-9]+$ ]]; then
+    echo "bench-cluster: NODE_CPU must be a number of cores from 0.01 to $(nproc), not '$NODE_CPU'" >&2
+    exit 2
+fi
 OUT=${OUT:-$BUILD/bench-cluster}
 LOADGEN=$BUILD/bench/loadgen
 JACKDAWD=$BUILD/jackdawd
@@ -83,6 +88,7 @@ stop_nodes() {
 # shellcheck disable=SC2317 # the EXIT trap
 cleanup() {
     stop_nodes
+    [ -n "${CG_ROOT:-}" ] && rmdir "$CG_ROOT" 2>/dev/null
     rm -rf "$WORK"
 }
 
@@ -256,7 +262,6 @@ for MODE in $MODES; do
         done
     done
 done
-[ -n "$CG_ROOT" ] && rmdir "$CG_ROOT" 2>/dev/null
 
 # The tables: one a mode, medians over the reps, and the ratios.
 python3 - "$RESULTS" "$NODE_CPU" <<'EOF' | tee "$OUT/table.md"
