@@ -135,7 +135,7 @@ pg_start fsync # fsync on: strict, like --sync full
 PGBASE=${PG_URL%/*}
 
 HAVE_LEASE=0
-"$JACKDAWD" --help 2>&1 | grep -q -- '--lease' && HAVE_LEASE=1
+grep -q -- '--lease' <<<"$("$JACKDAWD" --help 2>&1)" && HAVE_LEASE=1
 
 # pg_cpu_ticks: user+system of the whole PostgreSQL server so far: the
 # postmaster, its reaped children (cutime+cstime) and its live children.

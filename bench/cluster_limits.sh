@@ -48,7 +48,7 @@ run() {
     done
     if [ "${cfg#lim}" != "$cfg" ]; then
         curl -s -o /dev/null -X PUT "http://${addrs[1]}/v1/queues/default" -H 'Content-Type: application/json' -d "{\"max_running\":${cfg#lim}}"
-        curl -s "http://${addrs[1]}/v1/queues/default" | grep -q '"max_running":'"${cfg#lim}" || echo "PUT failed"
+        grep -q '"max_running":'"${cfg#lim}" <<<"$(curl -s "http://${addrs[1]}/v1/queues/default")" || echo "PUT failed"
         sleep 1.5
     fi
     "$BUILD/bench/loadgen" --target jackdaw "${addrs[@]}" --jobs "$JOBS" --conns "$CONC" --label "$cfg" 2>&1 | grep jobs/s

@@ -76,7 +76,7 @@ if [ "${CRASH_PG:-0}" = 1 ]; then
         exit 1
     fi
     DB=$PG_URL
-    "$JACKDAWD" --help 2>&1 | grep -q -- '--lease' && LEASE_FLAGS=(--lease 2s)
+    grep -q -- '--lease' <<<"$("$JACKDAWD" --help 2>&1)" && LEASE_FLAGS=(--lease 2s)
 fi
 
 # start_server PORT: start jackdawd on the database; sets SERVER_PID and

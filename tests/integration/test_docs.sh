@@ -64,7 +64,7 @@ broken_links() {
                 file=$f
             fi
             if [ -n "$anchor" ] && [[ $file == *.md ]]; then
-                slugs_of "$file" | grep -qx -- "$anchor" || bad="$bad $f:$t"
+                grep -qx -- "$anchor" <<<"$(slugs_of "$file")" || bad="$bad $f:$t"
             fi
         done < <(grep -oE '\]\([^) ]+\)' "$f" | sed -E 's/^\]\(//; s/\)$//')
     done

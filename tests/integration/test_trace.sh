@@ -31,7 +31,7 @@ H=$(location_id)
 check "a valid traceparent header is stored on the job" eval 'status_is 201 && [ "$(stored_tp)" = "$TP" ]'
 wait_job "$H"
 check "the http call carries it as the traceparent header" \
-    eval 'grep -F "\"path\": \"/traced\"" "$WORK/hooks.log" | grep -qF "\"traceparent\": \"$TP\""'
+    eval 'grep -qF "\"traceparent\": \"$TP\"" <<<"$(grep -F "\"path\": \"/traced\"" "$WORK/hooks.log")"'
 
 submit '{"handler":"exec","args":{"argv":["/usr/bin/env"]}}' -H "traceparent: $TP"
 E=$(location_id)

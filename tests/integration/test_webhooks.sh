@@ -44,7 +44,7 @@ OK=$(location_id)
 wait_job "$OK"
 wait_hooks /ok 1
 check "a finished job POSTs its webhook, signed with --webhook-secret" \
-    eval 'hooks /ok | grep -q "\"sig_ok\": true, \"event\": \"job.succeeded\", \"job_id\": \"$OK\", \"body_event\": \"job.succeeded\", \"body_job\": \"$OK\", \"ctype\": \"application/json\""'
+    eval 'grep -q "\"sig_ok\": true, \"event\": \"job.succeeded\", \"job_id\": \"$OK\", \"body_event\": \"job.succeeded\", \"body_job\": \"$OK\", \"ctype\": \"application/json\"" <<<"$(hooks /ok)"'
 wait_notified "$OK"
 check "the attempt and its outcome are in the job's history" \
     eval 'body_has "\"kind\":\"dispatch\",\"tag\":0,\"data\":{\"command\":\"notify\",\"attempt\":1,\"url\":\"$HOOK/ok\"}" && body_has "\"notify\":true,\"attempt\":1,\"result\":{\"status\":200}"'
