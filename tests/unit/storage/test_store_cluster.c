@@ -781,6 +781,21 @@ static void test_a_commit_lost_in_flight_gives_the_node_up(void **state)
 }
 
 /* Stream events after `after` (one page of at most limit) from s. */
+/* Submit a job insert on node a whose batch then waits before its COMMIT
+ * (jd_pg_test_hold_commit), its event id taken; back once it waits. The
+ * job, result and write live in the caller's frame until the release. */
+static void insert_held(struct fx *f, struct jd_job *ja, struct tres *ra, struct jd_write *wa)
+{
+    jd_pg_test_hold_commit(f->a, true);
+    *ja = make_job(jd_store_next_id(f->a), "default", NULL);
+    *ra = (struct tres){.rc = 12345};
+    *wa = (struct jd_write){.op = JD_W_JOB_INSERT, .job = ja, .done = tres_done, .arg = ra};
+    assert_int_equal(jd_store_submit(f->a, wa), 0);
+    for (int w = 0; w < WAIT_MS && !jd_pg_test_commit_held(f->a); w += 5)
+        sleep_ms(5);
+    assert_true(jd_pg_test_commit_held(f->a));
+}
+
 static size_t stream_page(struct jd_store *s, int64_t after, unsigned limit,
                           struct jd_stream_event **rows, int64_t *next)
 {
@@ -799,14 +814,10 @@ static void test_the_event_stream_waits_for_an_open_writer(void **state)
     struct jd_stream_event *ev = NULL;
     int64_t page1 = 0, last = 0;
     /* a's batch has taken its event id and waits before its COMMIT */
-    jd_pg_test_hold_commit(f->a, true);
-    struct jd_job ja = make_job(jd_store_next_id(f->a), "default", NULL);
-    struct tres ra = {.rc = 12345};
-    struct jd_write wa = {.op = JD_W_JOB_INSERT, .job = &ja, .done = tres_done, .arg = &ra};
-    assert_int_equal(jd_store_submit(f->a, &wa), 0);
-    for (int w = 0; w < WAIT_MS && !jd_pg_test_commit_held(f->a); w += 5)
-        sleep_ms(5);
-    assert_true(jd_pg_test_commit_held(f->a));
+    struct jd_job ja;
+    struct tres ra;
+    struct jd_write wa;
+    insert_held(f, &ja, &ra, &wa);
     /* a second record queued behind it: a's COMMIT publishes its bound */
     struct jd_job ja2 = make_job(jd_store_next_id(f->a), "default", NULL);
     struct tres ra2 = {.rc = 12345};
@@ -871,14 +882,10 @@ static void test_wanting_notices_waits_for_open_batches(void **state)
     struct fx *f = *state;
     if (!f)
         skip();
-    jd_pg_test_hold_commit(f->a, true);
-    struct jd_job ja = make_job(jd_store_next_id(f->a), "default", NULL);
-    struct tres ra = {.rc = 12345};
-    struct jd_write wa = {.op = JD_W_JOB_INSERT, .job = &ja, .done = tres_done, .arg = &ra};
-    assert_int_equal(jd_store_submit(f->a, &wa), 0);
-    for (int w = 0; w < WAIT_MS && !jd_pg_test_commit_held(f->a); w += 5)
-        sleep_ms(5);
-    assert_true(jd_pg_test_commit_held(f->a));
+    struct jd_job ja;
+    struct tres ra;
+    struct jd_write wa;
+    insert_held(f, &ja, &ra, &wa);
     int64_t t0 = mono_ms_now();
     assert_int_equal(jd_store_watch_notices(f->b, true), JD_EIO);
     int64_t took = mono_ms_now() - t0;
